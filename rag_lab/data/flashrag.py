@@ -1,0 +1,92 @@
+"""FlashRAG-format datasets: ``{split}.jsonl`` rows ``{id, question, golden_answers, metadata}``
+and a corpus jsonl of ``{id, contents}`` with the title on the first line of ``contents``.
+
+This is the format of FlashRAG's NQ, TriviaQA, PopQA, Bamboogle … releases, and the format the
+embedded world is written in. Gold supports and decompositions, where present, ride in
+``metadata`` (``supporting_ids``, ``decomposition``, ``type``, ``hops``, ``answerable``).
+"""
+
+from functools import cached_property
+from pathlib import Path
+
+from rag_lab.data.base import Corpus, DataError, QAExample, SubQuestion
+from rag_lab.data.jsonl import FieldError, read_jsonl, require
+
+
+def parse_example(row: dict) -> QAExample:
+    answers = require(row, "golden_answers", list)
+    if not all(isinstance(a, str) for a in answers):
+        raise FieldError("field 'golden_answers' should be a list of strings")
+    meta = row.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise FieldError(f"field 'metadata' should be dict, got {type(meta).__name__}")
+    decomposition = tuple(
+        SubQuestion(d["question"], d["answer"], d.get("support_id")) for d in meta.get("decomposition", [])
+    )
+    return QAExample(
+        id=str(require(row, "id", (str, int))),
+        question=require(row, "question", str),
+        answers=tuple(answers),
+        type=meta.get("type", ""),
+        hops=int(meta.get("hops", max(1, len(decomposition)))),
+        answerable=bool(meta.get("answerable", True)),
+        supporting_ids=tuple(meta.get("supporting_ids", ())),
+        decomposition=decomposition,
+        metadata={k: v for k, v in meta.items() if k not in {"decomposition", "supporting_ids"}},
+    )
+
+
+def load_corpus(path: Path, skip_malformed: bool = False) -> Corpus:
+    """Read a FlashRAG corpus jsonl (``id``, ``contents`` = ``title\\ntext``)."""
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+
+    def parse(row: dict) -> None:
+        pid = str(require(row, "id", (str, int)))
+        title, _, text = require(row, "contents", str).partition("\n")
+        ids.append(pid)
+        titles.append(title.strip().strip('"'))
+        texts.append(text)
+
+    for _ in read_jsonl(path, parse, skip_malformed):
+        pass
+    return Corpus(ids, titles, texts, source=str(path))
+
+
+def missing_file(path: Path, what: str, source: str, make_target: str) -> DataError:
+    return DataError(f"{what} not found at {path}; get it from {source} (or run `make {make_target}`)")
+
+
+class FlashRAGDataset:
+    """Any FlashRAG-format dataset by path: ``{path}/{split}.jsonl`` plus a corpus jsonl."""
+
+    scorer = "squad"
+
+    def __init__(
+        self,
+        path: str,
+        corpus_path: str,
+        name: str = "flashrag",
+        skip_malformed: bool = False,
+        source: str = "https://huggingface.co/datasets/RUC-NLPIR/FlashRAG_datasets",
+        make_target: str = "data-flashrag",
+    ):
+        self.name, self.path, self.corpus_path = name, Path(path), Path(corpus_path)
+        self.skip_malformed, self.source, self.make_target = skip_malformed, source, make_target
+        self.skipped: dict[str, int] = {}
+
+    def split(self, name: str) -> list[QAExample]:
+        path = self.path / f"{name}.jsonl"
+        if not path.exists():
+            raise missing_file(path, f"{self.name} split '{name}'", self.source, self.make_target)
+        counter: dict[str, int] = {}
+        examples = list(read_jsonl(path, parse_example, self.skip_malformed, counter))
+        self.skipped[name] = counter.get("skipped", 0)
+        return examples
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        if not self.corpus_path.exists():
+            raise missing_file(self.corpus_path, f"{self.name} corpus", self.source, self.make_target)
+        return load_corpus(self.corpus_path, self.skip_malformed)

@@ -1,0 +1,92 @@
+"""``data=synth``: the embedded multi-hop world, generated, written in FlashRAG format, read back.
+
+The world is generated once per config (cached under ``cache_dir/synth/<config hash>``) and
+read back through :class:`~rag_lab.data.flashrag.FlashRAGDataset`, the same loader a real
+FlashRAG-format dataset goes through.
+"""
+
+import hashlib
+import json
+import random
+from functools import cached_property
+from pathlib import Path
+
+from rag_lab.data.base import Corpus, QAExample
+from rag_lab.data.flashrag import FlashRAGDataset
+from rag_lab.data.jsonl import write_jsonl
+from rag_lab.data.synth.world import build_world, make_questions
+from rag_lab.records import atomic_write_json
+
+# Bump when the generator's output changes, so caches of older worlds are not reused.
+GENERATOR_VERSION = 1
+
+
+class SynthDataset:
+    """The generated world with train / dev / test splits of disjoint questions."""
+
+    scorer = "squad"
+
+    def __init__(
+        self,
+        cache_dir: str,
+        seed: int = 0,
+        n_people: int = 400,
+        n_cities: int = 60,
+        n_countries: int = 12,
+        n_films: int = 150,
+        withhold_rate: float = 0.05,
+        dev_size: int = 200,
+        test_size: int = 300,
+        name: str = "synth",
+    ):
+        self.name = name
+        self.params = {
+            "version": GENERATOR_VERSION,
+            "seed": seed,
+            "n_people": n_people,
+            "n_cities": n_cities,
+            "n_countries": n_countries,
+            "n_films": n_films,
+            "withhold_rate": withhold_rate,
+            "dev_size": dev_size,
+            "test_size": test_size,
+        }
+        key = hashlib.sha256(json.dumps(self.params, sort_keys=True).encode()).hexdigest()[:12]
+        self.root = Path(cache_dir).expanduser() / "synth" / key
+        if not (self.root / "world.json").exists():
+            self._generate()
+        self._flashrag = FlashRAGDataset(str(self.root), str(self.root / "corpus.jsonl"), name=name)
+
+    def _generate(self) -> None:
+        p = self.params
+        rng = random.Random(p["seed"])
+        world = build_world(rng, p["n_people"], p["n_cities"], p["n_countries"], p["n_films"], p["withhold_rate"])
+        title_to_id = {title: pid for pid, (title, _) in world.passages.items()}
+        questions = make_questions(rng, world)
+        rng.shuffle(questions)
+        n_dev, n_test = p["dev_size"], p["test_size"]
+        splits = {"dev": questions[:n_dev], "test": questions[n_dev : n_dev + n_test], "train": questions[n_dev + n_test :]}
+        for split, qs in splits.items():
+            rows = [self._row(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
+            write_jsonl(self.root / f"{split}.jsonl", rows)
+        write_jsonl(self.root / "corpus.jsonl", [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()])
+        # Written last: its presence marks a complete cache entry.
+        atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
+
+    @staticmethod
+    def _row(qid: str, q: dict, title_to_id: dict[str, str]) -> dict:
+        decomposition = [
+            {"question": d["question"], "answer": d["answer"], "support_id": title_to_id.get(d["title"])}
+            for d in q["decomposition"]
+        ]
+        supports = [d["support_id"] for d in decomposition if d["support_id"] is not None]
+        meta = {"type": q["type"], "hops": q["hops"], "answerable": q["answerable"]}
+        meta |= {"supporting_ids": supports, "decomposition": decomposition}
+        return {"id": qid, "question": q["question"], "golden_answers": [q["answer"]], "metadata": meta}
+
+    def split(self, name: str) -> list[QAExample]:
+        return self._flashrag.split(name)
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        return self._flashrag.corpus

@@ -1,0 +1,1 @@
+"""Evaluation: official-rule metrics, the batched resumable evaluation loop, tables."""

@@ -1,0 +1,87 @@
+"""The evaluation loop: batched rollouts, scored per question, appended and flushed per batch,
+resumable; then metrics computed from everything in ``records.jsonl``.
+
+Metrics are always recomputed from the records file in the dataset's question order, so a run
+that was killed and resumed ends with exactly the metrics of an uninterrupted run.
+"""
+
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.eval.metrics import SCORERS, retrieval_pr
+from rag_lab.policies.base import Policy
+from rag_lab.records import RecordWriter, read_records
+
+# Per-question fields averaged into metrics.json, in table order.
+METRIC_FIELDS = ["em", "f1", "acc", "retrieval_count", "n_steps", "tokens_total", "ret_precision", "ret_recall"]
+
+
+def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]:
+    """One line of records.jsonl: the question, its gold, the episode and its scores."""
+    record: dict[str, Any] = {
+        "id": ex.id,
+        "question": ex.question,
+        "answers": list(ex.answers),
+        "type": ex.type,
+        "hops": ex.hops,
+        "answerable": ex.answerable,
+        "supporting_ids": list(ex.supporting_ids),
+    }
+    record |= episode.to_record()
+    for name, fn in SCORERS[scorer].items():
+        record[name] = fn(episode.prediction, list(ex.answers))
+    record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
+    record["ret_precision"], record["ret_recall"] = retrieval_pr(record["retrieved_ids"], record["supporting_ids"])
+    return record
+
+
+def evaluate(
+    policy: Policy,
+    env: Env,
+    examples: list[QAExample],
+    records_path: Path,
+    scorer: str,
+    batch_size: int = 64,
+    resume: bool = True,
+) -> list[dict]:
+    """Roll out every example not yet in ``records_path``; return all records in example order."""
+    if not resume:
+        records_path.unlink(missing_ok=True)
+    done = {r["id"] for r in read_records(records_path)}
+    todo = [ex for ex in examples if ex.id not in done]
+    writer = RecordWriter(records_path)
+    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="evaluate", unit="q") as bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            episodes = policy.rollout(env, batch)
+            if len(episodes) != len(batch):
+                raise RuntimeError(f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}")
+            writer.write(score_record(ex, ep, scorer) for ex, ep in zip(batch, episodes, strict=True))
+            bar.update(len(batch))
+    by_id = {r["id"]: r for r in read_records(records_path)}
+    return [by_id[ex.id] for ex in examples]
+
+
+def _mean(values: list[float]) -> float | None:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def aggregate(records: list[dict]) -> dict[str, Any]:
+    """Means of the per-question fields over all records and per question type."""
+
+    def summary(rows: list[dict]) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": len(rows)}
+        out |= {f: _mean([r[f] for r in rows]) for f in METRIC_FIELDS}
+        out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
+        return out
+
+    metrics = {"all": summary(records)}
+    for kind in sorted({r["type"] for r in records if r["type"]}):
+        metrics[f"type={kind}"] = summary([r for r in records if r["type"] == kind])
+    return metrics

@@ -1,0 +1,42 @@
+"""Metrics as the table people read: percentages for EM / F1 / Acc / P / R, counts as means."""
+
+import pandas as pd
+
+# metrics.json field -> table column; scaled fields are shown as percentages.
+COLUMNS = {
+    "n": "N",
+    "em": "EM",
+    "f1": "F1",
+    "acc": "Acc",
+    "retrieval_count": "RC",
+    "n_steps": "Steps",
+    "tokens_total": "Tokens",
+    "ret_precision": "Ret P",
+    "ret_recall": "Ret R",
+}
+PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall"}
+
+
+def format_metrics(summary: dict) -> dict:
+    """One table row from one summary of metrics.json (fractions → percentages, 1 decimal)."""
+    row = {}
+    for field, column in COLUMNS.items():
+        value = summary.get(field)
+        if value is None:
+            row[column] = None
+        elif field in PERCENT:
+            row[column] = round(100 * value, 1)
+        elif field == "n":
+            row[column] = int(value)
+        else:
+            row[column] = round(value, 2)
+    return row
+
+
+def metrics_table(metrics: dict[str, dict]) -> pd.DataFrame:
+    """Rows: 'all' and one per question type."""
+    return pd.DataFrame([{"subset": name} | format_metrics(m) for name, m in metrics.items()])
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    return df.to_markdown(index=False, floatfmt="g") + "\n"

@@ -1,0 +1,1 @@
+"""Loggers (``conf/logger/``): where metrics, tables and trajectories go besides the run dir."""

@@ -1,0 +1,21 @@
+"""The policy contract: roll out a batch of questions; optionally fit on a training split."""
+
+from pathlib import Path
+from typing import Protocol
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+
+
+class Policy(Protocol):
+    # False for prompting baselines: the runner skips fit().
+    trains: bool
+
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+        """Train, checkpointing under ``out_dir`` so that a killed run resumes."""
+        ...
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        """One episode per question, in order. Must not depend on which other questions share
+        the batch (seed per question id), so a resumed evaluation gives the same numbers."""
+        ...

@@ -1,0 +1,1 @@
+"""Reward functions (``conf/reward/``), pure, with TRL's signature ``f(completions, **columns)``."""
