@@ -165,6 +165,23 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
     return cfg
 
 
+def check_yaml_files(conf_dir: Path = CONF_DIR) -> None:
+    """Parse every yaml of the config tree; a syntax error becomes one line naming file, line, column.
+
+    Hydra would report it too, but deep inside a long traceback.
+    """
+    import yaml
+
+    for path in sorted(conf_dir.rglob("*.yaml")):
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{where}: malformed yaml ({problem})") from None
+
+
 def group_options(group: str) -> list[str]:
     """The options of a config group, read from the config tree (the only registry)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))

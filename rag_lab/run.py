@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from rag_lab import rundir
-from rag_lab.config import validate
+from rag_lab.config import check_yaml_files, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
@@ -45,7 +45,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     )
     metrics = aggregate(records)
     markdown = rundir.write_results(run_dir, metrics)
-    log.info("%s on %s/%s (%d questions)\n%s", type(policy).__name__, data.name, cfg.eval.split, len(records), markdown)
+    log.info(
+        "%s on %s/%s (%d questions)\n%s",
+        type(policy).__name__,
+        data.name,
+        cfg.eval.split,
+        len(records),
+        markdown,
+    )
 
     logger.log_metrics({k: v for k, v in metrics["all"].items() if v is not None})
     logger.log_table("table", metrics_table(metrics))
@@ -61,4 +68,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with one_line_errors():
+        check_yaml_files()
     main()

@@ -35,8 +35,10 @@ def prepare(run_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     if path.exists() and (run_dir / "records.jsonl").exists() and cfg.eval.resume:
         old, new = _flatten(yaml.safe_load(path.read_text())), _flatten(config)
         changed = sorted(
-            k for k in old.keys() | new.keys()
-            if old.get(k) != new.get(k) and not any(k == r or k.startswith(r + ".") for r in RESUMABLE_CHANGES)
+            k
+            for k in old.keys() | new.keys()
+            if old.get(k) != new.get(k)
+            and not any(k == r or k.startswith(r + ".") for r in RESUMABLE_CHANGES)
         )
         if changed:
             raise RagLabError(

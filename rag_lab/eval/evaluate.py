@@ -18,7 +18,16 @@ from rag_lab.policies.base import Policy
 from rag_lab.records import RecordWriter, read_records
 
 # Per-question fields averaged into metrics.json, in table order.
-METRIC_FIELDS = ["em", "f1", "acc", "retrieval_count", "n_steps", "tokens_total", "ret_precision", "ret_recall"]
+METRIC_FIELDS = [
+    "em",
+    "f1",
+    "acc",
+    "retrieval_count",
+    "n_steps",
+    "tokens_total",
+    "ret_precision",
+    "ret_recall",
+]
 
 
 def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]:
@@ -36,7 +45,9 @@ def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]
     for name, fn in SCORERS[scorer].items():
         record[name] = fn(episode.prediction, list(ex.answers))
     record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
-    record["ret_precision"], record["ret_recall"] = retrieval_pr(record["retrieved_ids"], record["supporting_ids"])
+    record["ret_precision"], record["ret_recall"] = retrieval_pr(
+        record["retrieved_ids"], record["supporting_ids"]
+    )
     return record
 
 
@@ -60,7 +71,9 @@ def evaluate(
             batch = todo[start : start + batch_size]
             episodes = policy.rollout(env, batch)
             if len(episodes) != len(batch):
-                raise RuntimeError(f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}")
+                raise RuntimeError(
+                    f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}"
+                )
             writer.write(score_record(ex, ep, scorer) for ex, ep in zip(batch, episodes, strict=True))
             bar.update(len(batch))
     by_id = {r["id"]: r for r in read_records(records_path)}

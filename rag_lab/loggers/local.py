@@ -15,7 +15,9 @@ class LocalLogger:
         self.writer = RecordWriter(Path(run_dir) / "log.jsonl")
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.writer.write([{"time": time.time(), "step": step} | json.loads(json.dumps(metrics, default=str))])
+        self.writer.write(
+            [{"time": time.time(), "step": step} | json.loads(json.dumps(metrics, default=str))]
+        )
 
     def log_table(self, name: str, table: pd.DataFrame) -> None:
         """Tables already live in the run dir (table.md / table.csv)."""

@@ -31,9 +31,17 @@ class WandbLogger:
         import wandb
 
         root = Path(run_dir)
-        for var, sub in [("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"), ("WANDB_CONFIG_DIR", "config")]:
+        for var, sub in [
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_DATA_DIR", "data"),
+            ("WANDB_CONFIG_DIR", "config"),
+        ]:
             os.environ.setdefault(var, str(root / "wandb" / sub))
-        mode = mode or os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        mode = (
+            mode
+            or os.environ.get("WANDB_MODE")
+            or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        )
         self.run = wandb.init(
             project=project,
             entity=entity,

@@ -57,4 +57,3 @@ class BM25Retriever:
     def _query_ids(self, query: str) -> list[int]:
         words = bm25s.tokenize([query], stopwords=self.stopwords, return_ids=False, show_progress=False)[0]
         return [self.vocab[w] for w in words if w in self.vocab and w]
-

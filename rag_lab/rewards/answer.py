@@ -13,7 +13,9 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
-def answer_score(completions: list[Any], answers: list[list[str]], metric: str = "f1", **_: Any) -> list[float]:
+def answer_score(
+    completions: list[Any], answers: list[list[str]], metric: str = "f1", **_: Any
+) -> list[float]:
     """The best ``metric`` (em / f1 / acc, SQuAD rules) of each completion over its golds.
 
     >>> answer_score(["the Paris", "Rome"], answers=[["Paris"], ["Paris", "Roma"]], metric="em")

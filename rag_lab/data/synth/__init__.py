@@ -60,16 +60,25 @@ class SynthDataset:
     def _generate(self) -> None:
         p = self.params
         rng = random.Random(p["seed"])
-        world = build_world(rng, p["n_people"], p["n_cities"], p["n_countries"], p["n_films"], p["withhold_rate"])
+        world = build_world(
+            rng, p["n_people"], p["n_cities"], p["n_countries"], p["n_films"], p["withhold_rate"]
+        )
         title_to_id = {title: pid for pid, (title, _) in world.passages.items()}
         questions = make_questions(rng, world)
         rng.shuffle(questions)
         n_dev, n_test = p["dev_size"], p["test_size"]
-        splits = {"dev": questions[:n_dev], "test": questions[n_dev : n_dev + n_test], "train": questions[n_dev + n_test :]}
+        splits = {
+            "dev": questions[:n_dev],
+            "test": questions[n_dev : n_dev + n_test],
+            "train": questions[n_dev + n_test :],
+        }
         for split, qs in splits.items():
             rows = [self._row(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
             write_jsonl(self.root / f"{split}.jsonl", rows)
-        write_jsonl(self.root / "corpus.jsonl", [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()])
+        write_jsonl(
+            self.root / "corpus.jsonl",
+            [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],
+        )
         # Written last: its presence marks a complete cache entry.
         atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
 

@@ -74,7 +74,11 @@ def build_world(
         w.countries[country] = rng.choice([c for c in cities if w.cities[c] == country])
     for name in people:
         occupation = rng.choice(OCCUPATIONS)
-        w.people[name] = {"city": rng.choice(cities), "year": rng.randint(1900, 1995), "occupation": occupation}
+        w.people[name] = {
+            "city": rng.choice(cities),
+            "year": rng.randint(1900, 1995),
+            "occupation": occupation,
+        }
     directors = [p for p in people if w.people[p]["occupation"] == "film director"] or people
     for film in films:
         w.films[film] = {"director": rng.choice(directors), "year": rng.randint(1950, 2020)}
@@ -128,7 +132,12 @@ def make_questions(rng: random.Random, w: World) -> list[dict]:
         d = f["director"]
         city, country = w.people[d]["city"], w.cities[w.people[d]["city"]]
         hop1 = (f"Who directed {film}?", d, film)
-        q("compositional", f"Where was the director of {film} born?", city, [hop1, ("Where was #1 born?", city, d)])
+        q(
+            "compositional",
+            f"Where was the director of {film} born?",
+            city,
+            [hop1, ("Where was #1 born?", city, d)],
+        )
         q(
             "compositional",
             f"In which country was the director of {film} born?",

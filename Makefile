@@ -1,0 +1,59 @@
+# rag_lab — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+# The environment everything runs in; set VENV to another venv / conda prefix to use that one.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rag_lab-installed
+TORCH_VERSION := 2.13.0
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.DEFAULT_GOAL := help
+.PHONY: help install install-gpu demo test test-slow lint format bench clean \
+	data-hotpotqa data-2wiki data-musique data-flashrag
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(STAMP) ## Install rag_lab (editable, with dev tools) into $(VENV); fast when done
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# torch first, from the CPU build on disk: a bare `pip install` of a torch dependent pulls CUDA wheels.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_VERSION)"
+	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[dev,launchers]"
+	@touch $(STAMP)
+
+install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu)
+	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
+	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
+
+demo: install ## Run the main job on the embedded default (generated world, BM25, baseline)
+	$(PY) -m rag_lab.run +experiment=demo hydra.run.dir=outputs/demo
+
+test: install ## Fast test suite (CPU, offline; < 10 min on 2 cores)
+	$(PY) -m pytest -q
+
+test-slow: install ## The slow set: whole experiments, notebooks
+	$(PY) -m pytest -q -m slow
+
+lint: install ## ruff check + format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install ## Apply ruff's fixes and formatting
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/
+	@for f in experiments/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean: ## Remove run outputs and caches (not the venv)
+	rm -rf outputs multirun .pytest_cache .ruff_cache
+
+# Real datasets (cannot run on the offline machines; the loaders name these targets when files are missing).
+DATA ?= data
+data-flashrag: ## Download FlashRAG datasets + wiki-18 corpus into $(DATA)/
+	mkdir -p $(DATA) && cd $(DATA) && huggingface-cli download RUC-NLPIR/FlashRAG_datasets --repo-type dataset --local-dir flashrag

@@ -1,0 +1,77 @@
+"""Fold runs into one table: ``python -m rag_lab.report DIR [DIR ...] [--out report.csv]``.
+
+Each DIR is a run directory or any folder above run directories (a Hydra multirun sweep dir,
+``outputs/``): every directory below it holding a ``metrics.json`` is one row. Columns: the
+run, the overrides that differ between runs (from Hydra's ``.hydra/overrides.yaml``), then every
+metric of the chosen subset. Overrides shared by all runs are printed above the table.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from rag_lab.eval.table import format_metrics, to_markdown
+from rag_lab.records import atomic_write_text
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    runs: list[Path] = []
+    for root in roots:
+        if not root.exists():
+            raise SystemExit(f"error: {root} does not exist")
+        found = sorted(p.parent for p in root.rglob("metrics.json"))
+        runs += sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
+    return list(dict.fromkeys(runs))
+
+
+def overrides_of(run: Path) -> dict[str, str]:
+    path = run / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(path.read_text()) if path.exists() else []
+    return dict(item.split("=", 1) for item in items or [] if "=" in item)
+
+
+def build_table(runs: list[Path], subset: str = "all") -> tuple[pd.DataFrame, dict[str, str]]:
+    """One row per run; returns the table and the overrides common to every run."""
+    overrides = [overrides_of(r) for r in runs]
+    keys = list(dict.fromkeys(k for o in overrides for k in o))
+    varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] if len(runs) > 1 else keys
+    common = {k: overrides[0][k] for k in keys if k not in varying and k in overrides[0]}
+    rows = []
+    for run, over in zip(runs, overrides, strict=True):
+        metrics = json.loads((run / "metrics.json").read_text())
+        if subset not in metrics:
+            raise SystemExit(
+                f"error: {run}/metrics.json has no subset '{subset}' (has: {', '.join(metrics)})"
+            )
+        rows.append({"run": str(run)} | {k: over.get(k) for k in varying} | format_metrics(metrics[subset]))
+    return pd.DataFrame(rows), common
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rag_lab.report", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, multirun dirs or folders above them")
+    parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
+    parser.add_argument(
+        "--out", type=Path, help="csv path (default: report.csv in the single DIR given, else ./)"
+    )
+    args = parser.parse_args(argv)
+    runs = find_runs(args.dirs)
+    if not runs:
+        raise SystemExit(
+            f"error: no run (a directory with metrics.json) under {', '.join(map(str, args.dirs))}"
+        )
+    table, common = build_table(runs, args.subset)
+    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path(".")) / "report.csv"
+    atomic_write_text(out, table.to_csv(index=False))
+    if common:
+        print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
+    sys.stdout.write(to_markdown(table))
+    print(f"\n{len(runs)} runs; csv: {out}")
+
+
+if __name__ == "__main__":
+    main()
