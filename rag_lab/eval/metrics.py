@@ -16,7 +16,9 @@ _PUNCT = set(string.punctuation)
 
 
 def normalize_answer(s: str) -> str:
-    """>>> normalize_answer("The  Eiffel-Tower!")
+    """Lower-case, drop punctuation and the articles a / an / the, collapse whitespace.
+
+    >>> normalize_answer("The  Eiffel-Tower!")
     'eiffeltower'
     """
     s = "".join(ch for ch in s.lower() if ch not in _PUNCT)

@@ -11,7 +11,7 @@ import random
 from functools import cached_property
 from pathlib import Path
 
-from rag_lab.data.base import Corpus, QAExample
+from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth.world import build_world, make_questions
@@ -67,6 +67,11 @@ class SynthDataset:
         questions = make_questions(rng, world)
         rng.shuffle(questions)
         n_dev, n_test = p["dev_size"], p["test_size"]
+        if n_dev + n_test >= len(questions):
+            raise DataError(
+                f"data.dev_size + data.test_size = {n_dev + n_test}, but this world has only "
+                f"{len(questions)} questions: raise data.n_people / data.n_films or lower the sizes"
+            )
         splits = {
             "dev": questions[:n_dev],
             "test": questions[n_dev : n_dev + n_test],

@@ -106,7 +106,12 @@ def make_questions(rng: random.Random, w: World) -> list[dict]:
     """Questions of several kinds, each with answers, supports (titles) and a decomposition."""
     qs: list[dict] = []
 
+    seen: set[str] = set()
+
     def q(kind: str, question: str, answer: str, steps: list[tuple[str, str, str]]) -> None:
+        if question in seen:  # e.g. the same comparison pair drawn twice
+            return
+        seen.add(question)
         supports = [title for _, _, title in steps]
         qs.append(
             {

@@ -1,0 +1,95 @@
+import json
+
+import pytest
+
+from rag_lab.data.base import Corpus, DataError
+from rag_lab.data.flashrag import FlashRAGDataset, load_corpus
+from rag_lab.data.synth import SynthDataset
+
+GOOD = {"id": "q1", "question": "Who?", "golden_answers": ["A", "B"], "metadata": {"type": "single_hop"}}
+
+
+def write_lines(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+@pytest.fixture
+def flashrag_dir(tmp_path):
+    write_lines(tmp_path / "corpus.jsonl", [{"id": "p1", "contents": '"Title One"\nText one.'}])
+    return tmp_path
+
+
+def test_flashrag_reads_examples_and_corpus(flashrag_dir):
+    write_lines(flashrag_dir / "test.jsonl", [GOOD])
+    ds = FlashRAGDataset(str(flashrag_dir), str(flashrag_dir / "corpus.jsonl"))
+    (ex,) = ds.split("test")
+    assert (ex.id, ex.answers, ex.type) == ("q1", ("A", "B"), "single_hop")
+    assert ds.corpus.get("p1").title == "Title One"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", r"test.jsonl:2: malformed JSON"),
+        ({k: v for k, v in GOOD.items() if k != "question"}, r"test.jsonl:2: missing field 'question'"),
+        (GOOD | {"golden_answers": "A"}, r"test.jsonl:2: field 'golden_answers' should be list, got str"),
+        ([1, 2], r"test.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_malformed_line_names_file_line_and_field(flashrag_dir, line, message):
+    write_lines(flashrag_dir / "test.jsonl", [GOOD, line, GOOD | {"id": "q3"}])
+    ds = FlashRAGDataset(str(flashrag_dir), str(flashrag_dir / "corpus.jsonl"))
+    with pytest.raises(DataError, match=message):
+        ds.split("test")
+    skipping = FlashRAGDataset(str(flashrag_dir), str(flashrag_dir / "corpus.jsonl"), skip_malformed=True)
+    assert [ex.id for ex in skipping.split("test")] == ["q1", "q3"]
+    assert skipping.skipped == {"test": 1}
+
+
+def test_missing_files_say_where_to_get_them(tmp_path):
+    ds = FlashRAGDataset(str(tmp_path), str(tmp_path / "corpus.jsonl"), make_target="data-x")
+    with pytest.raises(DataError, match=r"split 'test' not found at .*test.jsonl; get it from .*make data-x"):
+        ds.split("test")
+    with pytest.raises(DataError, match=r"corpus not found"):
+        _ = ds.corpus
+
+
+def test_duplicate_passage_ids_are_named(tmp_path):
+    with pytest.raises(DataError, match=r"duplicate passage ids: p1"):
+        Corpus(["p1", "p2", "p1"], ["a", "b", "c"], ["x", "y", "z"])
+    write_lines(tmp_path / "c.jsonl", [{"id": "p1", "contents": "T\nx"}, {"id": "p1", "contents": "T\ny"}])
+    with pytest.raises(DataError, match=r"c.jsonl: duplicate passage ids: p1"):
+        load_corpus(tmp_path / "c.jsonl")
+
+
+def small_world(cache_dir, seed=0):
+    return SynthDataset(str(cache_dir), seed=seed, n_people=60, n_cities=12, n_countries=4, n_films=20,
+                        dev_size=20, test_size=40)  # fmt: skip
+
+
+def test_synth_is_deterministic_and_cached(tmp_path):
+    a, b = small_world(tmp_path / "a"), small_world(tmp_path / "b")
+    assert (a.root / "test.jsonl").read_bytes() == (b.root / "test.jsonl").read_bytes()
+    assert (a.root / "corpus.jsonl").read_bytes() == (b.root / "corpus.jsonl").read_bytes()
+    mtime = (a.root / "corpus.jsonl").stat().st_mtime_ns
+    assert small_world(tmp_path / "a").root == a.root
+    assert (a.root / "corpus.jsonl").stat().st_mtime_ns == mtime  # reused, not regenerated
+    assert small_world(tmp_path / "a", seed=1).root != a.root
+
+
+def test_synth_splits_are_disjoint_and_supports_exist(tmp_path):
+    ds = small_world(tmp_path)
+    splits = {name: ds.split(name) for name in ["train", "dev", "test"]}
+    assert [len(splits["dev"]), len(splits["test"])] == [20, 40]
+    questions = [{ex.question for ex in exs} for exs in splits.values()]
+    assert not (questions[0] & questions[1] or questions[0] & questions[2] or questions[1] & questions[2])
+    for ex in splits["test"]:
+        assert ex.answers and ex.decomposition
+        if ex.answerable:
+            assert all(pid in ds.corpus for pid in ex.supporting_ids)
+            assert len(ex.supporting_ids) == ex.hops
+
+
+def test_synth_sizes_larger_than_the_world_are_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match=r"data.dev_size \+ data.test_size = 600, but this world has only"):
+        SynthDataset(str(tmp_path), n_people=30, n_films=10, dev_size=300, test_size=300)
