@@ -20,7 +20,17 @@ def test_run_writes_the_run_records(tiny_cfg, tmp_path):
         assert (tmp_path / name).exists(), name
     records = read_records(tmp_path / "records.jsonl")
     assert len(records) == metrics["all"]["n"] == 40
-    for key in ["id", "question", "answers", "prediction", "steps", "queries", "retrieved_ids", "tokens", "rewards"]:
+    for key in [
+        "id",
+        "question",
+        "answers",
+        "prediction",
+        "steps",
+        "queries",
+        "retrieved_ids",
+        "tokens",
+        "rewards",
+    ]:
         assert key in records[0], key
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
     assert "| all " in (tmp_path / "table.md").read_text()
@@ -63,8 +73,8 @@ def test_limit_evaluates_a_prefix(tiny_cfg, tmp_path):
 
 def test_multirun_and_report(repo_root, tmp_path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "rag_lab.run", "-m", "data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30",
-           "policy.k=1,5", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
+    cmd = [sys.executable, "-m", "rag_lab.run", "-m", *sizes, "policy.k=1,5", f"hydra.sweep.dir={sweep}"]
     subprocess.run(cmd, cwd=repo_root, check=True, capture_output=True, timeout=300)
     runs = find_runs([sweep])
     assert [r.name for r in runs] == ["0", "1"]

@@ -1,0 +1,38 @@
+"""The slow set (`make test-slow`): every experiment smoke-run on the tiny world; notebooks executed."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from rag_lab.config import compose, group_options
+from rag_lab.run import run
+
+from conftest import TINY_DATA
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", group_options("experiment"))
+def test_experiment_smoke(name, tmp_path):
+    metrics = run(compose([f"+experiment={name}", *TINY_DATA]), tmp_path)
+    assert metrics["all"]["n"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    run(compose(TINY_DATA), tmp_path / "runs" / "a")
+    run(compose([*TINY_DATA, "policy.k=1"]), tmp_path / "runs" / "b")
+    monkeypatch.setenv("RAG_LAB_RUNS", str(tmp_path / "runs"))
+    nb = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
+        "stored with outputs"
+    )
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    assert os.environ["RAG_LAB_RUNS"]
