@@ -17,8 +17,15 @@ from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth.world import build_world, make_questions
 from rag_lab.records import atomic_write_json
 
-# Bump when the generator's output changes, so caches of older worlds are not reused.
-GENERATOR_VERSION = 1
+
+
+def _generator_fingerprint() -> str:
+    """A hash of the generator's source: a changed generator never reuses an older world's cache."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(here.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 class SynthDataset:
@@ -41,7 +48,7 @@ class SynthDataset:
     ):
         self.name = name
         self.params = {
-            "version": GENERATOR_VERSION,
+            "generator": _generator_fingerprint(),
             "seed": seed,
             "n_people": n_people,
             "n_cities": n_cities,
