@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.eval.metrics import SCORERS, retrieval_pr
+from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, retrieval_pr
 from rag_lab.policies.base import Policy
 from rag_lab.records import RecordWriter, read_records
 
@@ -42,8 +42,8 @@ def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]
         "supporting_ids": list(ex.supporting_ids),
     }
     record |= episode.to_record()
-    for name, fn in SCORERS[scorer].items():
-        record[name] = fn(episode.prediction, list(ex.answers))
+    for name in ANSWER_METRICS:
+        record[name] = SCORERS[scorer][name](episode.prediction, list(ex.answers))
     record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
     record["ret_precision"], record["ret_recall"] = retrieval_pr(
         record["retrieved_ids"], record["supporting_ids"]

@@ -1,9 +1,19 @@
-"""EM / F1 / Acc after SQuAD normalisation, as the SQuAD v1.1 official script computes them.
+"""EM / F1 / Acc with each dataset's official rules, and retrieval precision / recall.
 
-``normalize_answer``, ``exact_match`` and ``f1`` follow the SQuAD v1.1 evaluation script
-(lower-case, drop punctuation, drop the articles a/an/the, collapse whitespace; F1 over the
-multiset of shared tokens); each is maximised over the gold answers. ``acc`` is FlashRAG's /
-Search-R1's: a normalised gold occurs in the normalised prediction.
+Every scorer normalises answers as SQuAD v1.1 does (lower-case, drop punctuation, drop the
+articles a / an / the, collapse whitespace) and computes token F1 over the multiset of shared
+tokens; they differ in three rules, each taken from the dataset's official evaluation script:
+
+- ``squad`` (SQuAD v1.1 ``evaluate-v1.1.py``; FlashRAG-format sets): best over gold answers.
+- ``hotpotqa`` (``hotpot_evaluate_v1.py``): the single gold answer only; F1 (and P, R) is 0 when
+  either side normalises to yes / no / noanswer and the two differ.
+- ``2wiki`` (``2wikimultihop_evaluate_v1.1.py``): the yes / no / noanswer rule, and EM, F1, P and R
+  each maximised *separately* over the gold answer and its aliases.
+- ``musique`` (``metrics/answer.py``, SQuAD 2.0 style): best over answer + aliases; when either
+  token list is empty, F1 is 1 if both are, else 0.
+
+``acc`` is the same everywhere (FlashRAG / Search-R1 "acc"): a normalised gold occurs in the
+normalised prediction, best over golds.
 """
 
 import re
@@ -13,6 +23,9 @@ from collections.abc import Callable
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+_YES_NO = {"yes", "no", "noanswer"}
+
+Metric = Callable[[str, list[str]], float]
 
 
 def normalize_answer(s: str) -> str:
@@ -25,37 +38,70 @@ def normalize_answer(s: str) -> str:
     return " ".join(_ARTICLES.sub(" ", s).split())
 
 
+def token_prf(
+    prediction: str, gold: str, yes_no_rule: bool = False, empty_rule: bool = False
+) -> tuple[float, ...]:
+    """(F1, precision, recall) of normalised tokens, with the optional official special cases.
+
+    >>> token_prf("yes", "no", yes_no_rule=True)
+    (0.0, 0.0, 0.0)
+    >>> token_prf("", "", empty_rule=True)
+    (1.0, 1.0, 1.0)
+    """
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if yes_no_rule and pred != ref and (pred in _YES_NO or ref in _YES_NO):
+        return 0.0, 0.0, 0.0
+    pred_toks, ref_toks = pred.split(), ref.split()
+    if empty_rule and (not pred_toks or not ref_toks):
+        same = float(pred_toks == ref_toks)
+        return same, same, same
+    common = sum((Counter(pred_toks) & Counter(ref_toks)).values())
+    if common == 0:
+        return 0.0, 0.0, 0.0
+    precision, recall = common / len(pred_toks), common / len(ref_toks)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
 def _em(prediction: str, gold: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
-def _f1(prediction: str, gold: str) -> float:
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    same = sum((Counter(pred) & Counter(ref)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(ref)
-    return 2 * precision * recall / (precision + recall)
 
 
 def _acc(prediction: str, gold: str) -> float:
     return float(normalize_answer(gold) in normalize_answer(prediction))
 
 
-def best_over_golds(fn: Callable[[str, str], float]) -> Callable[[str, list[str]], float]:
+def _best(fn: Callable[[str, str], float], first_gold_only: bool = False) -> Metric:
     def score(prediction: str, golds: list[str]) -> float:
-        return max((fn(prediction, g) for g in golds), default=0.0)
+        used = golds[:1] if first_gold_only else golds
+        return max((fn(prediction, g) for g in used), default=0.0)
 
-    score.__name__ = fn.__name__.lstrip("_")
     return score
 
 
-exact_match, f1_score, accuracy = best_over_golds(_em), best_over_golds(_f1), best_over_golds(_acc)
+def _prf_metric(index: int, **rules: bool) -> Callable[[str, str], float]:
+    return lambda prediction, gold: token_prf(prediction, gold, **rules)[index]
 
-# Per dataset scorer: metric name -> f(prediction, golds). Datasets name theirs in `Dataset.scorer`.
-SCORERS: dict[str, dict[str, Callable[[str, list[str]], float]]] = {
-    "squad": {"em": exact_match, "f1": f1_score, "acc": accuracy},
+
+def _scorer(first_gold_only: bool = False, **rules: bool) -> dict[str, Metric]:
+    return {
+        "em": _best(_em, first_gold_only),
+        "f1": _best(_prf_metric(0, **rules), first_gold_only),
+        "acc": _best(_acc, first_gold_only),
+        "precision": _best(_prf_metric(1, **rules), first_gold_only),
+        "recall": _best(_prf_metric(2, **rules), first_gold_only),
+    }
+
+
+# Dataset scorer name (``Dataset.scorer``) -> metric name -> f(prediction, golds).
+SCORERS: dict[str, dict[str, Metric]] = {
+    "squad": _scorer(),
+    "hotpotqa": _scorer(first_gold_only=True, yes_no_rule=True),
+    "2wiki": _scorer(yes_no_rule=True),
+    "musique": _scorer(empty_rule=True),
 }
+exact_match, f1_score, accuracy = SCORERS["squad"]["em"], SCORERS["squad"]["f1"], SCORERS["squad"]["acc"]
+# The per-question answer metrics that go into records and tables.
+ANSWER_METRICS = ("em", "f1", "acc")
 
 
 def retrieval_pr(retrieved: list[str], gold: list[str]) -> tuple[float, float]:

@@ -18,7 +18,6 @@ from rag_lab.data.synth.world import build_world, make_questions
 from rag_lab.records import atomic_write_json
 
 
-
 def _generator_fingerprint() -> str:
     """A hash of the generator's source: a changed generator never reuses an older world's cache."""
     here = Path(__file__).parent
