@@ -14,8 +14,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from rag_lab.eval.metrics import ANSWER_METRICS
+from rag_lab.eval.stats import paired_bootstrap
 from rag_lab.eval.table import format_metrics, to_markdown
-from rag_lab.records import atomic_write_text
+from rag_lab.records import atomic_write_text, read_records
 
 
 def find_runs(roots: list[Path]) -> list[Path]:
@@ -51,10 +53,26 @@ def build_table(runs: list[Path], subset: str = "all") -> tuple[pd.DataFrame, di
     return pd.DataFrame(rows), common
 
 
+def compare(run_a: Path, run_b: Path, metrics: tuple[str, ...] = ANSWER_METRICS) -> pd.DataFrame:
+    """Paired bootstrap of run A vs run B on the question ids both answered."""
+    a, b = ({r["id"]: r for r in read_records(run / "records.jsonl")} for run in (run_a, run_b))
+    shared = [qid for qid in a if qid in b]
+    if not shared:
+        raise SystemExit(f"error: {run_a} and {run_b} share no question id")
+    rows = []
+    for m in metrics:
+        res = paired_bootstrap([a[q][m] for q in shared], [b[q][m] for q in shared])
+        rows.append(
+            {"metric": m} | {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
+        )
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rag_lab.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, multirun dirs or folders above them")
     parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
+    parser.add_argument("--compare", action="store_true", help="paired bootstrap test of the first two runs")
     parser.add_argument(
         "--out", type=Path, help="csv path (default: report.csv in the single DIR given, else ./)"
     )
@@ -71,6 +89,11 @@ def main(argv: list[str] | None = None) -> None:
         print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
     sys.stdout.write(to_markdown(table))
     print(f"\n{len(runs)} runs; csv: {out}")
+    if args.compare:
+        if len(runs) < 2:
+            raise SystemExit("error: --compare needs two runs")
+        print(f"\npaired bootstrap, A = {runs[0]} vs B = {runs[1]} (delta = A - B):")
+        sys.stdout.write(to_markdown(compare(runs[0], runs[1])))
 
 
 if __name__ == "__main__":

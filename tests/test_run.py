@@ -91,6 +91,15 @@ def test_multirun_and_report(repo_root, tmp_path):
     assert len(rows) == 2
     assert (sweep / "report.csv").read_text().count("\n") == 3
 
+    paired = subprocess.run(
+        [sys.executable, "-m", "rag_lab.report", str(sweep), "--compare"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+    )
+    assert paired.returncode == 0 and "paired bootstrap" in paired.stdout
+    assert sum(line.startswith(("| em", "| f1", "| acc")) for line in paired.stdout.splitlines()) == 3
+
 
 def test_missing_dataset_is_one_line(repo_root, tmp_path):
     proc = subprocess.run(

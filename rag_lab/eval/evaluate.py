@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, retrieval_pr
+from rag_lab.eval.stats import bootstrap_ci
 from rag_lab.policies.base import Policy
 from rag_lab.records import RecordWriter, read_records
 
@@ -86,12 +87,13 @@ def _mean(values: list[float]) -> float | None:
 
 
 def aggregate(records: list[dict]) -> dict[str, Any]:
-    """Means of the per-question fields over all records and per question type."""
+    """Means (and 95% bootstrap CIs of EM / F1 / Acc) over all records and per question type."""
 
     def summary(rows: list[dict]) -> dict[str, Any]:
         out: dict[str, Any] = {"n": len(rows)}
         out |= {f: _mean([r[f] for r in rows]) for f in METRIC_FIELDS}
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
+        out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out
 
     metrics = {"all": summary(records)}
