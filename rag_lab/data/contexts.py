@@ -1,0 +1,100 @@
+"""Datasets that ship their own passages (HotpotQA, 2WikiMultihopQA, MuSiQue).
+
+As Stop-RAG and IRCoT do for MuSiQue and 2Wiki, the corpus is the union of every split's
+contexts, de-duplicated by (title, text). A passage's id is a hash of its title and text, so it
+is the same in every split and every run, and each question's gold supports are known by id.
+"""
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+
+from rag_lab.data.base import Corpus, DataError, QAExample
+from rag_lab.data.flashrag import missing_file
+
+
+def passage_id(title: str, text: str) -> str:
+    """Stable id of a (title, text) pair.
+
+    >>> passage_id("Paris", "Paris is a city.") == passage_id("Paris", "Paris is a city.")
+    True
+    """
+    return hashlib.blake2b(f"{title}\n{text}".encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class Context:
+    title: str
+    text: str
+    is_support: bool = False
+
+    @property
+    def id(self) -> str:
+        return passage_id(self.title, self.text)
+
+
+class ContextDataset:
+    """Base of the context-carrying loaders: split files under ``path``, corpus = union of contexts.
+
+    A subclass sets ``scorer``, ``source``, ``make_target`` and implements
+    ``read(path) -> Iterable[tuple[QAExample, list[Context]]]``; the example's ``supporting_ids``
+    are filled here from the contexts flagged as supports.
+    """
+
+    scorer = "squad"
+    source = ""
+    make_target = ""
+
+    def __init__(self, path: str, split_files: dict[str, str], name: str, skip_malformed: bool = False):
+        self.name, self.path, self.split_files = name, Path(path), dict(split_files)
+        self.skip_malformed = skip_malformed
+        self.skipped: dict[str, int] = {}
+        self._loaded: dict[Path, list[tuple[QAExample, list[Context]]]] = {}
+
+    def read(self, path: Path) -> Iterable[tuple[QAExample, list[Context]]]:
+        raise NotImplementedError
+
+    def _file(self, split: str) -> Path:
+        if split not in self.split_files:
+            raise DataError(f"{self.name} has no split '{split}' (has: {', '.join(self.split_files)})")
+        path = self.path / self.split_files[split]
+        if not path.exists():
+            raise missing_file(path, f"{self.name} split '{split}'", self.source, self.make_target)
+        return path
+
+    def _load(self, split: str) -> list[tuple[QAExample, list[Context]]]:
+        """Parsed rows of a split; a file that serves two splits (test = dev) is parsed once."""
+        path = self._file(split)
+        if path not in self._loaded:
+            rows = []
+            for ex, contexts in self.read(path):
+                supports = tuple(dict.fromkeys(c.id for c in contexts if c.is_support))
+                rows.append((replace(ex, supporting_ids=supports), contexts))
+            self._loaded[path] = rows
+        return self._loaded[path]
+
+    def split(self, name: str) -> list[QAExample]:
+        return [ex for ex, _ in self._load(name)]
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        ids: list[str] = []
+        titles: list[str] = []
+        texts: list[str] = []
+        seen: set[str] = set()
+        for split, file in self.split_files.items():
+            if not (self.path / file).exists():
+                continue
+            for _, contexts in self._load(split):
+                for c in contexts:
+                    if c.id not in seen:
+                        seen.add(c.id)
+                        ids.append(c.id)
+                        titles.append(c.title)
+                        texts.append(c.text)
+        if not ids:
+            what = f"{self.name} (no split file to build the corpus from)"
+            raise missing_file(self.path, what, self.source, self.make_target)
+        return Corpus(ids, titles, texts, source=str(self.path))
