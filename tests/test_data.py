@@ -93,3 +93,18 @@ def test_synth_splits_are_disjoint_and_supports_exist(tmp_path):
 def test_synth_sizes_larger_than_the_world_are_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"data.dev_size \+ data.test_size = 600, but this world has only"):
         SynthDataset(str(tmp_path), n_people=30, n_films=10, dev_size=300, test_size=300)
+
+
+def test_synth_round_trips_through_musique_format(tmp_path):
+    from rag_lab.data.musique import MuSiQueDataset
+
+    ds = small_world(tmp_path)
+    files = {split: f"musique_{split}.jsonl" for split in ["train", "dev", "test"]}
+    mq = MuSiQueDataset(str(ds.root), split_files=files)
+    for split in files:
+        assert mq.split(split) == ds.split(split)
+    assert any(not ex.answerable for split in files for ex in ds.split(split))
+    # The union of contexts holds every support, with the same stable ids as the synth corpus.
+    for ex in ds.split("test"):
+        for pid in ex.supporting_ids:
+            assert mq.corpus.get(pid) == ds.corpus.get(pid)

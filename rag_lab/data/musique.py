@@ -39,7 +39,8 @@ def parse_row(row: dict) -> tuple[QAExample, list[Context]]:
         id=str(require(row, "id", str)),
         question=require(row, "question", str),
         answers=(require(row, "answer", str), *aliases),
-        type=str(row["id"]).split("__")[0],  # e.g. '2hop', '3hop1'
+        # real rows encode the type in the id (2hop__…, 3hop1__…); the generated world writes it out
+        type=row.get("type") or str(row["id"]).split("__")[0],
         hops=max(1, len(decomposition)),
         answerable=bool(row.get("answerable", True)),
         decomposition=tuple(decomposition),

@@ -14,6 +14,7 @@ from pathlib import Path
 from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
+from rag_lab.data.synth import formats
 from rag_lab.data.synth.world import build_world, make_questions
 from rag_lab.records import atomic_write_json
 
@@ -84,25 +85,18 @@ class SynthDataset:
             "train": questions[n_dev + n_test :],
         }
         for split, qs in splits.items():
-            rows = [self._row(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
-            write_jsonl(self.root / f"{split}.jsonl", rows)
+            flash = [formats.flashrag(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
+            write_jsonl(self.root / f"{split}.jsonl", flash)
+            musique = [
+                formats.musique(f"{split}-{i}", q, world.passages, title_to_id, rng) for i, q in enumerate(qs)
+            ]
+            write_jsonl(self.root / f"musique_{split}.jsonl", musique)
         write_jsonl(
             self.root / "corpus.jsonl",
             [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],
         )
         # Written last: its presence marks a complete cache entry.
         atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
-
-    @staticmethod
-    def _row(qid: str, q: dict, title_to_id: dict[str, str]) -> dict:
-        decomposition = [
-            {"question": d["question"], "answer": d["answer"], "support_id": title_to_id.get(d["title"])}
-            for d in q["decomposition"]
-        ]
-        supports = [d["support_id"] for d in decomposition if d["support_id"] is not None]
-        meta = {"type": q["type"], "hops": q["hops"], "answerable": q["answerable"]}
-        meta |= {"supporting_ids": supports, "decomposition": decomposition}
-        return {"id": qid, "question": q["question"], "golden_answers": [q["answer"]], "metadata": meta}
 
     def split(self, name: str) -> list[QAExample]:
         return self._flashrag.split(name)

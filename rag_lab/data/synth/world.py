@@ -10,6 +10,8 @@ collision that makes plain BM25 over titles confuse people (../shared/STACK.md).
 import random
 from dataclasses import dataclass, field
 
+from rag_lab.data.contexts import passage_id
+
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "eo", "ia"]
 FIRST_CODAS = ["a", "o", "ine", "elle", "is", "an", "ora", "ius"]
@@ -90,7 +92,7 @@ def build_world(
 def _write_passages(rng: random.Random, w: World) -> None:
     def add(title: str, text: str) -> None:
         if title not in w.withheld:
-            w.passages[f"synth-{len(w.passages)}"] = (title, text)
+            w.passages[passage_id(title, text)] = (title, text)
 
     for name, p in w.people.items():
         add(name, rng.choice(PERSON_TEMPLATES).format(name=name, **p))

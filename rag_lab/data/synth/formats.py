@@ -1,0 +1,74 @@
+"""The generated world's questions written in the real benchmarks' on-disk formats.
+
+Each writer takes one generated question (``world.make_questions``) and returns one row of the
+format, so that the format's own loader reads back the same ``QAExample``.
+"""
+
+import random
+
+# Distractor paragraphs per MuSiQue row (real MuSiQue rows carry 20 paragraphs in all).
+MUSIQUE_DISTRACTORS = 6
+
+
+def flashrag(qid: str, q: dict, title_to_id: dict[str, str]) -> dict:
+    """FlashRAG jsonl: ``id, question, golden_answers, metadata`` (supports + decomposition in metadata)."""
+    decomposition = [
+        {"question": d["question"], "answer": d["answer"], "support_id": title_to_id.get(d["title"])}
+        for d in q["decomposition"]
+    ]
+    supports = list(dict.fromkeys(d["support_id"] for d in decomposition if d["support_id"] is not None))
+    meta = {"type": q["type"], "hops": q["hops"], "answerable": q["answerable"]}
+    meta |= {"supporting_ids": supports, "decomposition": decomposition}
+    return {"id": qid, "question": q["question"], "golden_answers": [q["answer"]], "metadata": meta}
+
+
+def musique(
+    qid: str, q: dict, passages: dict[str, tuple[str, str]], title_to_id: dict[str, str], rng: random.Random
+) -> dict:
+    """MuSiQue jsonl: supporting paragraphs (in hop order) among random distractors.
+
+    A withheld support (an unanswerable question) is absent from ``paragraphs``, as in
+    MuSiQue-Full's unanswerable rows; its step's ``paragraph_support_idx`` is null.
+    """
+    support_ids = list(
+        dict.fromkeys(title_to_id[d["title"]] for d in q["decomposition"] if d["title"] in title_to_id)
+    )
+    pool = [pid for pid in passages if pid not in support_ids]
+    chosen = rng.sample(pool, min(MUSIQUE_DISTRACTORS, len(pool)))
+    # Distractors go at random positions; supports keep their hop order.
+    order = support_ids + chosen
+    slots = sorted(rng.sample(range(len(order)), len(support_ids)))
+    layout: list[str | None] = [None] * len(order)
+    for slot, pid in zip(slots, support_ids, strict=True):
+        layout[slot] = pid
+    rest = iter(chosen)
+    layout = [pid if pid is not None else next(rest) for pid in layout]
+    idx_of = {pid: i for i, pid in enumerate(layout)}
+    paragraphs = [
+        {
+            "idx": i,
+            "title": passages[pid][0],
+            "paragraph_text": passages[pid][1],
+            "is_supporting": pid in support_ids,
+        }
+        for i, pid in enumerate(layout)
+    ]
+    decomposition = [
+        {
+            "id": n,
+            "question": d["question"],
+            "answer": d["answer"],
+            "paragraph_support_idx": idx_of.get(title_to_id.get(d["title"])),
+        }  # fmt: skip
+        for n, d in enumerate(q["decomposition"])
+    ]
+    return {
+        "id": qid,
+        "type": q["type"],
+        "paragraphs": paragraphs,
+        "question": q["question"],
+        "question_decomposition": decomposition,
+        "answer": q["answer"],
+        "answer_aliases": [],
+        "answerable": q["answerable"],
+    }
