@@ -108,3 +108,59 @@ def test_synth_round_trips_through_musique_format(tmp_path):
     for ex in ds.split("test"):
         for pid in ex.supporting_ids:
             assert mq.corpus.get(pid) == ds.corpus.get(pid)
+
+
+SYNTH_FILES = {split: split for split in ["train", "dev", "test"]}
+
+
+@pytest.mark.parametrize("fmt", ["hotpotqa", "2wiki"])
+def test_synth_round_trips_through_hotpotqa_and_2wiki_formats(tmp_path, fmt):
+    from rag_lab.data.hotpotqa import HotpotQADataset, TwoWikiDataset
+
+    ds = small_world(tmp_path)
+    cls = HotpotQADataset if fmt == "hotpotqa" else TwoWikiDataset
+    loaded = cls(str(ds.root), split_files={s: f"{fmt}_{s}.json" for s in SYNTH_FILES})
+    for split in SYNTH_FILES:
+        # These formats carry no decomposition / answerable flag: compare what they do carry.
+        got = [(ex.id, ex.question, ex.answers, ex.type, ex.supporting_ids) for ex in loaded.split(split)]
+        want = [(ex.id, ex.question, ex.answers, ex.type, ex.supporting_ids) for ex in ds.split(split)]
+        assert got == want
+    for ex in ds.split("dev"):
+        for pid in ex.supporting_ids:
+            assert loaded.corpus.get(pid) == ds.corpus.get(pid)
+
+
+def test_hotpotqa_hugging_face_layout_and_2wiki_aliases(tmp_path):
+    from rag_lab.data.hotpotqa import HotpotQADataset, TwoWikiDataset
+
+    hf_row = {"id": "h1", "question": "Q?", "answer": "Paris", "type": "bridge", "level": "easy",
+              "supporting_facts": {"title": ["A", "A"], "sent_id": [0, 1]},
+              "context": {"title": ["A", "B"], "sentences": [["a1. ", "a2."], ["b1."]]}}  # fmt: skip
+    (tmp_path / "hf.jsonl").write_text(json.dumps(hf_row) + "\n")
+    ds = HotpotQADataset(str(tmp_path), split_files={"dev": "hf.jsonl"})
+    (ex,) = ds.split("dev")
+    assert ds.corpus.get(ex.supporting_ids[0]).text == "a1. a2."
+    assert len(ds.corpus) == 2 and ex.hops == 1
+
+    official = {"_id": "w1", "question": "Q?", "answer": "France", "answer_id": "Q142", "type": "comparison",
+                "supporting_facts": [["A", 0]], "context": [["A", ["x."]]],
+                "evidences": [["A", "country", "France"]]}  # fmt: skip
+    (tmp_path / "dev.json").write_text(json.dumps([official]))
+    aliases = {"Q_id": "Q142", "aliases": ["French Republic", "France"], "demonyms": ["French"]}
+    (tmp_path / "id_aliases.json").write_text(json.dumps(aliases) + "\n")
+    (ex,) = TwoWikiDataset(str(tmp_path), split_files={"dev": "dev.json"}).split("dev")
+    assert ex.answers == ("France", "French", "French Republic")
+    assert ex.metadata["evidences"] == [["A", "country", "France"]]
+
+
+def test_json_list_errors_name_the_item(tmp_path):
+    from rag_lab.data.hotpotqa import HotpotQADataset
+
+    good = {"_id": "a", "question": "Q?", "answer": "x", "supporting_facts": [], "context": []}
+    (tmp_path / "dev.json").write_text(json.dumps([good, {"_id": "b", "question": "Q?"}]))
+    ds = HotpotQADataset(str(tmp_path), split_files={"dev": "dev.json"})
+    with pytest.raises(DataError, match=r"dev.json: item 1 \(id b\): missing field 'supporting_facts'"):
+        ds.split("dev")
+    (tmp_path / "dev.json").write_text('[{"_id": "a",\n "question": }]')
+    with pytest.raises(DataError, match=r"dev.json:2:\d+: malformed JSON"):
+        HotpotQADataset(str(tmp_path), split_files={"dev": "dev.json"}).split("dev")

@@ -54,3 +54,28 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     from rag_lab.records import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_json_list(
+    path: Path, parse: Callable[[dict], T], skip_malformed: bool = False, counter: dict | None = None
+) -> Iterator[T]:
+    """Parse each item of a whole-file JSON list (HotpotQA / 2Wiki layout); errors name the item."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            items = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected a JSON list of questions, got {type(items).__name__}")
+    for i, row in enumerate(items):
+        try:
+            if not isinstance(row, dict):
+                raise FieldError(f"expected a JSON object, got {type(row).__name__}")
+            yield parse(row)
+        except FieldError as e:
+            if skip_malformed:
+                if counter is not None:
+                    counter["skipped"] = counter.get("skipped", 0) + 1
+                continue
+            qid = row.get("_id", row.get("id")) if isinstance(row, dict) else None
+            raise DataError(f"{path}: item {i}{f' (id {qid})' if qid else ''}: {e}") from None

@@ -16,7 +16,7 @@ from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth import formats
 from rag_lab.data.synth.world import build_world, make_questions
-from rag_lab.records import atomic_write_json
+from rag_lab.records import atomic_write_json, atomic_write_text
 
 
 def _generator_fingerprint() -> str:
@@ -91,6 +91,9 @@ class SynthDataset:
                 formats.musique(f"{split}-{i}", q, world.passages, title_to_id, rng) for i, q in enumerate(qs)
             ]
             write_jsonl(self.root / f"musique_{split}.jsonl", musique)
+            for fmt, evidences in [("hotpotqa", False), ("2wiki", True)]:
+                items = [formats.hotpotqa(row, q, evidences) for row, q in zip(musique, qs, strict=True)]
+                atomic_write_text(self.root / f"{fmt}_{split}.json", json.dumps(items, ensure_ascii=False))
         write_jsonl(
             self.root / "corpus.jsonl",
             [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],

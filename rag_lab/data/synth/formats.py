@@ -72,3 +72,21 @@ def musique(
         "answer_aliases": [],
         "answerable": q["answerable"],
     }
+
+
+def _sentences(text: str) -> list[str]:
+    """Split a passage into HotpotQA-style sentences that join back to the exact text."""
+    parts = text.split(". ")
+    return [p + ". " for p in parts[:-1]] + [parts[-1]]
+
+
+def hotpotqa(musique_row: dict, q: dict, with_evidences: bool = False) -> dict:
+    """HotpotQA / 2Wiki json item (``_id, question, answer, type, context, supporting_facts``) built
+    from the question's MuSiQue row, so the formats share one context set."""
+    context = [[p["title"], _sentences(p["paragraph_text"])] for p in musique_row["paragraphs"]]
+    facts = [[p["title"], 0] for p in musique_row["paragraphs"] if p["is_supporting"]]
+    item = {"_id": musique_row["id"], "question": q["question"], "answer": q["answer"], "type": q["type"],
+            "level": "synthetic", "context": context, "supporting_facts": facts}  # fmt: skip
+    if with_evidences:  # 2Wiki's (subject, relation, object) triples: one per hop
+        item["evidences"] = [[d["title"], d["question"], d["answer"]] for d in q["decomposition"]]
+    return item
