@@ -57,6 +57,8 @@ class ContextDataset:
         raise NotImplementedError
 
     def _file(self, split: str) -> Path:
+        if self.path.is_file():  # `data.path=<one gold file>`: every split reads it
+            return self.path
         if split not in self.split_files:
             raise DataError(f"{self.name} has no split '{split}' (has: {', '.join(self.split_files)})")
         path = self.path / self.split_files[split]
@@ -65,8 +67,10 @@ class ContextDataset:
         return path
 
     def _load(self, split: str) -> list[tuple[QAExample, list[Context]]]:
-        """Parsed rows of a split; a file that serves two splits (test = dev) is parsed once."""
-        path = self._file(split)
+        return self._load_file(self._file(split))
+
+    def _load_file(self, path: Path) -> list[tuple[QAExample, list[Context]]]:
+        """Parsed rows of a file; a file that serves two splits (test = dev) is parsed once."""
         if path not in self._loaded:
             rows = []
             for ex, contexts in self.read(path):
@@ -84,10 +88,9 @@ class ContextDataset:
         titles: list[str] = []
         texts: list[str] = []
         seen: set[str] = set()
-        for split, file in self.split_files.items():
-            if not (self.path / file).exists():
-                continue
-            for _, contexts in self._load(split):
+        files = [self.path] if self.path.is_file() else [self.path / f for f in self.split_files.values()]
+        for path in dict.fromkeys(p for p in files if p.exists()):
+            for _, contexts in self._load_file(path):
                 for c in contexts:
                     if c.id not in seen:
                         seen.add(c.id)

@@ -77,7 +77,7 @@ class FlashRAGDataset:
         self.skipped: dict[str, int] = {}
 
     def split(self, name: str) -> list[QAExample]:
-        path = self.path / f"{name}.jsonl"
+        path = self.path if self.path.is_file() else self.path / f"{name}.jsonl"
         if not path.exists():
             raise missing_file(path, f"{self.name} split '{name}'", self.source, self.make_target)
         counter: dict[str, int] = {}

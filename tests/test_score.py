@@ -1,0 +1,77 @@
+"""The scoring CLI on hand-made gold and predictions."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rag_lab.data.hotpotqa import HotpotQADataset
+from rag_lab.score import score
+
+
+def hotpot_item(qid, answer, support):
+    context = [[support, [f"{support} text."]], ["Other", ["o."]]]
+    return {"_id": qid, "question": f"{qid}?", "answer": answer, "type": "bridge",
+            "supporting_facts": [[support, 0]], "context": context}  # fmt: skip
+
+
+@pytest.fixture
+def gold(tmp_path):
+    items = [
+        hotpot_item("q1", "yes", "A"),
+        hotpot_item("q2", "New York City", "B"),
+        hotpot_item("q3", "Paris", "C"),
+    ]
+    path = tmp_path / "gold.json"
+    path.write_text(json.dumps(items))
+    return path
+
+
+def test_score_applies_official_rules_and_counts_missing(gold, tmp_path):
+    preds = tmp_path / "preds.jsonl"
+    rows = [
+        {"id": "q1", "prediction": "yes"},
+        {"id": "q2", "prediction": "New York"},
+        {"id": "zz", "prediction": "x"},
+    ]
+    preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = score(HotpotQADataset(str(gold), split_files={}), "dev", preds)
+    # q1 exact (1, 1); q2 EM 0, F1 0.8 (P 1, R 2/3); q3 missing -> 0.
+    assert (out["n"], out["missing"], out["extra"]) == (3, 1, 1)
+    assert out["em"] == pytest.approx(1 / 3)
+    assert out["f1"] == pytest.approx((1 + 0.8) / 3)
+    assert out["acc"] == pytest.approx(1 / 3)
+    assert "sp_f1" not in out
+
+
+def test_score_cli_with_support_ids(gold, tmp_path, repo_root):
+    ds = HotpotQADataset(str(gold), split_files={})
+    support = {ex.id: list(ex.supporting_ids) for ex in ds.split("dev")}
+    other = next(pid for pid in ds.corpus.ids if pid not in sum(support.values(), []))
+    rows = [{"id": "q1", "prediction": "no", "support_ids": support["q1"]},
+            {"id": "q2", "prediction": "new york city", "support_ids": support["q2"] + [other]},
+            {"id": "q3", "prediction": "Paris", "support_ids": []}]  # fmt: skip
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_lab.score", "data=hotpotqa", f"data.path={gold}", f"predictions={preds}"],
+        cwd=repo_root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["em"] == pytest.approx(2 / 3)  # 'no' vs 'yes' scores 0
+    # support: q1 exact (P=R=1), q2 P=1/2 R=1 F1=2/3, q3 none predicted (0).
+    assert out["sp_em"] == pytest.approx(1 / 3)
+    assert out["sp_f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+
+
+def test_score_cli_bad_prediction_line_is_one_line(gold, tmp_path, repo_root):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "q1", "prediction": "yes"}\n{"id": "q2"}\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_lab.score", "data=hotpotqa", f"data.path={gold}", f"predictions={preds}"],
+        cwd=repo_root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: {preds}:2: missing field 'prediction'"
