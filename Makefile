@@ -55,5 +55,19 @@ clean: ## Remove run outputs and caches (not the venv)
 
 # Real datasets (cannot run on the offline machines; the loaders name these targets when files are missing).
 DATA ?= data
-data-flashrag: ## Download FlashRAG datasets + wiki-18 corpus into $(DATA)/
-	mkdir -p $(DATA) && cd $(DATA) && huggingface-cli download RUC-NLPIR/FlashRAG_datasets --repo-type dataset --local-dir flashrag
+data-flashrag: ## Download FlashRAG datasets + wiki-18 corpus into $(DATA)/flashrag
+	mkdir -p $(DATA) && cd $(DATA) && $(VENV)/bin/hf download RUC-NLPIR/FlashRAG_datasets --repo-type dataset --local-dir flashrag
+
+data-hotpotqa: ## Download HotpotQA train + dev (distractor) into $(DATA)/hotpotqa
+	mkdir -p $(DATA)/hotpotqa && cd $(DATA)/hotpotqa && \
+	curl -fLO http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_train_v1.1.json && \
+	curl -fLO http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json
+
+data-2wiki: ## Download 2WikiMultihopQA (train/dev/test + id_aliases.json) into $(DATA)/2wiki
+	mkdir -p $(DATA)/2wiki && cd $(DATA)/2wiki && \
+	curl -fL -o 2wiki.zip "https://www.dropbox.com/s/ms2m13252h6xubs/data_ids_april7.zip?dl=1" && unzip -o -j 2wiki.zip && rm 2wiki.zip
+
+data-musique: ## Download MuSiQue (ans + full, v1.0) into $(DATA)/musique
+	mkdir -p $(DATA)/musique && cd $(DATA)/musique && \
+	$(VENV)/bin/python -m pip install -q gdown && $(VENV)/bin/gdown 1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h -O musique.zip && \
+	unzip -o -j musique.zip 'data/*' && rm musique.zip
