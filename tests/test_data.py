@@ -164,3 +164,14 @@ def test_json_list_errors_name_the_item(tmp_path):
     (tmp_path / "dev.json").write_text('[{"_id": "a",\n "question": }]')
     with pytest.raises(DataError, match=r"dev.json:2:\d+: malformed JSON"):
         HotpotQADataset(str(tmp_path), split_files={"dev": "dev.json"}).split("dev")
+
+
+def test_dpr_tsv_corpus(tmp_path):
+    path = tmp_path / "psgs_w100.tsv"
+    path.write_text('id\ttext\ttitle\n1\t"Aaron is a prophet."\tAaron\n2\tParis is a city.\t"Paris"\n')
+    corpus = load_corpus(path)
+    assert corpus.get("1").title == "Aaron" and corpus.get("1").text == "Aaron is a prophet."
+    assert corpus.get("2").title == "Paris"
+    path.write_text("id\ttext\ttitle\n1\tonly two\n")
+    with pytest.raises(DataError, match=r"psgs_w100.tsv:2: expected 3 tab-separated fields"):
+        load_corpus(path)

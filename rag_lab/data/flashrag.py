@@ -37,7 +37,9 @@ def parse_example(row: dict) -> QAExample:
 
 
 def load_corpus(path: Path, skip_malformed: bool = False) -> Corpus:
-    """Read a FlashRAG corpus jsonl (``id``, ``contents`` = ``title\\ntext``)."""
+    """Read a FlashRAG corpus jsonl (``id``, ``contents`` = ``title\\ntext``) or a DPR tsv."""
+    if path.suffix == ".tsv":
+        return load_dpr_tsv(path, skip_malformed)
     ids: list[str] = []
     titles: list[str] = []
     texts: list[str] = []
@@ -51,6 +53,29 @@ def load_corpus(path: Path, skip_malformed: bool = False) -> Corpus:
 
     for _ in read_jsonl(path, parse, skip_malformed):
         pass
+    return Corpus(ids, titles, texts, source=str(path))
+
+
+def load_dpr_tsv(path: Path, skip_malformed: bool = False) -> Corpus:
+    """Read the DPR / wiki-18 tsv (header ``id  text  title``; 21M rows for psgs_w100.tsv)."""
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        if header[:3] != ["id", "text", "title"]:
+            raise DataError(f"{path}:1: expected the DPR header 'id<TAB>text<TAB>title', got {header[:3]}")
+        for lineno, line in enumerate(f, start=2):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) < 3 or not fields[0]:
+                if skip_malformed:
+                    continue
+                raise DataError(
+                    f"{path}:{lineno}: expected 3 tab-separated fields (id, text, title), got {len(fields)}"
+                )
+            ids.append(fields[0])
+            texts.append(fields[1].strip('"'))
+            titles.append(fields[2].strip('"'))
     return Corpus(ids, titles, texts, source=str(path))
 
 
