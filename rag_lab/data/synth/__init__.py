@@ -15,7 +15,8 @@ from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth import formats
-from rag_lab.data.synth.world import build_world, make_questions
+from rag_lab.data.synth.questions import make_questions
+from rag_lab.data.synth.world import build_world
 from rag_lab.records import atomic_write_json, atomic_write_text
 
 
@@ -41,23 +42,20 @@ class SynthDataset:
         n_cities: int = 60,
         n_countries: int = 12,
         n_films: int = 150,
+        n_companies: int = 60,
+        n_bands: int = 30,
         withhold_rate: float = 0.05,
-        dev_size: int = 200,
-        test_size: int = 300,
+        max_hops: int = 4,
+        dev_size: int = 300,
+        test_size: int = 500,
         name: str = "synth",
     ):
         self.name = name
-        self.params = {
-            "generator": _generator_fingerprint(),
-            "seed": seed,
-            "n_people": n_people,
-            "n_cities": n_cities,
-            "n_countries": n_countries,
-            "n_films": n_films,
-            "withhold_rate": withhold_rate,
-            "dev_size": dev_size,
-            "test_size": test_size,
-        }
+        sizes = {"people": n_people, "cities": n_cities, "countries": n_countries, "films": n_films,
+                 "companies": n_companies, "bands": n_bands}  # fmt: skip
+        self.params = {"generator": _generator_fingerprint(), "seed": seed, "sizes": sizes,
+                       "withhold_rate": withhold_rate, "max_hops": max_hops, "dev_size": dev_size,
+                       "test_size": test_size}  # fmt: skip
         key = hashlib.sha256(json.dumps(self.params, sort_keys=True).encode()).hexdigest()[:12]
         self.root = Path(cache_dir).expanduser() / "synth" / key
         if not (self.root / "world.json").exists():
@@ -67,11 +65,9 @@ class SynthDataset:
     def _generate(self) -> None:
         p = self.params
         rng = random.Random(p["seed"])
-        world = build_world(
-            rng, p["n_people"], p["n_cities"], p["n_countries"], p["n_films"], p["withhold_rate"]
-        )
+        world = build_world(rng, p["sizes"], p["withhold_rate"])
         title_to_id = {title: pid for pid, (title, _) in world.passages.items()}
-        questions = make_questions(rng, world)
+        questions = make_questions(rng, world, p["max_hops"])
         rng.shuffle(questions)
         n_dev, n_test = p["dev_size"], p["test_size"]
         if n_dev + n_test >= len(questions):
@@ -91,9 +87,11 @@ class SynthDataset:
                 formats.musique(f"{split}-{i}", q, world.passages, title_to_id, rng) for i, q in enumerate(qs)
             ]
             write_jsonl(self.root / f"musique_{split}.jsonl", musique)
-            for fmt, evidences in [("hotpotqa", False), ("2wiki", True)]:
-                items = [formats.hotpotqa(row, q, evidences) for row, q in zip(musique, qs, strict=True)]
-                atomic_write_text(self.root / f"{fmt}_{split}.json", json.dumps(items, ensure_ascii=False))
+            hotpot = [formats.hotpotqa(row, q) for row, q in zip(musique, qs, strict=True)]
+            atomic_write_text(self.root / f"hotpotqa_{split}.json", json.dumps(hotpot, ensure_ascii=False))
+            two_wiki = [formats.two_wiki(row, q) for row, q in zip(musique, qs, strict=True)]
+            atomic_write_text(self.root / f"2wiki_{split}.json", json.dumps(two_wiki, ensure_ascii=False))
+        write_jsonl(self.root / "id_aliases.json", formats.two_wiki_aliases(questions))
         write_jsonl(
             self.root / "corpus.jsonl",
             [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],

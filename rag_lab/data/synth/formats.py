@@ -6,6 +6,8 @@ format, so that the format's own loader reads back the same ``QAExample``.
 
 import random
 
+from rag_lab.data.contexts import passage_id
+
 # Distractor paragraphs per MuSiQue row (real MuSiQue rows carry 20 paragraphs in all).
 MUSIQUE_DISTRACTORS = 6
 
@@ -19,7 +21,12 @@ def flashrag(qid: str, q: dict, title_to_id: dict[str, str]) -> dict:
     supports = list(dict.fromkeys(d["support_id"] for d in decomposition if d["support_id"] is not None))
     meta = {"type": q["type"], "hops": q["hops"], "answerable": q["answerable"]}
     meta |= {"supporting_ids": supports, "decomposition": decomposition}
-    return {"id": qid, "question": q["question"], "golden_answers": [q["answer"]], "metadata": meta}
+    return {
+        "id": qid,
+        "question": q["question"],
+        "golden_answers": [q["answer"], *q["aliases"]],
+        "metadata": meta,
+    }
 
 
 def musique(
@@ -69,7 +76,7 @@ def musique(
         "question": q["question"],
         "question_decomposition": decomposition,
         "answer": q["answer"],
-        "answer_aliases": [],
+        "answer_aliases": q["aliases"],
         "answerable": q["answerable"],
     }
 
@@ -80,13 +87,29 @@ def _sentences(text: str) -> list[str]:
     return [p + ". " for p in parts[:-1]] + [parts[-1]]
 
 
-def hotpotqa(musique_row: dict, q: dict, with_evidences: bool = False) -> dict:
-    """HotpotQA / 2Wiki json item (``_id, question, answer, type, context, supporting_facts``) built
-    from the question's MuSiQue row, so the formats share one context set."""
+def hotpotqa(musique_row: dict, q: dict) -> dict:
+    """HotpotQA json item (``_id, question, answer, type, context, supporting_facts``) built from
+    the question's MuSiQue row, so the formats share one context set. HotpotQA has no aliases."""
     context = [[p["title"], _sentences(p["paragraph_text"])] for p in musique_row["paragraphs"]]
     facts = [[p["title"], 0] for p in musique_row["paragraphs"] if p["is_supporting"]]
-    item = {"_id": musique_row["id"], "question": q["question"], "answer": q["answer"], "type": q["type"],
+    return {"_id": musique_row["id"], "question": q["question"], "answer": q["answer"], "type": q["type"],
             "level": "synthetic", "context": context, "supporting_facts": facts}  # fmt: skip
-    if with_evidences:  # 2Wiki's (subject, relation, object) triples: one per hop
-        item["evidences"] = [[d["title"], d["question"], d["answer"]] for d in q["decomposition"]]
+
+
+def answer_qid(answer: str) -> str:
+    """A Wikidata-like id for an answer string (2Wiki's ``answer_id``)."""
+    return "Q" + passage_id("answer", answer)
+
+
+def two_wiki(musique_row: dict, q: dict) -> dict:
+    """2Wiki json item: HotpotQA's fields plus ``evidences`` triples and the answer's ``answer_id``."""
+    item = hotpotqa(musique_row, q)
+    item["evidences"] = [[d["title"], d["question"], d["answer"]] for d in q["decomposition"]]
+    item["answer_id"] = answer_qid(q["answer"])
     return item
+
+
+def two_wiki_aliases(questions: list[dict]) -> list[dict]:
+    """``id_aliases.json`` rows (``Q_id, aliases, demonyms``) for every answer that has aliases."""
+    rows = {answer_qid(q["answer"]): q["aliases"] for q in questions if q["aliases"]}
+    return [{"Q_id": qid, "aliases": aliases, "demonyms": []} for qid, aliases in rows.items()]

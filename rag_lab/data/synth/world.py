@@ -1,10 +1,15 @@
-"""A deterministic fictional world: invented people, cities, countries and films, their
-relations, Wikipedia-like passages about them, and multi-hop questions with gold supports
-and ``#n`` decompositions. Names are invented, so no model can answer without retrieval.
+"""A deterministic fictional world: people over four generations (parents, spouses), cities,
+countries, films, companies and bands, their relations, and a Wikipedia-like passage per entity.
 
-Hand-written: no library generates multi-hop QA worlds. First names and surnames come from
-disjoint syllable pools, so no person's name is another's reversed ("A B" vs "B A"), a
-collision that makes plain BM25 over titles confuse people (../shared/STACK.md).
+Hand-written: no library generates multi-hop QA worlds. Names are invented from syllables, so
+no model can know a fact without retrieving it. First names and surnames come from disjoint
+pools, so no person's name is another's reversed ("A B" vs "B A", a collision that makes BM25
+over titles confuse people, ../shared/STACK.md); surnames and first names are shared between
+people, which makes near-name distractors ("Tuine Dovale" vs "Feine Dovale") common.
+
+Every relation (``RELATIONS``) is stated by exactly one sentence of its subject's passage, in one
+of several phrasings, so a reader that finds the subject's passage can answer; a *withheld*
+entity has no passage, so questions that need it are unanswerable.
 """
 
 import random
@@ -14,154 +19,272 @@ from rag_lab.data.contexts import passage_id
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th"]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "eo", "ia"]
-FIRST_CODAS = ["a", "o", "ine", "elle", "is", "an", "ora", "ius"]
+FEMALE_CODAS = ["a", "ine", "elle", "ora", "ia"]
+MALE_CODAS = ["o", "is", "an", "ius", "ek"]
 LAST_CODAS = ["ford", "mont", "wick", "stad", "berg", "vale", "holm", "dorf", "ton"]
 PLACE_CODAS = ["grad", "port", "haven", "mere", "burg", "polis", "field"]
 COUNTRY_CODAS = ["ia", "land", "istan", "ovia", "aria"]
-OCCUPATIONS = ["painter", "novelist", "film director", "chemist", "composer", "architect", "actor"]
+COMPANY_SUFFIXES = ["Industries", "Group", "Works", "Systems", "Holdings"]
+OCCUPATIONS = ["painter", "novelist", "chemist", "composer", "architect", "actor", "physician", "poet"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]  # fmt: skip
+GENERATIONS = 4
 
-PERSON_TEMPLATES = [
-    "{name} (born {year}) is a {occupation}. {name} was born in {city}.",
-    "{name} is a {occupation} born in {year}. Born in {city}, {name} later became well known.",
-    "Born in {city} in {year}, {name} is a {occupation}.",
-]
-CITY_TEMPLATES = ["{city} is a city in {country}.", "{city} is a town located in {country}."]
-COUNTRY_TEMPLATES = ["{country} is a country. Its capital is {capital}."]
-FILM_TEMPLATES = [
-    "{film} is a {year} film directed by {director}.",
-    "{film} is a film released in {year}. It was directed by {director}.",
-]
+
+@dataclass(frozen=True)
+class Relation:
+    """A fact about an entity of kind ``domain``; ``target`` is an entity kind or None for a literal."""
+
+    name: str
+    domain: str
+    target: str | None
+    # The sub-question asking for this fact about {x}.
+    question: str
+    # The noun phrase naming the answer, to nest chains ("the director of {x}").
+    phrase: str
+
+
+RELATIONS = {
+    r.name: r
+    for r in [
+        Relation("director", "film", "person", "Who directed {x}?", "the director of {x}"),
+        Relation("release_year", "film", None, "When was {x} released?", ""),
+        Relation("founder", "company", "person", "Who founded {x}?", "the founder of {x}"),
+        Relation(
+            "headquarters", "company", "city", "Where is {x} headquartered?", "the headquarters city of {x}"
+        ),
+        Relation("founded_year", "company", None, "When was {x} founded?", ""),
+        Relation("origin", "band", "city", "In which city was {x} formed?", "the city where {x} was formed"),
+        Relation("birthplace", "person", "city", "Where was {x} born?", "the birthplace of {x}"),
+        Relation("birth_date", "person", None, "When was {x} born?", ""),
+        Relation("death_date", "person", None, "When did {x} die?", ""),
+        Relation("nationality", "person", "country", "What is the nationality of {x}?", "the country of {x}"),
+        Relation("occupation", "person", None, "What is the occupation of {x}?", ""),
+        Relation("mother", "person", "person", "Who is the mother of {x}?", "the mother of {x}"),
+        Relation("father", "person", "person", "Who is the father of {x}?", "the father of {x}"),
+        Relation("spouse", "person", "person", "Who is the spouse of {x}?", "the spouse of {x}"),
+        Relation("country", "city", "country", "In which country is {x}?", "the country of {x}"),
+        Relation("capital", "country", "city", "What is the capital of {x}?", "the capital of {x}"),
+    ]
+}
+
+# One sentence per relation (several phrasings); {s}: subject, {v}: value, {P}/{p}: pronoun, {Q}: possessive.
+SENTENCES = {
+    "director": ["{s} is a film directed by {v}.", "It was directed by {v}.", "{v} directed {s}."],
+    "release_year": ["{s} was released in {v}.", "The film came out in {v}.", "{s} premiered in {v}."],
+    "founder": ["{s} was founded by {v}.", "{v} founded {s}.", "Its founder is {v}."],
+    "headquarters": [
+        "{s} is headquartered in {v}.",
+        "Its headquarters are in {v}.",
+        "The company is based in {v}.",
+    ],
+    "founded_year": ["{s} was established in {v}.", "The company dates from {v}.", "It was founded in {v}."],
+    "origin": [
+        "{s} is a band formed in {v}.",
+        "The band was formed in {v}.",
+        "{s} formed in the city of {v}.",
+    ],
+    "birthplace": ["{s} was born in {v}.", "{P} is a native of {v}.", "{s} was born in the city of {v}."],
+    "birth_date": ["{s} was born on {v}.", "{P} was born on {v}.", "{Q} date of birth is {v}."],
+    "death_date": ["{s} passed away on {v}.", "{P} died on {v}.", "{Q} date of death is {v}."],
+    "nationality": [
+        "{s} holds the nationality of {v}.",
+        "{P} is from {v}.",
+        "By nationality {p} is from {v}.",
+    ],
+    "occupation": ["{s} is a {v}.", "{P} works as a {v}.", "{s} is known as a {v}."],
+    "mother": [
+        "The mother of {s} is {v}.",
+        "{s} is the child of {v}, {Q_l} mother.",
+        "{P} was born to {v}, {Q_l} mother.",
+    ],
+    "father": [
+        "The father of {s} is {v}.",
+        "{s} is the child of {v}, {Q_l} father.",
+        "{P} was raised by {v}, {Q_l} father.",
+    ],
+    "spouse": ["{s} married {v}.", "{s} is married to {v}.", "{Q} spouse is {v}."],
+    "country": ["{s} is a city in {v}.", "{s} is a town located in {v}.", "{s} lies in {v}."],
+    "capital": [
+        "The capital of {s} is {v}.",
+        "{s} is a country whose capital is {v}.",
+        "{v} is the capital of {s}.",
+    ],
+}
+# Filler sentences (no relation) make passages less uniform and give BM25 distractor words.
+FILLERS = {
+    "person": ["{s} has received several awards.", "{P} is remembered for {Q_l} early work."],
+    "city": ["It has a population of about {n} thousand.", "{s} is known for its old market."],
+    "country": ["{s} has a long coastline.", "The country is divided into {n} provinces."],
+    "film": ["The film received mixed reviews.", "It runs for about {n} minutes."],
+    "company": ["It employs about {n} thousand people.", "The company went public in its second decade."],
+    "band": ["The band released {n} albums.", "Its music mixes folk and rock."],
+}
+
+
+@dataclass
+class Entity:
+    name: str
+    kind: str
+    facts: dict[str, str] = field(default_factory=dict)
+    gender: str = ""
+    # Sort key for "which came first" comparisons (a date as yyyymmdd, or a year).
+    order: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class World:
-    people: dict[str, dict] = field(default_factory=dict)
-    cities: dict[str, str] = field(default_factory=dict)  # city -> country
-    countries: dict[str, str] = field(default_factory=dict)  # country -> capital
-    films: dict[str, dict] = field(default_factory=dict)
+    entities: dict[str, Entity] = field(default_factory=dict)
     passages: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (title, text)
     # Entities whose passage is withheld from the corpus: questions needing them are unanswerable.
     withheld: set[str] = field(default_factory=set)
 
-
-def _word(rng: random.Random, codas: list[str], syllables: int) -> str:
-    parts = [rng.choice(ONSETS) + rng.choice(VOWELS) for _ in range(syllables)]
-    return ("".join(parts) + rng.choice(codas)).capitalize()
+    def of_kind(self, kind: str) -> list[Entity]:
+        return [e for e in self.entities.values() if e.kind == kind]
 
 
-def _unique(rng: random.Random, n: int, make, taken: set[str]) -> list[str]:
-    out: list[str] = []
-    while len(out) < n:
-        name = make()
-        if name not in taken:
-            taken.add(name)
-            out.append(name)
-    return out
+class _Namer:
+    def __init__(self, rng: random.Random):
+        self.rng, self.taken = rng, set()
+
+    def word(self, codas: list[str], syllables: int) -> str:
+        parts = [self.rng.choice(ONSETS) + self.rng.choice(VOWELS) for _ in range(syllables)]
+        return ("".join(parts) + self.rng.choice(codas)).capitalize()
+
+    def unique(self, make, fallback=None) -> str:
+        """A fresh name from ``make``; after 50 collisions, from ``fallback`` (a wider space)."""
+        for attempt in range(10_000):
+            name = make() if fallback is None or attempt < 50 else fallback()
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+        raise RuntimeError("the name space is exhausted: raise the name pools or lower the world sizes")
 
 
-def build_world(
-    rng: random.Random, n_people: int, n_cities: int, n_countries: int, n_films: int, withhold_rate: float
-) -> World:
-    taken: set[str] = set()
-    w = World()
-    countries = _unique(rng, n_countries, lambda: _word(rng, COUNTRY_CODAS, 1), taken)
-    cities = _unique(rng, n_cities, lambda: _word(rng, PLACE_CODAS, rng.randint(1, 2)), taken)
-    firsts = _unique(rng, max(30, n_people // 4), lambda: _word(rng, FIRST_CODAS, 1), taken)
-    lasts = _unique(rng, max(30, n_people // 4), lambda: _word(rng, LAST_CODAS, 1), taken)
-    people = _unique(rng, n_people, lambda: f"{rng.choice(firsts)} {rng.choice(lasts)}", taken)
-    films = _unique(rng, n_films, lambda: "The " + _word(rng, ["", "s", "er"], 2), taken)
+def date_text(rng: random.Random, year: int) -> tuple[str, int]:
+    """('12 March 1943', 19430312): the written date and its sort key."""
+    month, day = rng.randrange(12), rng.randint(1, 28)
+    return f"{day} {MONTHS[month]} {year}", year * 10000 + (month + 1) * 100 + day
+
+
+def date_alias(date: str) -> str:
+    """'12 March 1943' -> 'March 12, 1943' (an answer alias)."""
+    day, month, year = date.split()
+    return f"{month} {day}, {year}"
+
+
+def build_world(rng: random.Random, sizes: dict[str, int], withhold_rate: float) -> World:
+    """``sizes``: people, cities, countries, films, companies, bands."""
+    w, namer = World(), _Namer(rng)
+
+    def add(kind: str, name: str, gender: str = "") -> Entity:
+        e = Entity(name, kind, gender=gender)
+        w.entities[name] = e
+        return e
+
+    countries = [
+        add("country", namer.unique(lambda: namer.word(COUNTRY_CODAS, 1))) for _ in range(sizes["countries"])
+    ]
+    cities = [add("city", namer.unique(lambda: namer.word(PLACE_CODAS, rng.randint(1, 2))))
+              for _ in range(sizes["cities"])]  # fmt: skip
     for i, city in enumerate(cities):
-        w.cities[city] = countries[i % len(countries)]
+        city.facts["country"] = countries[i % len(countries)].name
     for country in countries:
-        w.countries[country] = rng.choice([c for c in cities if w.cities[c] == country])
-    for name in people:
-        occupation = rng.choice(OCCUPATIONS)
-        w.people[name] = {
-            "city": rng.choice(cities),
-            "year": rng.randint(1900, 1995),
-            "occupation": occupation,
+        country.facts["capital"] = rng.choice([c.name for c in cities if c.facts["country"] == country.name])
+    _add_people(rng, w, namer, cities, sizes["people"])
+    people = w.of_kind("person")
+    late = [p for p in people if p.order["birth_date"] >= 19200000] or people
+    for _ in range(sizes["films"]):
+        film = add("film", namer.unique(lambda: "The " + namer.word(["", "s", "er"], 2)))
+        director = rng.choice(late[: max(1, len(late) // 3)])  # a few prolific directors
+        director.facts["occupation"] = "film director"
+        year = rng.randint(1950, 2020)
+        film.facts |= {"director": director.name, "release_year": str(year)}
+        film.order["release_year"] = year
+    for _ in range(sizes["companies"]):
+        company = add(
+            "company", namer.unique(lambda: f"{namer.word(LAST_CODAS, 1)} {rng.choice(COMPANY_SUFFIXES)}")
+        )
+        founder, year = rng.choice(people), rng.randint(1880, 2010)
+        company.facts |= {
+            "founder": founder.name,
+            "headquarters": rng.choice(cities).name,
+            "founded_year": str(year),
         }
-    directors = [p for p in people if w.people[p]["occupation"] == "film director"] or people
-    for film in films:
-        w.films[film] = {"director": rng.choice(directors), "year": rng.randint(1950, 2020)}
-    w.withheld = {p for p in people if rng.random() < withhold_rate}
-    _write_passages(rng, w)
+        company.order["founded_year"] = year
+    for _ in range(sizes["bands"]):
+        band = add(
+            "band",
+            namer.unique(lambda: "The " + namer.word(["s", "ers", "ies"], 1) + " " + namer.word(["s"], 1)),
+        )
+        band.facts["origin"] = rng.choice(cities).name
+    w.withheld = {
+        e.name for e in w.entities.values() if e.kind in ("person", "film") and rng.random() < withhold_rate
+    }
+    for e in w.entities.values():
+        if e.name not in w.withheld:
+            text = passage_text(rng, e)
+            w.passages[passage_id(e.name, text)] = (e.name, text)
     return w
 
 
-def _write_passages(rng: random.Random, w: World) -> None:
-    def add(title: str, text: str) -> None:
-        if title not in w.withheld:
-            w.passages[passage_id(title, text)] = (title, text)
+def _add_people(rng: random.Random, w: World, namer: _Namer, cities: list[Entity], n: int) -> None:
+    female = [namer.unique(lambda: namer.word(FEMALE_CODAS, 1)) for _ in range(max(12, n // 8))]
+    male = [namer.unique(lambda: namer.word(MALE_CODAS, 1)) for _ in range(max(12, n // 8))]
+    surnames = [namer.unique(lambda: namer.word(LAST_CODAS, 1)) for _ in range(max(20, n // 5))]
+    previous_couples: list[tuple[Entity, Entity]] = []
+    for gen in range(GENERATIONS):
+        members = []
+        for _ in range(n // GENERATIONS):
+            gender = rng.choice("fm")
+            parents = rng.choice(previous_couples) if previous_couples else None
+            surname = parents[1].name.split()[1] if parents else rng.choice(surnames)
+            first = female if gender == "f" else male
+            # A child takes the father's surname; when every first name is taken with it, a new one.
+            name = namer.unique(
+                lambda first=first, surname=surname: f"{rng.choice(first)} {surname}",
+                fallback=lambda first=first: f"{rng.choice(first)} {rng.choice(surnames)}",
+            )
+            p = Entity(name, "person", gender=gender)
+            w.entities[name] = p
+            city = rng.choice(cities)
+            birth, key = date_text(rng, 1850 + 35 * gen + rng.randint(0, 25))
+            p.facts |= {"birthplace": city.name, "birth_date": birth, "occupation": rng.choice(OCCUPATIONS)}
+            nationality = (
+                city.facts["country"]
+                if rng.random() < 0.85
+                else w.entities[rng.choice(cities).name].facts["country"]
+            )
+            p.facts["nationality"] = nationality
+            p.order["birth_date"] = key
+            if gen < GENERATIONS - 1 or rng.random() < 0.2:
+                death, dkey = date_text(rng, min(2024, key // 10000 + rng.randint(40, 90)))
+                p.facts["death_date"], p.order["death_date"] = death, dkey
+            if parents:
+                p.facts["mother"], p.facts["father"] = parents[0].name, parents[1].name
+            members.append(p)
+        women = [p for p in members if p.gender == "f"]
+        men = [p for p in members if p.gender == "m"]
+        rng.shuffle(women)
+        previous_couples = []
+        for woman, man in zip(women, men, strict=False):
+            if rng.random() < 0.75:
+                woman.facts["spouse"], man.facts["spouse"] = man.name, woman.name
+                previous_couples.append((woman, man))
 
-    for name, p in w.people.items():
-        add(name, rng.choice(PERSON_TEMPLATES).format(name=name, **p))
-    for city, country in w.cities.items():
-        add(city, rng.choice(CITY_TEMPLATES).format(city=city, country=country))
-    for country, capital in w.countries.items():
-        add(country, rng.choice(COUNTRY_TEMPLATES).format(country=country, capital=capital))
-    for film, f in w.films.items():
-        add(film, rng.choice(FILM_TEMPLATES).format(film=film, **f))
 
-
-def make_questions(rng: random.Random, w: World) -> list[dict]:
-    """Questions of several kinds, each with answers, supports (titles) and a decomposition."""
-    qs: list[dict] = []
-
-    seen: set[str] = set()
-
-    def q(kind: str, question: str, answer: str, steps: list[tuple[str, str, str]]) -> None:
-        if question in seen:  # e.g. the same comparison pair drawn twice
-            return
-        seen.add(question)
-        supports = [title for _, _, title in steps]
-        qs.append(
-            {
-                "type": kind,
-                "question": question,
-                "answer": answer,
-                "hops": len(steps),
-                "answerable": not any(t in w.withheld for t in supports),
-                "decomposition": [{"question": s, "answer": a, "title": t} for s, a, t in steps],
-            }
-        )
-
-    for name, p in w.people.items():
-        city, country = p["city"], w.cities[p["city"]]
-        q("single_hop", f"Where was {name} born?", city, [(f"Where was {name} born?", city, name)])
-        q(
-            "compositional",
-            f"In which country was {name} born?",
-            country,
-            [(f"Where was {name} born?", city, name), ("In which country is #1?", country, city)],
-        )
-    for film, f in w.films.items():
-        d = f["director"]
-        city, country = w.people[d]["city"], w.cities[w.people[d]["city"]]
-        hop1 = (f"Who directed {film}?", d, film)
-        q(
-            "compositional",
-            f"Where was the director of {film} born?",
-            city,
-            [hop1, ("Where was #1 born?", city, d)],
-        )
-        q(
-            "compositional",
-            f"In which country was the director of {film} born?",
-            country,
-            [hop1, ("Where was #1 born?", city, d), ("In which country is #2?", country, city)],
-        )
-    names = list(w.people)
-    for _ in range(len(names) // 2):
-        a, b = rng.sample(names, 2)
-        ya, yb = w.people[a]["year"], w.people[b]["year"]
-        if ya == yb:
-            continue
-        first = a if ya < yb else b
-        q(
-            "comparison",
-            f"Who was born first, {a} or {b}?",
-            first,
-            [(f"When was {a} born?", str(ya), a), (f"When was {b} born?", str(yb), b)],
-        )
-    return qs
+def passage_text(rng: random.Random, e: Entity) -> str:
+    """The entity's passage: one sentence per fact, in a random phrasing, plus a filler."""
+    he = e.gender == "m"
+    slots = {"s": e.name, "P": "He" if he else "She", "p": "he" if he else "she", "Q": "His" if he else "Her",
+             "Q_l": "his" if he else "her", "n": str(rng.randint(3, 90))}  # fmt: skip
+    if e.kind != "person":
+        slots |= {"P": "It", "p": "it", "Q": "Its", "Q_l": "its"}
+    sentences = []
+    for rel in RELATIONS:
+        if rel in e.facts:
+            # The first sentence names the subject, so a passage never opens with a pronoun.
+            options = [t for t in SENTENCES[rel] if "{s}" in t] if not sentences else SENTENCES[rel]
+            sentences.append(rng.choice(options).format(v=e.facts[rel], **slots))
+    sentences.insert(rng.randint(1, len(sentences)), rng.choice(FILLERS[e.kind]).format(**slots))
+    return " ".join(sentences)
