@@ -58,3 +58,19 @@ def test_unreachable_judge_is_an_error_not_a_zero():
         JudgeError, match=r"LLM judge \(Unreachable\) failed: \[Errno 111\] Connection refused"
     ):
         LLMJudge(Unreachable())(["Paris"], [["Paris"]])
+
+
+def test_evaluation_with_a_judge_adds_judge_acc(tiny_cfg, tmp_path):
+    from hydra.utils import instantiate
+
+    from rag_lab.env import Env
+    from rag_lab.eval.evaluate import aggregate, evaluate
+
+    cfg = tiny_cfg()
+    data = instantiate(cfg.data)
+    env = Env(data.corpus, instantiate(cfg.retriever, corpus=data.corpus))
+    examples = data.split("test")[:10]
+    judge = LLMJudge(SubstringJudge())
+    records = evaluate(instantiate(cfg.policy), env, examples, tmp_path / "r.jsonl", data.scorer, judge=judge)
+    assert all(r["judge_acc"] == float(r["acc"] and bool(r["prediction"])) for r in records)
+    assert aggregate(records)["all"]["judge_acc"] is not None

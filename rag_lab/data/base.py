@@ -30,6 +30,9 @@ class QAExample:
     hops: int = 1
     answerable: bool = True
     supporting_ids: tuple[str, ...] = ()
+    # Titles of the supporting passages, and (title, sentence index) pairs where the format has them.
+    supporting_titles: tuple[str, ...] = ()
+    supporting_facts: tuple[tuple[str, int], ...] = ()
     decomposition: tuple[SubQuestion, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 

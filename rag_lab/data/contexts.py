@@ -74,8 +74,13 @@ class ContextDataset:
         if path not in self._loaded:
             rows = []
             for ex, contexts in self.read(path):
-                supports = tuple(dict.fromkeys(c.id for c in contexts if c.is_support))
-                rows.append((replace(ex, supporting_ids=supports), contexts))
+                support = list({c.id: c for c in contexts if c.is_support}.values())
+                ex = replace(
+                    ex,
+                    supporting_ids=tuple(c.id for c in support),
+                    supporting_titles=tuple(c.title for c in support),
+                )
+                rows.append((ex, contexts))
             self._loaded[path] = rows
         return self._loaded[path]
 

@@ -31,8 +31,11 @@ def parse_example(row: dict) -> QAExample:
         hops=int(meta.get("hops", max(1, len(decomposition)))),
         answerable=bool(meta.get("answerable", True)),
         supporting_ids=tuple(meta.get("supporting_ids", ())),
+        supporting_titles=tuple(meta.get("supporting_titles", ())),
         decomposition=decomposition,
-        metadata={k: v for k, v in meta.items() if k not in {"decomposition", "supporting_ids"}},
+        metadata={
+            k: v for k, v in meta.items() if k not in {"decomposition", "supporting_ids", "supporting_titles"}
+        },
     )
 
 

@@ -41,7 +41,7 @@ def parse_row(row: dict, aliases: dict[str, list[str]] | None = None) -> tuple[Q
         contexts.append(Context(title, "".join(sentences), title in support_titles))
     answer = require(row, "answer", str)
     extra = (aliases or {}).get(row.get("answer_id", ""), [])
-    metadata = {"supporting_facts": [list(f) for f in facts], "level": row.get("level")}
+    metadata = {"level": row.get("level")}
     if "evidences" in row:
         metadata["evidences"] = row["evidences"]
     example = QAExample(
@@ -50,6 +50,7 @@ def parse_row(row: dict, aliases: dict[str, list[str]] | None = None) -> tuple[Q
         answers=(answer, *sorted(set(extra) - {answer})),
         type=row.get("type", ""),
         hops=max(1, len(support_titles)),
+        supporting_facts=tuple((str(title), int(sent)) for title, sent in facts),
         metadata=metadata,
     )
     return example, contexts

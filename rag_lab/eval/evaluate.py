@@ -11,9 +11,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from rag_lab.data.base import QAExample
+from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, retrieval_pr
+from rag_lab.eval.judge import LLMJudge
+from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, answer_recall, retrieval_pr
 from rag_lab.eval.stats import bootstrap_ci
 from rag_lab.policies.base import Policy
 from rag_lab.records import RecordWriter, read_records
@@ -28,10 +29,12 @@ METRIC_FIELDS = [
     "tokens_total",
     "ret_precision",
     "ret_recall",
+    "answer_recall",
+    "judge_acc",
 ]
 
 
-def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]:
+def score_record(ex: QAExample, episode: Episode, scorer: str, corpus: Corpus) -> dict[str, Any]:
     """One line of records.jsonl: the question, its gold, the episode and its scores."""
     record: dict[str, Any] = {
         "id": ex.id,
@@ -49,6 +52,8 @@ def score_record(ex: QAExample, episode: Episode, scorer: str) -> dict[str, Any]
     record["ret_precision"], record["ret_recall"] = retrieval_pr(
         record["retrieved_ids"], record["supporting_ids"]
     )
+    passages = [corpus.get(pid).contents for pid in dict.fromkeys(record["retrieved_ids"])]
+    record["answer_recall"] = answer_recall(passages, list(ex.answers))
     return record
 
 
@@ -60,8 +65,12 @@ def evaluate(
     scorer: str,
     batch_size: int = 64,
     resume: bool = True,
+    judge: LLMJudge | None = None,
 ) -> list[dict]:
-    """Roll out every example not yet in ``records_path``; return all records in example order."""
+    """Roll out every example not yet in ``records_path``; return all records in example order.
+
+    With a ``judge``, each record also gets ``judge_acc`` (LLM-as-judge, DAPO paper B.4).
+    """
     if not resume:
         records_path.unlink(missing_ok=True)
     done = {r["id"] for r in read_records(records_path)}
@@ -75,7 +84,14 @@ def evaluate(
                 raise RuntimeError(
                     f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}"
                 )
-            writer.write(score_record(ex, ep, scorer) for ex, ep in zip(batch, episodes, strict=True))
+            records = [
+                score_record(ex, ep, scorer, env.corpus) for ex, ep in zip(batch, episodes, strict=True)
+            ]
+            if judge is not None:
+                verdicts = judge([r["prediction"] for r in records], [r["answers"] for r in records])
+                for record, verdict in zip(records, verdicts, strict=True):
+                    record["judge_acc"] = verdict
+            writer.write(records)
             bar.update(len(batch))
     by_id = {r["id"]: r for r in read_records(records_path)}
     return [by_id[ex.id] for ex in examples]
@@ -91,7 +107,7 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
 
     def summary(rows: list[dict]) -> dict[str, Any]:
         out: dict[str, Any] = {"n": len(rows)}
-        out |= {f: _mean([r[f] for r in rows]) for f in METRIC_FIELDS}
+        out |= {f: _mean([r.get(f) for r in rows]) for f in METRIC_FIELDS}
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
         out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out

@@ -111,3 +111,13 @@ def retrieval_pr(retrieved: list[str], gold: list[str]) -> tuple[float, float]:
         return float("nan"), float("nan")
     hit = len(got & want)
     return (hit / len(got) if got else 0.0), hit / len(want)
+
+
+def answer_recall(passages: list[str], golds: list[str]) -> float:
+    """FlashRAG's answer-string recall: 1 if any normalised gold occurs in any retrieved passage.
+
+    >>> answer_recall(["Paris\\nParis is the capital of France."], ["France"]), answer_recall([], ["France"])
+    (1.0, 0.0)
+    """
+    texts = [normalize_answer(p) for p in passages]
+    return float(any(normalize_answer(g) in t for g in golds if normalize_answer(g) for t in texts))

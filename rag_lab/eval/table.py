@@ -13,8 +13,10 @@ COLUMNS = {
     "tokens_total": "Tokens",
     "ret_precision": "Ret P",
     "ret_recall": "Ret R",
+    "answer_recall": "Ans R",
+    "judge_acc": "Judge",
 }
-PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall"}
+PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc"}
 
 
 def format_metrics(summary: dict) -> dict:
@@ -34,8 +36,9 @@ def format_metrics(summary: dict) -> dict:
 
 
 def metrics_table(metrics: dict[str, dict]) -> pd.DataFrame:
-    """Rows: 'all' and one per question type."""
-    return pd.DataFrame([{"subset": name} | format_metrics(m) for name, m in metrics.items()])
+    """Rows: 'all' and one per question type; columns no question has a value for are dropped."""
+    table = pd.DataFrame([{"subset": name} | format_metrics(m) for name, m in metrics.items()])
+    return table.dropna(axis=1, how="all")
 
 
 def to_markdown(df: pd.DataFrame) -> str:

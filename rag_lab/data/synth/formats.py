@@ -18,9 +18,12 @@ def flashrag(qid: str, q: dict, title_to_id: dict[str, str]) -> dict:
         {"question": d["question"], "answer": d["answer"], "support_id": title_to_id.get(d["title"])}
         for d in q["decomposition"]
     ]
-    supports = list(dict.fromkeys(d["support_id"] for d in decomposition if d["support_id"] is not None))
+    supports = {
+        title_to_id[t]: t for t in dict.fromkeys(d["title"] for d in q["decomposition"]) if t in title_to_id
+    }
     meta = {"type": q["type"], "hops": q["hops"], "answerable": q["answerable"]}
-    meta |= {"supporting_ids": supports, "decomposition": decomposition}
+    meta |= {"supporting_ids": list(supports), "supporting_titles": list(supports.values())}
+    meta["decomposition"] = decomposition
     return {
         "id": qid,
         "question": q["question"],
