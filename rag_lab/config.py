@@ -51,6 +51,7 @@ class RunConfig:
     policy: Any = MISSING
     reward: Any = None
     logger: Any = MISSING
+    judge: Any = None
     seed: int = 0
     # The split a training policy fits on.
     train_split: str = "train"

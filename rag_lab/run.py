@@ -39,9 +39,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if policy.trains:
         policy.fit(env, data.split(cfg.train_split), data.split("dev"), run_dir / "checkpoints")
 
+    judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl")) if cfg.judge else None
     examples = data.split(cfg.eval.split)[: cfg.eval.limit]
     records = evaluate(
-        policy, env, examples, run_dir / "records.jsonl", data.scorer, cfg.eval.batch_size, cfg.eval.resume
+        policy,
+        env,
+        examples,
+        run_dir / "records.jsonl",
+        data.scorer,
+        cfg.eval.batch_size,
+        cfg.eval.resume,
+        judge,
     )
     metrics = aggregate(records)
     markdown = rundir.write_results(run_dir, metrics)

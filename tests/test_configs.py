@@ -26,6 +26,15 @@ OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
 CORPUS = Corpus(["p1", "p2"], ["Ada Lovelace", "Paris"], ["Ada was born in London.", "Paris is a city."])
 
 
+def test_judge_group_composes_and_needs_a_generator(tiny_cfg):
+    from hydra.errors import InstantiationException
+
+    cfg = tiny_cfg("judge=llm")
+    assert cfg.judge._target_ == "rag_lab.eval.judge.LLMJudge"
+    with pytest.raises(InstantiationException, match="needs a generator"):
+        instantiate(cfg.judge)
+
+
 def test_every_group_has_a_package_and_an_option():
     for group in ["data", "retriever", "policy", "reward", "logger"]:
         assert group_options(group), group

@@ -43,6 +43,8 @@ class LLMJudge:
     def __init__(
         self, generator: Generator, n: int = 1, temperature: float = 0.0, cache_path: str | None = None
     ):
+        if generator is None:
+            raise JudgeError("judge=llm needs a generator: set generator=<name> or judge.generator=<config>")
         self.generator, self.n, self.temperature = generator, n, temperature
         self.cache_path = Path(cache_path) if cache_path else None
         self.cache: dict[str, float] = {}
