@@ -53,6 +53,7 @@ class RunConfig:
     logger: Any = MISSING
     judge: Any = None
     seed: int = 0
+    cache_dir: str = "~/.cache/rag_lab"
     # The split a training policy fits on.
     train_split: str = "train"
     eval: EvalConfig = field(default_factory=EvalConfig)

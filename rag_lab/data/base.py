@@ -1,7 +1,9 @@
 """Records shared by every dataset: ``QAExample``, ``Passage``, ``Corpus`` and ``Dataset``."""
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from rag_lab.errors import RagLabError
@@ -89,6 +91,14 @@ class Corpus(Sequence[Passage]):
 
     def __contains__(self, pid: object) -> bool:
         return pid in self._row
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of every id, title and text: a changed corpus never reuses a cached index."""
+        digest = hashlib.blake2b(digest_size=16)
+        for pid, title, text in zip(self.ids, self.titles, self.texts, strict=True):
+            digest.update(f"{pid}\x00{title}\x00{text}\x01".encode())
+        return digest.hexdigest()
 
 
 class Dataset(Protocol):

@@ -1,17 +1,27 @@
-"""BM25 over a corpus with ``bm25s`` (sparse matrices; ~10-50x faster than ``rank_bm25``).
+"""BM25 with ``bm25s`` (sparse matrices; the default) or ``rank_bm25`` (the reference backend).
 
-Titles are indexed with the text (``title\\ntext``), as FlashRAG's corpora do.
+Both backends get the same tokens (``Tokenizer``). bm25s variants: ``lucene`` (default),
+``robertson``, ``atire``, ``bm25l``, ``bm25+``; rank_bm25 offers ``robertson`` (``BM25Okapi``,
+with its ``epsilon`` floor on negative idf), ``bm25l`` and ``bm25+``. Titles are indexed with
+the text (``title\\ntext``), as FlashRAG's corpora do. A bm25s index is cached on disk under the
+corpus fingerprint and the parameters (``rag_lab.retrievers.cache``).
 """
 
 import logging
 from collections.abc import Collection, Sequence
 
 import bm25s
+import numpy as np
+from tqdm.auto import tqdm
 
 from rag_lab.data.base import Corpus
-from rag_lab.retrievers.base import Hit
+from rag_lab.errors import RagLabError
+from rag_lab.retrievers.base import Hit, filter_hits
+from rag_lab.retrievers.cache import index_dir
+from rag_lab.retrievers.tokenize import Tokenizer
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)
+RANK_BM25 = {"robertson": "BM25Okapi", "bm25l": "BM25L", "bm25+": "BM25Plus"}
 
 
 class BM25Retriever:
@@ -20,17 +30,75 @@ class BM25Retriever:
         corpus: Corpus,
         k1: float = 1.5,
         b: float = 0.75,
-        # bm25s variants: lucene (default), robertson, atire, bm25l, bm25+
+        # lucene | robertson | atire | bm25l | bm25+
         method: str = "lucene",
+        # bm25l / bm25+ only
+        delta: float = 0.5,
         stopwords: str | None = "en",
-        show_progress: bool = False,
+        # a Snowball language (e.g. english), or null
+        stemmer: str | None = None,
+        # bm25s (fast) | rank_bm25 (reference)
+        backend: str = "bm25s",
+        # rank_bm25's BM25Okapi floor for negative idf (0 reproduces bm25s robertson exactly)
+        epsilon: float = 0.25,
+        cache_dir: str | None = None,
+        show_progress: bool = True,
     ):
-        self.corpus, self.stopwords, self.show_progress = corpus, stopwords, show_progress
-        self.index = bm25s.BM25(k1=k1, b=b, method=method)
-        docs = [f"{t}\n{x}" for t, x in zip(corpus.titles, corpus.texts, strict=True)]
-        tokens = bm25s.tokenize(docs, stopwords=stopwords, show_progress=show_progress)
-        self.index.index(tokens, show_progress=show_progress)
-        self.vocab = tokens.vocab
+        self.corpus, self.backend, self.show_progress = corpus, backend, show_progress
+        self.tokenize = Tokenizer(stopwords=stopwords, stemmer=stemmer)
+        params = {
+            "k1": k1,
+            "b": b,
+            "method": method,
+            "delta": delta,
+            "stopwords": stopwords,
+            "stemmer": stemmer,
+        }
+        if backend == "bm25s":
+            self._build_bm25s(params, cache_dir)
+        elif backend == "rank_bm25":
+            self._build_rank_bm25(params, epsilon)
+        else:
+            raise RagLabError(f"retriever.backend: unknown BM25 backend '{backend}' (use bm25s or rank_bm25)")
+
+    def _docs(self) -> list[list[str]]:
+        pairs = zip(self.corpus.titles, self.corpus.texts, strict=True)
+        return [self.tokenize(f"{t}\n{x}") for t, x in tqdm(pairs, total=len(self.corpus), desc="tokenize",
+                                                            disable=not self.show_progress)]  # fmt: skip
+
+    def _build_bm25s(self, params: dict, cache_dir: str | None) -> None:
+        path = index_dir(cache_dir, "bm25", self.corpus, params)
+        if path is not None and (path / "params.index.json").exists():
+            self.index = bm25s.BM25.load(str(path), mmap=True, show_progress=False)
+        else:
+            self.index = bm25s.BM25(
+                k1=params["k1"], b=params["b"], method=params["method"], delta=params["delta"]
+            )
+            self.index.index(self._docs(), show_progress=self.show_progress)
+            if path is not None:
+                from rag_lab.retrievers.cache import publish
+
+                with publish(path) as tmp:
+                    self.index.save(str(tmp), show_progress=False)
+        self.vocab = self.index.vocab_dict
+
+    def _build_rank_bm25(self, params: dict, epsilon: float) -> None:
+        import rank_bm25
+
+        if params["method"] not in RANK_BM25:
+            raise RagLabError(
+                f"retriever.method: rank_bm25 has no '{params['method']}' (has {', '.join(RANK_BM25)})"
+            )
+        cls = getattr(rank_bm25, RANK_BM25[params["method"]])
+        extra = {"epsilon": epsilon} if params["method"] == "robertson" else {"delta": params["delta"]}
+        self.index = cls(self._docs(), k1=params["k1"], b=params["b"], **extra)
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every passage for one query (for checks; search is batched)."""
+        tokens = self.tokenize(query)
+        if self.backend == "rank_bm25":
+            return np.asarray(self.index.get_scores(tokens), dtype=np.float64)
+        return np.asarray(self.index.get_scores([t for t in tokens if t in self.vocab]), dtype=np.float64)
 
     def search(
         self, queries: Sequence[str], k: int, exclude: Sequence[Collection[str]] | None = None
@@ -38,22 +106,24 @@ class BM25Retriever:
         exclude = exclude or [()] * len(queries)
         out: list[list[Hit]] = [[] for _ in queries]
         # Queries with no indexed word (empty, whitespace, unseen words) score 0 everywhere: no hits.
-        ids_of = {i: self._query_ids(q) for i, q in enumerate(queries) if q and q.strip()}
-        live = [i for i, ids in ids_of.items() if ids]
+        tokens = {i: self.tokenize(q) for i, q in enumerate(queries) if q and q.strip()}
+        if self.backend == "bm25s":
+            tokens = {i: [self.vocab[w] for w in t if w in self.vocab and w] for i, t in tokens.items()}
+        live = [i for i, t in tokens.items() if t]
         if not live or k <= 0:
             return out
         depth = min(len(self.corpus), k + max(len(exclude[i]) for i in live))
-        ids = [ids_of[i] for i in live]
-        rows, scores = self.index.retrieve(ids, k=depth, show_progress=False, n_threads=1)
+        if self.backend == "bm25s":
+            rows, scores = self.index.retrieve(
+                [tokens[i] for i in live], k=depth, show_progress=False, n_threads=1
+            )
+        else:
+            all_scores = np.stack([self.index.get_scores(tokens[i]) for i in live])
+            rows = np.argsort(-all_scores, axis=1, kind="stable")[:, :depth]
+            scores = np.take_along_axis(all_scores, rows, axis=1)
         for j, i in enumerate(live):
             hits = [
-                Hit(self.corpus.ids[r], float(s))
-                for r, s in zip(rows[j], scores[j], strict=True)
-                if s > 0 and self.corpus.ids[r] not in exclude[i]
+                Hit(self.corpus.ids[r], float(s)) for r, s in zip(rows[j], scores[j], strict=True) if s > 0
             ]
-            out[i] = hits[:k]
+            out[i] = filter_hits(hits, exclude[i], k)
         return out
-
-    def _query_ids(self, query: str) -> list[int]:
-        words = bm25s.tokenize([query], stopwords=self.stopwords, return_ids=False, show_progress=False)[0]
-        return [self.vocab[w] for w in words if w in self.vocab and w]
