@@ -23,7 +23,11 @@ PACKAGES = {
 }
 GROUPS = list(PACKAGES)
 OPTIONS = [(g, o) for g in GROUPS for o in group_options(g)]
-CORPUS = Corpus(["p1", "p2"], ["Ada Lovelace", "Paris"], ["Ada was born in London.", "Paris is a city."])
+CORPUS = Corpus(
+    ["p1", "p2", "p3", "p4"],
+    ["Ada Lovelace", "Paris", "Rome", "Oslo"],
+    ["Ada was born in London.", "Paris is a city.", "Rome is a city.", "Oslo is a city."],
+)
 
 
 def test_judge_group_composes_and_needs_a_generator(tiny_cfg):
