@@ -1,0 +1,144 @@
+"""Dense retrieval: pooling / prefix / normalisation conventions on tiny random encoders built here,
+MiniLM against sentence-transformers, sharded embeddings, faiss index types, exclusion."""
+
+import numpy as np
+import pytest
+import torch
+
+from rag_lab.config import compose
+from rag_lab.data.base import Corpus
+from rag_lab.errors import RagLabError
+from rag_lab.retrievers.dense import DenseRetriever, Encoder
+
+WORDS = "ada paris london city born film directed by was is a the in of query passage : who where".split()
+TEXTS = ["Ada was born in London.", "Paris is a city.", "The film was directed by Ada.", "London is a city.",
+         "Who directed the film?", "Where was Ada born?", "Paris", "a city in London"]  # fmt: skip
+CORPUS = Corpus([f"p{i}" for i in range(len(TEXTS))], [f"T{i}" for i in range(len(TEXTS))], TEXTS)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=5 + len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+    BertModel(config).save_pretrained(path)
+    return str(path)
+
+
+def hidden_and_mask(encoder: Encoder, texts: list[str]):
+    enc = encoder.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return encoder.model(**enc).last_hidden_state, enc["attention_mask"]
+
+
+@pytest.mark.parametrize(
+    "pooling, normalize", [("mean", True), ("mean", False), ("cls", True), ("cls", False)]
+)
+def test_pooling_and_normalisation(tiny_encoder_dir, pooling, normalize):
+    encoder = Encoder(tiny_encoder_dir, pooling=pooling, normalize=normalize, batch_size=3)
+    texts = ["Ada was born in London.", "Paris", "The film was directed by Ada in the city of London."]
+    got = encoder.encode(texts)
+    hidden, mask = hidden_and_mask(encoder, texts)
+    if pooling == "mean":  # masked mean: padding tokens never count
+        m = mask.unsqueeze(-1).float()
+        want = (hidden * m).sum(1) / m.sum(1)
+    else:
+        want = hidden[:, 0]
+    if normalize:
+        want = torch.nn.functional.normalize(want, dim=-1)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    norms = np.linalg.norm(got, axis=1)
+    assert np.allclose(norms, 1, atol=1e-5) == normalize
+
+
+def test_prefixes_go_on_queries_and_passages(tiny_encoder_dir):
+    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, query_prefix="query: ", passage_prefix="passage: ",
+                               show_progress=False)  # fmt: skip
+    enc = retriever.encoder
+    passages = enc.encode([f"T{i}\n{t}" for i, t in enumerate(TEXTS)], "passage: ")
+    query = enc.encode(["where was ada born"], "query: ")[0]
+    expected = passages @ query
+    hits = retriever.search(["where was ada born"], k=3)[0]
+    # Each hit's score is its prefixed passage · prefixed query, and the hits are the top 3
+    # (compared by score: a random tiny encoder can leave near-ties).
+    np.testing.assert_allclose([h.score for h in hits], [expected[int(h.id[1:])] for h in hits], rtol=1e-4)
+    np.testing.assert_allclose([h.score for h in hits], np.sort(expected)[::-1][:3], rtol=1e-4)
+    unprefixed = enc.encode(["where was ada born"])[0]
+    assert not np.allclose(unprefixed, query)
+
+
+def test_model_card_conventions_in_the_configs():
+    def node(name):
+        return compose([f"retriever={name}"]).retriever
+
+    e5, bge, contriever, minilm = node("e5"), node("bge"), node("contriever"), node("minilm")
+    assert (e5.model, e5.pooling, e5.normalize) == ("intfloat/e5-base-v2", "mean", True)
+    assert (e5.query_prefix, e5.passage_prefix) == ("query: ", "passage: ")
+    assert (bge.model, bge.pooling, bge.normalize) == ("BAAI/bge-large-en-v1.5", "cls", True)
+    assert (
+        bge.query_prefix == "Represent this sentence for searching relevant passages: "
+        and bge.passage_prefix == ""
+    )
+    assert (contriever.model, contriever.pooling, contriever.normalize) == (
+        "facebook/contriever-msmarco",
+        "mean",
+        False,
+    )
+    assert (minilm.pooling, minilm.normalize, minilm.query_prefix) == ("mean", True, "")
+
+
+def test_minilm_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    from rag_lab.retrievers.dense import resolve_model
+
+    name = "sentence-transformers/all-MiniLM-L6-v2"
+    texts = ["Ada was born in London.", "Which film came out first, The Kraf or The Pekes?"]
+    ours = Encoder(name, pooling="mean", normalize=True).encode(texts)
+    reference = SentenceTransformer(resolve_model(name), device="cpu").encode(
+        texts, normalize_embeddings=True
+    )
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def test_sharded_fp16_embeddings_resume_after_a_lost_shard(tiny_encoder_dir, tmp_path):
+    kwargs = {"shard_size": 3, "fp16": True, "cache_dir": str(tmp_path), "show_progress": False}
+    first = DenseRetriever(CORPUS, tiny_encoder_dir, **kwargs)
+    (emb_dir,) = (tmp_path / "index" / "embeddings").iterdir()
+    shards = sorted(emb_dir.glob("shard-*.npy"))
+    assert len(shards) == 3 and np.load(shards[0]).dtype == np.float16
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()
+    for faiss_dir in (tmp_path / "index" / "faiss").iterdir():  # drop the index too: rebuilt from shards
+        for f in faiss_dir.iterdir():
+            f.unlink()
+        faiss_dir.rmdir()
+    second = DenseRetriever(CORPUS, tiny_encoder_dir, **kwargs)
+    assert shards[1].exists() and shards[0].stat().st_mtime_ns == kept
+    assert second.search(["Ada"], 4) == first.search(["Ada"], 4)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8", "IVF2,Flat"])
+def test_faiss_index_types_find_the_exact_passage(tiny_encoder_dir, factory):
+    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, index_factory=factory, nprobe=2, show_progress=False)
+    exact = DenseRetriever(CORPUS, tiny_encoder_dir, show_progress=False)
+    q = ["the film was directed by ada"]
+    assert retriever.search(q, 1)[0][0].id == exact.search(q, 1)[0][0].id
+
+
+def test_exclusion_and_empty_queries(tiny_encoder_dir):
+    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, show_progress=False)
+    full = retriever.search(["Paris city"], 3)[0]
+    excluded = retriever.search(["Paris city", "", "  "], 2, exclude=[{full[0].id}, (), ()])
+    assert [h.id for h in excluded[0]] == [h.id for h in full[1:3]]
+    assert excluded[1] == excluded[2] == []
+
+
+def test_missing_model_is_one_line():
+    with pytest.raises(RagLabError, match=r"model 'org/not-a-model' is not available offline: download it"):
+        Encoder("org/not-a-model")
