@@ -39,6 +39,8 @@ class EvalConfig:
     limit: int | None = None
     # Skip question ids already in this run dir's records.jsonl (resume after a kill).
     resume: bool = True
+    # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
+    recall_at: list[int] = field(default_factory=list)
 
 
 @dataclass

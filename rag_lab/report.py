@@ -10,9 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.stats import paired_bootstrap
@@ -36,8 +39,10 @@ def overrides_of(run: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items or [] if "=" in item)
 
 
-def build_table(runs: list[Path], subset: str = "all") -> tuple[pd.DataFrame, dict[str, str]]:
-    """One row per run; returns the table and the overrides common to every run."""
+def build_table(
+    runs: list[Path], subset: str = "all", columns: list[str] | None = None
+) -> tuple[pd.DataFrame, dict[str, str]]:
+    """One row per run (metric ``columns`` only, when given); returns it and the overrides common to all."""
     overrides = [overrides_of(r) for r in runs]
     keys = list(dict.fromkeys(k for o in overrides for k in o))
     varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] if len(runs) > 1 else keys
@@ -50,7 +55,13 @@ def build_table(runs: list[Path], subset: str = "all") -> tuple[pd.DataFrame, di
                 f"error: {run}/metrics.json has no subset '{subset}' (has: {', '.join(metrics)})"
             )
         rows.append({"run": str(run)} | {k: over.get(k) for k in varying} | format_metrics(metrics[subset]))
-    return pd.DataFrame(rows), common
+    table = pd.DataFrame(rows).dropna(axis=1, how="all")
+    if columns:
+        unknown = [c for c in columns if c not in table.columns]
+        if unknown:
+            raise SystemExit(f"error: no column {', '.join(unknown)} (have: {', '.join(table.columns)})")
+        table = table[["run", *varying, *columns]]
+    return table, common
 
 
 def compare(run_a: Path, run_b: Path, metrics: tuple[str, ...] = ANSWER_METRICS) -> pd.DataFrame:
@@ -68,10 +79,32 @@ def compare(run_a: Path, run_b: Path, metrics: tuple[str, ...] = ANSWER_METRICS)
     return pd.DataFrame(rows)
 
 
+class ReportCallback(Callback):
+    """A Hydra callback: when a multirun ends, fold its runs into one table in the sweep dir."""
+
+    def __init__(self, columns: list[str] | None = None):
+        self.columns = list(columns) if columns else None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        runs = find_runs([sweep])
+        if not runs:
+            return
+        table, common = build_table(runs, columns=self.columns)
+        markdown = to_markdown(table)
+        atomic_write_text(sweep / "report.csv", table.to_csv(index=False))
+        atomic_write_text(sweep / "report.md", markdown)
+        header = (
+            "common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()) + "\n" if common else ""
+        )
+        sys.stdout.write(f"\n{header}{markdown}\n{len(runs)} runs; table: {sweep / 'report.md'}\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rag_lab.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, multirun dirs or folders above them")
     parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
+    parser.add_argument("--columns", nargs="+", help="only these metric columns (e.g. EM F1 'R@10')")
     parser.add_argument("--compare", action="store_true", help="paired bootstrap test of the first two runs")
     parser.add_argument(
         "--out", type=Path, help="csv path (default: report.csv in the single DIR given, else ./)"
@@ -82,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"error: no run (a directory with metrics.json) under {', '.join(map(str, args.dirs))}"
         )
-    table, common = build_table(runs, args.subset)
+    table, common = build_table(runs, args.subset, args.columns)
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path(".")) / "report.csv"
     atomic_write_text(out, table.to_csv(index=False))
     if common:

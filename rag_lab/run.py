@@ -42,15 +42,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl")) if cfg.judge else None
     examples = data.split(cfg.eval.split)[: cfg.eval.limit]
     records = evaluate(
-        policy,
-        env,
-        examples,
-        run_dir / "records.jsonl",
-        data.scorer,
-        cfg.eval.batch_size,
-        cfg.eval.resume,
-        judge,
-    )
+        policy, env, examples, run_dir / "records.jsonl", data.scorer, judge=judge,
+        batch_size=cfg.eval.batch_size, resume=cfg.eval.resume, recall_at=list(cfg.eval.recall_at),
+    )  # fmt: skip
     metrics = aggregate(records)
     markdown = rundir.write_results(run_dir, metrics)
     log.info(

@@ -110,3 +110,21 @@ def test_missing_dataset_is_one_line(repo_root, tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: flashrag corpus not found at")
     assert "Traceback" not in proc.stderr
+
+
+def test_retrieval_eval_sweeps_retrievers_into_one_table(repo_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
+    cmd = [sys.executable, "-m", "rag_lab.run", "+experiment=retrieval_eval", *sizes,
+           "retriever=bm25,bm25_rank", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (sweep / "report.md").read_text()
+    assert report.splitlines()[0].split("|")[2].strip() == "retriever"
+    assert "R@10" in report and len(report.splitlines()) == 4  # header, rule, 2 rows
+    records = read_records(sweep / "0" / "records.jsonl")
+    r = records[0]
+    gold = set(r["supporting_ids"])
+    ranked = list(dict.fromkeys(r["retrieved_ids"]))
+    assert r["recall@5"] == len(set(ranked[:5]) & gold) / len(gold)
+    assert r["precision@5"] == len(set(ranked[:5]) & gold) / 5

@@ -6,6 +6,7 @@ that was killed and resumed ends with exactly the metrics of an uninterrupted ru
 """
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ METRIC_FIELDS = [
 ]
 
 
-def score_record(ex: QAExample, episode: Episode, scorer: str, corpus: Corpus) -> dict[str, Any]:
+def score_record(
+    ex: QAExample, episode: Episode, scorer: str, corpus: Corpus, recall_at: Sequence[int] = ()
+) -> dict[str, Any]:
     """One line of records.jsonl: the question, its gold, the episode and its scores."""
     record: dict[str, Any] = {
         "id": ex.id,
@@ -54,6 +57,12 @@ def score_record(ex: QAExample, episode: Episode, scorer: str, corpus: Corpus) -
     )
     passages = [corpus.get(pid).contents for pid in dict.fromkeys(record["retrieved_ids"])]
     record["answer_recall"] = answer_recall(passages, list(ex.answers))
+    ranked = list(dict.fromkeys(record["retrieved_ids"]))
+    gold = set(record["supporting_ids"])
+    for k in recall_at:  # over the first k distinct passages retrieved; precision per k slots
+        found = len(set(ranked[:k]) & gold)
+        record[f"precision@{k}"] = found / k if gold else math.nan
+        record[f"recall@{k}"] = found / len(gold) if gold else math.nan
     return record
 
 
@@ -66,6 +75,7 @@ def evaluate(
     batch_size: int = 64,
     resume: bool = True,
     judge: LLMJudge | None = None,
+    recall_at: Sequence[int] = (),
 ) -> list[dict]:
     """Roll out every example not yet in ``records_path``; return all records in example order.
 
@@ -85,7 +95,8 @@ def evaluate(
                     f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}"
                 )
             records = [
-                score_record(ex, ep, scorer, env.corpus) for ex, ep in zip(batch, episodes, strict=True)
+                score_record(ex, ep, scorer, env.corpus, recall_at)
+                for ex, ep in zip(batch, episodes, strict=True)
             ]
             if judge is not None:
                 verdicts = judge([r["prediction"] for r in records], [r["answers"] for r in records])
@@ -95,6 +106,11 @@ def evaluate(
             bar.update(len(batch))
     by_id = {r["id"]: r for r in read_records(records_path)}
     return [by_id[ex.id] for ex in examples]
+
+
+def _at_k_order(field: str) -> tuple[int, str]:
+    name, k = field.split("@")
+    return int(k), name
 
 
 def _mean(values: list[float]) -> float | None:
@@ -107,7 +123,10 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
 
     def summary(rows: list[dict]) -> dict[str, Any]:
         out: dict[str, Any] = {"n": len(rows)}
-        out |= {f: _mean([r.get(f) for r in rows]) for f in METRIC_FIELDS}
+        at_k = sorted(
+            {f for r in rows for f in r if f.startswith(("recall@", "precision@"))}, key=_at_k_order
+        )
+        out |= {f: _mean([r.get(f) for r in rows]) for f in [*METRIC_FIELDS, *at_k]}
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
         out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out

@@ -21,12 +21,16 @@ PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "j
 
 def format_metrics(summary: dict) -> dict:
     """One table row from one summary of metrics.json (fractions → percentages, 1 decimal)."""
+    at_k = sorted(
+        (f for f in summary if "@" in f), key=lambda f: (not f.startswith("recall"), int(f.split("@")[1]))
+    )
+    columns = COLUMNS | {f: f.replace("recall", "R").replace("precision", "P") for f in at_k}
     row = {}
-    for field, column in COLUMNS.items():
+    for field, column in columns.items():
         value = summary.get(field)
         if value is None:
             row[column] = None
-        elif field in PERCENT:
+        elif field in PERCENT or "@" in field:
             row[column] = round(100 * value, 1)
         elif field == "n":
             row[column] = int(value)
