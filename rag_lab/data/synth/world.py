@@ -147,6 +147,14 @@ class _Namer:
     def __init__(self, rng: random.Random):
         self.rng, self.taken = rng, set()
 
+    @staticmethod
+    def syllables_for(count: int, codas: list[str]) -> int:
+        """Fewest syllables whose name space is at least 4x ``count`` (short names in small worlds)."""
+        syllables = 1
+        while (len(ONSETS) * len(VOWELS)) ** syllables * len(codas) < 4 * count:
+            syllables += 1
+        return syllables
+
     def word(self, codas: list[str], syllables: int) -> str:
         parts = [self.rng.choice(ONSETS) + self.rng.choice(VOWELS) for _ in range(syllables)]
         return ("".join(parts) + self.rng.choice(codas)).capitalize()
@@ -182,9 +190,9 @@ def build_world(rng: random.Random, sizes: dict[str, int], withhold_rate: float)
         w.entities[name] = e
         return e
 
-    countries = [
-        add("country", namer.unique(lambda: namer.word(COUNTRY_CODAS, 1))) for _ in range(sizes["countries"])
-    ]
+    s_country = namer.syllables_for(sizes["countries"], COUNTRY_CODAS)
+    countries = [add("country", namer.unique(lambda: namer.word(COUNTRY_CODAS, s_country)))
+                 for _ in range(sizes["countries"])]  # fmt: skip
     cities = [add("city", namer.unique(lambda: namer.word(PLACE_CODAS, rng.randint(1, 2))))
               for _ in range(sizes["cities"])]  # fmt: skip
     for i, city in enumerate(cities):
@@ -201,9 +209,11 @@ def build_world(rng: random.Random, sizes: dict[str, int], withhold_rate: float)
         year = rng.randint(1950, 2020)
         film.facts |= {"director": director.name, "release_year": str(year)}
         film.order["release_year"] = year
+    s_company = namer.syllables_for(sizes["companies"] // len(COMPANY_SUFFIXES) + 1, LAST_CODAS)
     for _ in range(sizes["companies"]):
         company = add(
-            "company", namer.unique(lambda: f"{namer.word(LAST_CODAS, 1)} {rng.choice(COMPANY_SUFFIXES)}")
+            "company",
+            namer.unique(lambda: f"{namer.word(LAST_CODAS, s_company)} {rng.choice(COMPANY_SUFFIXES)}"),
         )
         founder, year = rng.choice(people), rng.randint(1880, 2010)
         company.facts |= {
@@ -229,9 +239,12 @@ def build_world(rng: random.Random, sizes: dict[str, int], withhold_rate: float)
 
 
 def _add_people(rng: random.Random, w: World, namer: _Namer, cities: list[Entity], n: int) -> None:
-    female = [namer.unique(lambda: namer.word(FEMALE_CODAS, 1)) for _ in range(max(12, n // 8))]
-    male = [namer.unique(lambda: namer.word(MALE_CODAS, 1)) for _ in range(max(12, n // 8))]
-    surnames = [namer.unique(lambda: namer.word(LAST_CODAS, 1)) for _ in range(max(20, n // 5))]
+    n_first, n_last = max(12, n // 8), max(20, n // 5)
+    s_female, s_male = namer.syllables_for(n_first, FEMALE_CODAS), namer.syllables_for(n_first, MALE_CODAS)
+    s_last = namer.syllables_for(n_last, LAST_CODAS)
+    female = [namer.unique(lambda: namer.word(FEMALE_CODAS, s_female)) for _ in range(n_first)]
+    male = [namer.unique(lambda: namer.word(MALE_CODAS, s_male)) for _ in range(n_first)]
+    surnames = [namer.unique(lambda: namer.word(LAST_CODAS, s_last)) for _ in range(n_last)]
     previous_couples: list[tuple[Entity, Entity]] = []
     for gen in range(GENERATIONS):
         members = []
