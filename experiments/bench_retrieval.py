@@ -8,21 +8,18 @@
     python experiments/bench_retrieval.py      # writes experiments/results/bench_retrieval.md
 """
 
-import os
 import random
-import resource
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from benchlib import peak_rss_mb, publish
 
 from rag_lab.data.base import Corpus
 from rag_lab.data.synth.world import build_world
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.retrievers.dense import Encoder
 
-RESULTS = Path(__file__).parent / "results"
 N_QUERIES, K = 1000, 10
 SIZES = {
     "people": 72_000,
@@ -83,17 +80,13 @@ def main() -> None:
         rows.append({"what": f"faiss {factory} ({len(corpus):,} x {vectors.shape[1]})", "index s": t_build,
                      "ms/query": 1000 * t_search / N_QUERIES})  # fmt: skip
 
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     table = pd.DataFrame(rows).round(2).to_markdown(index=False)
-    text = (
-        f"# bench_retrieval ({os.cpu_count()} cores)\n\n"
+    publish(
+        "bench_retrieval",
         f"corpus: {len(corpus):,} generated passages (world built in {t_world:.1f} s); "
         f"{N_QUERIES:,} queries, top-{K}\n\n{table}\n\n"
-        f"**bm25s vs rank_bm25: {speedup:.0f}x queries/s** (goal >= 50x); peak RSS {peak_mb:,.0f} MB\n"
+        f"**bm25s vs rank_bm25: {speedup:.0f}x queries/s** (goal >= 50x); peak RSS {peak_rss_mb():,.0f} MB",
     )
-    print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_retrieval.md").write_text(text)
 
 
 if __name__ == "__main__":

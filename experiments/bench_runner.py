@@ -7,21 +7,18 @@ and the peak resident memory. Prints a table and writes experiments/results/benc
     python experiments/bench_runner.py
 """
 
-import os
-import resource
 import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
+from benchlib import peak_rss_mb, publish
 
 from rag_lab.data.synth import SynthDataset
 from rag_lab.env import Env
 from rag_lab.eval.evaluate import evaluate
 from rag_lab.policies.baselines import TopTitle
 from rag_lab.retrievers.bm25 import BM25Retriever
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
@@ -41,16 +38,12 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             rows.append({"batch size": batch_size, "questions": len(examples), "seconds": round(seconds, 2),
                          "questions/s": round(len(examples) / seconds, 1)})  # fmt: skip
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     table = pd.DataFrame(rows).to_markdown(index=False)
-    text = (
-        f"# bench_runner ({os.cpu_count()} cores)\n\n"
+    publish(
+        "bench_runner",
         f"world: {len(data.corpus)} passages, generated in {t_data:.2f} s; BM25 index {t_index:.2f} s; "
-        f"peak RSS {peak_mb:.0f} MB\n\n{table}\n"
+        f"peak RSS {peak_rss_mb():.0f} MB\n\n{table}",
     )
-    print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_runner.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from benchlib import publish
+
 N = 10_000
 
 
@@ -36,11 +37,8 @@ def main() -> None:
         t0 = time.perf_counter()
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         seconds = time.perf_counter() - t0
-    text = f"# bench_score\n\n{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s " \
-           f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}\n"  # fmt: skip
-    print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_score.md").write_text(text)
+    publish("bench_score", f"{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s "
+                           f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,47 +11,38 @@ with its own passage that retrieval ranks first (a retrieval-only reader, as in 
 
 from pathlib import Path
 
-from rag_lab.data.base import QAExample
+from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode, Step
 
 
-class TopTitle:
-    trains = False
-
-    def __init__(self, k: int = 5):
-        self.k = k
-
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
-        raise NotImplementedError("TopTitle does not train")
-
-    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
-        hits = env.search([ex.question for ex in batch], self.k)
-        episodes = []
-        for ex, found in zip(batch, hits, strict=True):
-            titles = [p.title for p in env.passages(found)]
-            answer = next((t for t in titles if t.lower() not in ex.question.lower()), "")
-            step = Step(action="search", query=ex.question, retrieved_ids=[h.id for h in found])
-            episodes.append(Episode(ex.id, ex.question, [step], answer, stop_reason="answer"))
-        return episodes
-
-
 class RetrieveOnly:
+    """Retrieve the top ``k`` once with the question; answer with :meth:`answer` ('' here)."""
+
     trains = False
 
     def __init__(self, k: int = 20):
         self.k = k
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
-        raise NotImplementedError("RetrieveOnly does not train")
+        raise NotImplementedError(f"{type(self).__name__} does not train")
+
+    def answer(self, ex: QAExample, passages: list[Passage]) -> str:
+        return ""
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
         hits = env.search([ex.question for ex in batch], self.k)
-        return [
-            Episode(
-                ex.id,
-                ex.question,
-                [Step(action="search", query=ex.question, retrieved_ids=[h.id for h in found])],
-                stop_reason="retrieve_only",
-            )  # fmt: skip
-            for ex, found in zip(batch, hits, strict=True)
-        ]
+        episodes = []
+        for ex, found in zip(batch, hits, strict=True):
+            step = Step(action="search", query=ex.question, retrieved_ids=[h.id for h in found])
+            answer = self.answer(ex, env.passages(found))
+            episodes.append(Episode(ex.id, ex.question, [step], answer, stop_reason="answer"))
+        return episodes
+
+
+class TopTitle(RetrieveOnly):
+    def __init__(self, k: int = 5):
+        super().__init__(k)
+
+    def answer(self, ex: QAExample, passages: list[Passage]) -> str:
+        """The best passage title that the question does not already mention."""
+        return next((p.title for p in passages if p.title.lower() not in ex.question.lower()), "")
