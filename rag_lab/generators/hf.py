@@ -1,0 +1,141 @@
+"""``generator=hf``: any causal LM through transformers, batched.
+
+Prompts are left-padded and generated in batches (sorted by length, so batches pad little); n
+samples per prompt come from one ``generate`` call (``num_return_sequences``). Chat prompts go
+through the tokenizer's chat template. Stop strings are honoured exactly: generation stops at
+them (``StopOnStrings``) and the text is cut at the first occurrence, the stop kept when
+``sampling.include_stop``; ``token_ids`` run through the token that completes the stop.
+Log-probs are those of each generated token under the model's own distribution (log-softmax of
+the raw logits, no temperature or top-p), i.e. what a forward pass over prompt + completion gives.
+Greedy at temperature 0; sampling is seeded (``sampling.seed``, else the generator's seed).
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.retrievers.dense import resolve_model
+
+
+class HFGenerator:
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        # float32 | bfloat16 | float16 | auto (bfloat16 on GPU, float32 on CPU)
+        dtype: str = "auto",
+        device: str | None = None,
+        batch_size: int = 32,
+        seed: int = 0,
+        # return per-token log-probs (trainable policies need them; costs memory for long outputs)
+        logprobs: bool = True,
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer) if tokenizer else path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        )
+        self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
+
+    def render(self, prompt: Prompt) -> str:
+        """A chat prompt through the chat template (with the assistant turn opened); text as is."""
+        if isinstance(prompt, str):
+            return prompt
+        if not self.tokenizer.chat_template:
+            raise ValueError("a chat prompt needs a tokenizer with a chat template")
+        return self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        texts = [self.render(p) for p in prompts]
+        lengths = [len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        out: list[list[Completion]] = [[] for _ in texts]
+        torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            for i, completions in zip(
+                idx, self._generate_batch([texts[i] for i in idx], sampling), strict=True
+            ):
+                out[i] = completions
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, texts: list[str], sampling: Sampling) -> list[list[Completion]]:
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
+            self.device
+        )
+        greedy = sampling.temperature <= 0
+        result = self.model.generate(
+            **enc,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=sampling.n,
+            stopping_criteria=[StopOnStrings(self.tokenizer, sampling.stop, enc.input_ids.shape[1])]
+            if sampling.stop
+            else None,
+            pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=self.want_logprobs,
+        )
+        new = result.sequences[:, enc.input_ids.shape[1] :]
+        logprobs = None
+        if self.want_logprobs:
+            logits = torch.stack(result.logits, dim=1).float()
+            logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        completions = [self._completion(new[j], None if logprobs is None else logprobs[j], sampling)
+                       for j in range(new.shape[0])]  # fmt: skip
+        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
+
+    def _completion(self, ids: torch.Tensor, logprobs: torch.Tensor | None, sampling: Sampling) -> Completion:
+        tokens = ids.tolist()
+        eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id} - {None}
+        end = next((j for j, t in enumerate(tokens) if t in eos), None)
+        finish = "stop" if end is not None else "length"
+        tokens = (
+            tokens[: end + 1] if end is not None else tokens
+        )  # keep the EOS token: the policy produced it
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = min(((text.find(s), s) for s in sampling.stop if s in text), default=None)
+        if cut is not None:
+            position, stop = cut
+            text = text[: position + (len(stop) if sampling.include_stop else 0)]
+            tokens = tokens[: _tokens_to_cover(self.tokenizer, tokens, position + len(stop))]
+            finish = "stop"
+        lp = logprobs[: len(tokens)].tolist() if logprobs is not None else None
+        return Completion(text, tokens, finish, lp)
+
+
+class StopOnStrings:
+    """Stop each sequence once its decoded completion contains a stop string.
+
+    Hand-written because transformers' ``StopStringCriteria`` needs a tokenizer whose tokens can be
+    re-tokenised behind a prefix (byte-level BPE, SentencePiece); word-level tokenizers, such as
+    the tiny LM's, fail there. Decodes only the generated part.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str], prompt_length: int):
+        self.tokenizer, self.stops, self.prompt_length = tokenizer, tuple(stops), prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_length :], skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
+
+
+def _tokens_to_cover(tokenizer, tokens: list[int], n_chars: int) -> int:
+    """The fewest leading tokens whose decoded text is at least ``n_chars`` long."""
+    for n in range(1, len(tokens) + 1):
+        if len(tokenizer.decode(tokens[:n], skip_special_tokens=True)) >= n_chars:
+            return n
+    return len(tokens)
