@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from rag_lab.config import compose
 
@@ -39,6 +40,39 @@ def tiny_cfg():
         return compose([*([] if other_data else TINY_DATA), *overrides])
 
     return make
+
+
+WORDS = "Q : A S D where was ada born paris london city <search> </search> <answer> </answer> user assistant"
+WORDS = WORDS.split()
+CHAT = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-lm")
+    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<unk>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT
+    # Saved apart from the model: next to a qwen2 config, AutoTokenizer would pick Qwen2's byte-level
+    # tokenizer class and lose this word-level decoder.
+    fast.save_pretrained(path / "tokenizer")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return str(path)
 
 
 @pytest.fixture

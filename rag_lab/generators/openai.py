@@ -1,0 +1,95 @@
+"""``generator=openai``: any OpenAI-compatible endpoint (a vLLM server, ``rag_lab.serve``, a hosted API).
+
+Text prompts go to ``/v1/completions``, chat prompts to ``/v1/chat/completions``; requests run
+``concurrency`` at a time, each with a timeout and retries with exponential backoff on
+connection errors, 429 and 5xx. An endpoint that stays unreachable is one ``RagLabError`` naming
+it, after the retries. The API key comes from the environment variable ``api_key_env``.
+Hand-written on the standard library (urllib), so no client SDK is needed. ``include_stop`` is
+sent as vLLM's ``include_stop_str_in_output`` (hosted APIs ignore it).
+"""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Completion, Prompt, Sampling
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class OpenAIGenerator:
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000/v1",
+        model: str = "default",
+        api_key_env: str = "OPENAI_API_KEY",
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        # seconds before the first retry; doubled each time
+        backoff: float = 1.0,
+    ):
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self.api_key = os.environ.get(api_key_env, "")
+        self.concurrency, self.timeout, self.max_retries, self.backoff = (
+            concurrency,
+            timeout,
+            max_retries,
+            backoff,
+        )
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(lambda p: self._one(p, sampling), prompts))
+
+    def _one(self, prompt: Prompt, sampling: Sampling) -> list[Completion]:
+        chat = not isinstance(prompt, str)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "n": sampling.n,
+        }
+        body["messages" if chat else "prompt"] = list(prompt) if chat else prompt
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+            body["include_stop_str_in_output"] = sampling.include_stop
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        reply = self._post("/chat/completions" if chat else "/completions", body)
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        return [
+            Completion(
+                c["message"]["content"] if chat else c["text"], finish_reason=c.get("finish_reason") or "stop"
+            )
+            for c in choices
+        ]
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.base_url + path
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        for attempt in range(self.max_retries + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as e:
+                if e.code not in RETRY_STATUS or attempt == self.max_retries:
+                    detail = e.read().decode(errors="replace")[:200]
+                    raise RagLabError(f"endpoint {url} answered {e.code}: {detail}") from None
+                error: Exception = e
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                error = e
+            if attempt < self.max_retries:
+                time.sleep(self.backoff * 2**attempt)
+        reason = getattr(error, "reason", error)
+        raise RagLabError(f"endpoint {url} unreachable after {self.max_retries} retries: {reason}")
