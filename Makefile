@@ -31,7 +31,7 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
 demo: install ## Run the main job on the embedded default (generated world, BM25, baseline)
-	$(PY) -m rag_lab.run +experiment=demo hydra.run.dir=outputs/demo
+	$(PY) -m rag_lab.run +experiment=demo hydra.sweep.dir=outputs/demo
 
 test: install ## Fast test suite (CPU, offline; < 10 min on 2 cores)
 	$(PY) -m pytest -q
