@@ -39,7 +39,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if policy.trains:
         policy.fit(env, data.split(cfg.train_split), data.split("dev"), run_dir / "checkpoints")
 
-    judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl")) if cfg.judge else None
+    judge = None
+    if cfg.judge:  # judge.generator: null shares the run's generator
+        shared = {"generator": generator} if cfg.judge.generator is None else {}
+        judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
     examples = data.split(cfg.eval.split)[: cfg.eval.limit]
     records = evaluate(
         policy, env, examples, run_dir / "records.jsonl", data.scorer, judge=judge,

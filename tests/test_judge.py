@@ -74,3 +74,17 @@ def test_evaluation_with_a_judge_adds_judge_acc(tiny_cfg, tmp_path):
     records = evaluate(instantiate(cfg.policy), env, examples, tmp_path / "r.jsonl", data.scorer, judge=judge)
     assert all(r["judge_acc"] == float(r["acc"] and bool(r["prediction"])) for r in records)
     assert aggregate(records)["all"]["judge_acc"] is not None
+
+
+def test_runner_judge_shares_the_run_generator(tiny_cfg, tiny_lm, tmp_path):
+    from rag_lab.records import read_records
+    from rag_lab.run import run
+
+    cfg = tiny_cfg("judge=llm", "generator=hf", f"generator.model={tiny_lm}",
+                   f"generator.tokenizer={tiny_lm}/tokenizer", "eval.limit=6")  # fmt: skip
+    metrics = run(cfg, tmp_path)
+    records = read_records(tmp_path / "records.jsonl")
+    # A random tiny LM answers neither YES nor NO: no votes, so every verdict is 0, never an error.
+    assert [r["judge_acc"] for r in records] == [0.0] * 6
+    assert metrics["all"]["judge_acc"] == 0.0
+    assert (tmp_path / "judge_cache.jsonl").exists()  # verdicts cached for a resumed run
