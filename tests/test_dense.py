@@ -57,8 +57,8 @@ def test_pooling_and_normalisation(tiny_encoder_dir, pooling, normalize):
 
 
 def test_prefixes_go_on_queries_and_passages(tiny_encoder_dir):
-    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, query_prefix="query: ", passage_prefix="passage: ",
-                               show_progress=False)  # fmt: skip
+    encoder = Encoder(tiny_encoder_dir, query_prefix="query: ", passage_prefix="passage: ")
+    retriever = DenseRetriever(CORPUS, encoder, show_progress=False)
     enc = retriever.encoder
     passages = enc.encode([f"T{i}\n{t}" for i, t in enumerate(TEXTS)], "passage: ")
     query = enc.encode(["where was ada born"], "query: ")[0]
@@ -74,7 +74,7 @@ def test_prefixes_go_on_queries_and_passages(tiny_encoder_dir):
 
 def test_model_card_conventions_in_the_configs():
     def node(name):
-        return compose([f"retriever={name}"]).retriever
+        return compose([f"retriever={name}"]).retriever.encoder
 
     e5, bge, contriever, minilm = node("e5"), node("bge"), node("contriever"), node("minilm")
     assert (e5.model, e5.pooling, e5.normalize) == ("intfloat/e5-base-v2", "mean", True)
@@ -108,7 +108,7 @@ def test_minilm_matches_sentence_transformers():
 
 def test_sharded_fp16_embeddings_resume_after_a_lost_shard(tiny_encoder_dir, tmp_path):
     kwargs = {"shard_size": 3, "fp16": True, "cache_dir": str(tmp_path), "show_progress": False}
-    first = DenseRetriever(CORPUS, tiny_encoder_dir, **kwargs)
+    first = DenseRetriever(CORPUS, Encoder(tiny_encoder_dir), **kwargs)
     (emb_dir,) = (tmp_path / "index" / "embeddings").iterdir()
     shards = sorted(emb_dir.glob("shard-*.npy"))
     assert len(shards) == 3 and np.load(shards[0]).dtype == np.float16
@@ -118,21 +118,23 @@ def test_sharded_fp16_embeddings_resume_after_a_lost_shard(tiny_encoder_dir, tmp
         for f in faiss_dir.iterdir():
             f.unlink()
         faiss_dir.rmdir()
-    second = DenseRetriever(CORPUS, tiny_encoder_dir, **kwargs)
+    second = DenseRetriever(CORPUS, Encoder(tiny_encoder_dir), **kwargs)
     assert shards[1].exists() and shards[0].stat().st_mtime_ns == kept
     assert second.search(["Ada"], 4) == first.search(["Ada"], 4)
 
 
 @pytest.mark.parametrize("factory", ["Flat", "HNSW8", "IVF2,Flat"])
 def test_faiss_index_types_find_the_exact_passage(tiny_encoder_dir, factory):
-    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, index_factory=factory, nprobe=2, show_progress=False)
-    exact = DenseRetriever(CORPUS, tiny_encoder_dir, show_progress=False)
+    retriever = DenseRetriever(
+        CORPUS, Encoder(tiny_encoder_dir), index_factory=factory, nprobe=2, show_progress=False
+    )
+    exact = DenseRetriever(CORPUS, Encoder(tiny_encoder_dir), show_progress=False)
     q = ["the film was directed by ada"]
     assert retriever.search(q, 1)[0][0].id == exact.search(q, 1)[0][0].id
 
 
 def test_exclusion_and_empty_queries(tiny_encoder_dir):
-    retriever = DenseRetriever(CORPUS, tiny_encoder_dir, show_progress=False)
+    retriever = DenseRetriever(CORPUS, Encoder(tiny_encoder_dir), show_progress=False)
     full = retriever.search(["Paris city"], 3)[0]
     excluded = retriever.search(["Paris city", "", "  "], 2, exclude=[{full[0].id}, (), ()])
     assert [h.id for h in excluded[0]] == [h.id for h in full[1:3]]

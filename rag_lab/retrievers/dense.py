@@ -77,6 +77,9 @@ class Encoder:
             batch_size,
         )
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+        # What passage embeddings depend on: the key of their on-disk cache.
+        self.passage_config = {"model": model, "pooling": pooling, "normalize": normalize,
+                               "max_length": max_length, "passage_prefix": passage_prefix}  # fmt: skip
 
     @property
     def dim(self) -> int:
@@ -108,13 +111,7 @@ class DenseRetriever:
     def __init__(
         self,
         corpus: Corpus,
-        model: str,
-        pooling: str = "mean",
-        normalize: bool = True,
-        query_prefix: str = "",
-        passage_prefix: str = "",
-        max_length: int = 256,
-        batch_size: int = 64,
+        encoder: Encoder,
         # any faiss index_factory string: Flat, HNSW32, IVF4096,PQ64, ...
         index_factory: str = "Flat",
         # search-time parameters, applied where the index type has them
@@ -125,16 +122,11 @@ class DenseRetriever:
         shard_size: int = 100_000,
         # passages sampled to train IVF / PQ indexes
         train_size: int = 200_000,
-        device: str | None = None,
         cache_dir: str | None = None,
         show_progress: bool = True,
     ):
-        self.corpus, self.show_progress = corpus, show_progress
-        self.encoder = Encoder(
-            model, pooling, normalize, query_prefix, passage_prefix, max_length, batch_size, device
-        )
-        params = {"model": model, "pooling": pooling, "normalize": normalize, "max_length": max_length,
-                  "passage_prefix": passage_prefix, "fp16": fp16, "shard_size": shard_size}  # fmt: skip
+        self.corpus, self.encoder, self.show_progress = corpus, encoder, show_progress
+        params = encoder.passage_config | {"fp16": fp16, "shard_size": shard_size}
         self.emb_dir = index_dir(cache_dir, "embeddings", corpus, params)
         self.fp16, self.shard_size = fp16, shard_size
         shards = self._encode_corpus()
