@@ -55,9 +55,8 @@ def score_record(
     record["ret_precision"], record["ret_recall"] = retrieval_pr(
         record["retrieved_ids"], record["supporting_ids"]
     )
-    passages = [corpus.get(pid).contents for pid in dict.fromkeys(record["retrieved_ids"])]
-    record["answer_recall"] = answer_recall(passages, list(ex.answers))
-    ranked = list(dict.fromkeys(record["retrieved_ids"]))
+    ranked = list(dict.fromkeys(record["retrieved_ids"]))  # distinct, in retrieval order
+    record["answer_recall"] = answer_recall([corpus.get(pid).contents for pid in ranked], list(ex.answers))
     gold = set(record["supporting_ids"])
     for k in recall_at:  # over the first k distinct passages retrieved; precision per k slots
         found = len(set(ranked[:k]) & gold)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, filter_hits
-from rag_lab.retrievers.cache import index_dir
+from rag_lab.retrievers.cache import index_dir, publish
 from rag_lab.retrievers.tokenize import Tokenizer
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -76,8 +76,6 @@ class BM25Retriever:
             )
             self.index.index(self._docs(), show_progress=self.show_progress)
             if path is not None:
-                from rag_lab.retrievers.cache import publish
-
                 with publish(path) as tmp:
                     self.index.save(str(tmp), show_progress=False)
         self.vocab = self.index.vocab_dict
