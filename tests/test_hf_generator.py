@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rag_lab.generators.base import Sampling
+from rag_lab.generators.base import Sampling, render
 from rag_lab.generators.hf import HFGenerator
 
 
@@ -66,9 +66,17 @@ def test_stop_strings_cut_the_text_exactly(gen):
 
 def test_chat_prompts_use_the_chat_template(gen):
     chat = [{"role": "user", "content": "where was ada born"}]
-    assert gen.render(chat) == "user : where was ada born assistant : "
+    assert render(gen.tokenizer, chat) == "user : where was ada born assistant : "
     greedy = Sampling(max_new_tokens=5)
-    assert gen.generate([chat], greedy)[0][0].text == gen.generate([gen.render(chat)], greedy)[0][0].text
+    text = render(gen.tokenizer, chat)
+    assert gen.generate([chat], greedy)[0][0].text == gen.generate([text], greedy)[0][0].text
+    assert gen.chat  # the tokenizer has a template: policies send chat messages
+
+
+def test_a_trailing_assistant_message_is_continued(gen):
+    partial = [{"role": "user", "content": "where was ada born"}]
+    partial.append({"role": "assistant", "content": "<search>"})
+    assert render(gen.tokenizer, partial) == "user : where was ada born assistant : <search>"
 
 
 def test_length_finish_reason(gen):

@@ -3,6 +3,8 @@
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+IN_MEMORY = ("token_ids", "logprobs")
+
 
 @dataclass
 class Step:
@@ -12,7 +14,15 @@ class Step:
     action: str = ""
     query: str | None = None
     retrieved_ids: list[str] = field(default_factory=list)
+    # The intermediate answer of pipelines that answer each follow-up (Stop-RAG, APEX).
+    answer: str | None = None
     rewards: dict[str, float] = field(default_factory=dict)
+    # Why the text broke the protocol's format (the step that ended the episode).
+    error: str = ""
+    # The policy's own tokens and their log-probs (never the environment's text): what trainers
+    # need; kept in memory, not written to records.jsonl.
+    token_ids: list[int] = field(default_factory=list, repr=False)
+    logprobs: list[float] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -39,7 +49,7 @@ class Episode:
         """The flat per-question fields of ``records.jsonl``."""
         return {
             "prediction": self.prediction,
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [{k: v for k, v in asdict(s).items() if k not in IN_MEMORY} for s in self.steps],
             "n_steps": len(self.steps),
             "queries": self.queries,
             "retrieved_ids": self.retrieved_ids,

@@ -29,9 +29,24 @@ class Completion:
     finish_reason: str = "stop"
     # Per-token log-probs of token_ids under the sampling model (trainable backends only).
     logprobs: list[float] | None = None
+    # Length of the rendered prompt in tokens (0 where the backend does not tokenise).
+    prompt_tokens: int = 0
 
 
 class Generator(Protocol):
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt, in prompt order, in one batched call."""
         ...
+
+
+def render(tokenizer, prompt: Prompt) -> str:
+    """A chat prompt through the tokenizer's chat template (assistant turn opened, or a trailing
+    partial assistant message continued: multi-turn rollouts); a text prompt as it is."""
+    if isinstance(prompt, str):
+        return prompt
+    if not tokenizer.chat_template:
+        raise ValueError("a chat prompt needs a tokenizer with a chat template")
+    partial = prompt[-1]["role"] == "assistant"
+    return tokenizer.apply_chat_template(
+        list(prompt), tokenize=False, add_generation_prompt=not partial, continue_final_message=partial
+    )

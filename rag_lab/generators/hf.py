@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, render
 from rag_lab.retrievers.dense import resolve_model
 
 
@@ -30,6 +30,8 @@ class HFGenerator:
         seed: int = 0,
         # return per-token log-probs (trainable policies need them; costs memory for long outputs)
         logprobs: bool = True,
+        # prompts as chat messages (null: when the tokenizer has a chat template)
+        chat: bool | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,17 +47,11 @@ class HFGenerator:
             AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
         )
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
-
-    def render(self, prompt: Prompt) -> str:
-        """A chat prompt through the chat template (with the assistant turn opened); text as is."""
-        if isinstance(prompt, str):
-            return prompt
-        if not self.tokenizer.chat_template:
-            raise ValueError("a chat prompt needs a tokenizer with a chat template")
-        return self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
+        self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
-        texts = [self.render(p) for p in prompts]
+        texts = [render(self.tokenizer, p) for p in prompts]
         lengths = [len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
         out: list[list[Completion]] = [[] for _ in texts]
@@ -65,6 +61,8 @@ class HFGenerator:
             for i, completions in zip(
                 idx, self._generate_batch([texts[i] for i in idx], sampling), strict=True
             ):
+                for c in completions:
+                    c.prompt_tokens = lengths[i]
                 out[i] = completions
         return out
 

@@ -34,7 +34,10 @@ class OpenAIGenerator:
         max_retries: int = 3,
         # seconds before the first retry; doubled each time
         backoff: float = 1.0,
+        # prompts as chat messages (/v1/chat/completions) rather than text (/v1/completions)
+        chat: bool = True,
     ):
+        self.chat = chat
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = os.environ.get(api_key_env, "")
         self.concurrency, self.timeout, self.max_retries, self.backoff = (

@@ -10,7 +10,7 @@ Not exercised by the test suite (no GPU there): check it on a GPU machine.
 from collections.abc import Sequence
 
 from rag_lab.errors import RagLabError
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, render
 
 
 class VLLMGenerator:
@@ -23,6 +23,8 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         seed: int = 0,
         logprobs: bool = True,
+        # prompts as chat messages (instruction-tuned models)
+        chat: bool = True,
     ):
         try:
             import vllm
@@ -36,12 +38,7 @@ class VLLMGenerator:
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
         )  # fmt: skip
         self.tokenizer = self.llm.get_tokenizer()
-        self.seed, self.want_logprobs = seed, logprobs
-
-    def render(self, prompt: Prompt) -> str:
-        if isinstance(prompt, str):
-            return prompt
-        return self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        self.seed, self.want_logprobs, self.chat = seed, logprobs, chat
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         params = self._vllm.SamplingParams(
@@ -54,7 +51,7 @@ class VLLMGenerator:
             seed=self.seed if sampling.seed is None else sampling.seed,
             logprobs=0 if self.want_logprobs else None,
         )
-        outputs = self.llm.generate([self.render(p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([render(self.tokenizer, p) for p in prompts], params, use_tqdm=False)
         return [[self._completion(o) for o in out.outputs] for out in outputs]
 
     @staticmethod

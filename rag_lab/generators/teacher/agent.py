@@ -84,14 +84,14 @@ class WorldTeacher:
         live = [i for i, ex in enumerate(examples) if ex.decomposition]
         hop = 0
         while live:
-            questions = {i: _substitute(examples[i].decomposition[hop].question, answers[i]) for i in live}
+            questions = {i: substitute(examples[i].decomposition[hop].question, answers[i]) for i in live}
             queries = {i: self._query(q, rngs[i]) for i, q in questions.items()}
             found = search([queries[i] for i in live])
             still = []
             for i, passages in zip(live, found, strict=True):
                 answer = answer_from(questions[i], passages)
                 if answer is not None and rngs[i].random() < self.noise.miscopy:
-                    answer = _near_name(answer, passages, rngs[i])
+                    answer = near_name(answer, passages, rngs[i])
                 traces[i].steps.append(
                     TeacherStep(questions[i], queries[i], [p.id for p in passages], answer)
                 )
@@ -112,13 +112,13 @@ class WorldTeacher:
         return question
 
 
-def _substitute(question: str, answers: list[str]) -> str:
+def substitute(question: str, answers: list[str]) -> str:
     for i in range(len(answers), 0, -1):  # #10 before #1
         question = question.replace(f"#{i}", answers[i - 1])
     return question
 
 
-def _near_name(answer: str, passages: list[Passage], rng: random.Random) -> str:
+def near_name(answer: str, passages: Sequence[Passage], rng: random.Random) -> str:
     """Another title from the passages sharing a word with the answer (a near-name), if any."""
     words = set(answer.split())
     near = [p.title for p in passages if p.title != answer and words & set(p.title.split())]

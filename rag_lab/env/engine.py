@@ -1,0 +1,109 @@
+"""The batched multi-turn rollout engine (DESIGN.md, "The environment and the rollout engine").
+
+A whole batch of episodes advances together: per turn, one batched ``generate`` call for every
+live episode (stopping at the protocol's stop strings), parse, one batched ``search`` for every
+SEARCH action (excluding each episode's already-seen passages when asked), append the evidence,
+drop finished episodes. The protocol renders and parses; the engine knows only action kinds:
+
+- SEARCH: retrieve ``k`` for the query; the passages join the state.
+- ANSWER / REFUSE: the episode ends (REFUSE predicts "").
+- BACKTRACK: the latest search that still holds evidence is abandoned (its passages leave the
+  prompt; EVO-RAG's "return to an earlier state").
+- anything unparsable (INVALID, or a kind the loop has no use for): the episode ends with
+  ``format_failure`` set and the parser's reason; it is scored, never raised.
+
+Each step keeps the policy's token ids and log-probs (the environment's text is never in
+them), which is what trainers need to mask retrieved text out of the loss.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import QAExample
+from rag_lab.env.env import Env
+from rag_lab.env.episode import Episode, Step
+from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
+from rag_lab.generators.base import Completion, Prompt, Sampling
+
+
+@dataclass
+class Live:
+    episode: Episode
+    state: State
+    seen: set[str]
+
+
+def generate(env: Env, protocol: Protocol, prompts: Sequence[Prompt], sampling: Sampling) -> list[Completion]:
+    """One completion per prompt, stopping where ``protocol`` pauses."""
+    if env.generator is None:
+        raise ValueError("this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)")
+    tuned = replace(sampling, n=1, stop=protocol.stop, include_stop=protocol.include_stop)
+    return [c[0] for c in env.generator.generate(list(prompts), tuned)]
+
+
+def record(episode: Episode, completion: Completion, action: Action) -> Step:
+    step = Step(text=completion.text, action=action.kind, query=action.query, token_ids=completion.token_ids,
+                logprobs=completion.logprobs)  # fmt: skip
+    episode.steps.append(step)
+    episode.completion_tokens += len(completion.token_ids)
+    episode.prompt_tokens += completion.prompt_tokens
+    return step
+
+
+def chat_of(env: Env) -> bool:
+    """Whether the generator wants chat messages (instruction-tuned models) or plain text (tiny)."""
+    return bool(getattr(env.generator, "chat", False))
+
+
+def run_agent(
+    protocol: Protocol,
+    examples: Sequence[QAExample],
+    env: Env,
+    sampling: Sampling,
+    k: int = 5,
+    max_turns: int = 5,
+    exclude_seen: bool = False,
+    progress: bool = False,
+) -> list[Episode]:
+    """Roll out one episode per example with ``protocol``, all examples batched per turn."""
+    chat = chat_of(env)
+    episodes = [Episode(ex.id, ex.question) for ex in examples]
+    live = [Live(ep, State(ex.question), set()) for ex, ep in zip(examples, episodes, strict=True)]
+    for _ in tqdm(range(max_turns), desc=f"{protocol.name} turns", disable=not progress, leave=False):
+        if not live:
+            break
+        completions = generate(env, protocol, [protocol.prompt(x.state, chat) for x in live], sampling)
+        actions = [protocol.parse(c.text) for c in completions]
+        searching = [i for i, a in enumerate(actions) if a.kind == SEARCH]
+        exclude = [live[i].seen for i in searching] if exclude_seen else None
+        hits = dict(
+            zip(searching, env.search([actions[i].query for i in searching], k, exclude), strict=True)
+        )
+        still = []
+        for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
+            step = record(x.episode, completion, action)
+            turn = Turn(action, text=completion.text)
+            if action.kind == SEARCH:
+                step.retrieved_ids = [h.id for h in hits[i]]
+                turn.passages = env.passages(hits[i])
+                x.seen.update(step.retrieved_ids)
+            elif action.kind == BACKTRACK:
+                undone = next((t for t in reversed(x.state.turns) if t.passages and not t.abandoned), None)
+                if undone is not None:
+                    undone.abandoned = True
+            elif action.kind in (ANSWER, REFUSE):
+                x.episode.prediction = (action.answer or "") if action.kind == ANSWER else ""
+                x.episode.stop_reason = action.kind
+                continue
+            else:
+                x.episode.format_failure, x.episode.stop_reason = True, "format_error"
+                step.error = action.error or f"unexpected action {action.kind!r}"
+                continue
+            x.state.turns.append(turn)
+            still.append(x)
+        live = still
+    for x in live:
+        x.episode.stop_reason = "max_turns"
+    return episodes

@@ -1,0 +1,128 @@
+"""Stop-RAG's iterative pipeline (papers/stop-rag.txt, sec. 3 and appendix prompts 1-3) as a policy,
+with a pluggable stopping rule: ``policy=fixed_iter`` (always T iterations) and ``policy=llm_stop``
+(the generator answers STOP / CONTINUE before each further iteration, prompt 3). Stop-RAG plugs
+its value-based rule in as another :class:`Stopper`.
+
+One iteration for every live question at once: generate a follow-up query (prompt 1; one batched
+call), retrieve ``depth`` and keep the top ``k`` after dropping passages already seen (the
+authors' code; ``retriever=rerank`` reranks the top 10 first, as the paper), then answer the
+follow-up from its document (prompt 2; one batched call). After the last iteration, or a stop,
+the final answer comes from the whole trace (one batched call).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.engine import chat_of, generate, record
+from rag_lab.env.protocols.base import ANSWER, INVALID, SEARCH, STOP, Action, State, Turn
+from rag_lab.env.protocols.stoprag import StopRAGDecide, StopRAGFinal, StopRAGIntermediate, StopRAGQuery
+from rag_lab.generators.base import Sampling
+
+
+class Stopper(Protocol):
+    def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
+        """Before the next iteration: True where the question should stop and answer now."""
+        ...
+
+
+class NeverStop:
+    def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
+        return [False] * len(states)
+
+
+class LLMStop:
+    """The generator decides (prompt 3); an unparsable decision counts as CONTINUE and is recorded."""
+
+    def __init__(self, max_new_tokens: int = 64):
+        self.protocol, self.sampling = StopRAGDecide(), Sampling(max_new_tokens=max_new_tokens)
+
+    def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
+        asking = [i for i, s in enumerate(states) if s.turns]  # nothing to judge before the first round
+        prompts = [self.protocol.prompt(states[i], chat_of(env)) for i in asking]
+        out = [False] * len(states)
+        for i, completion in zip(asking, generate(env, self.protocol, prompts, self.sampling), strict=True):
+            action = self.protocol.parse(completion.text)
+            step = record(episodes[i], completion, action)
+            step.error = action.error
+            out[i] = action.kind == STOP
+        return out
+
+
+class IterativePipeline:
+    trains = False
+
+    def __init__(
+        self,
+        stopper: Stopper | None = None,
+        # T: the most iterations per question
+        iterations: int = 10,
+        # passages kept per iteration (the paper keeps the reranked top 1)
+        k: int = 1,
+        exclude_seen: bool = True,
+        max_new_tokens: int = 32,
+    ):
+        self.stopper = stopper or NeverStop()
+        self.iterations, self.k, self.exclude_seen = iterations, k, exclude_seen
+        self.sampling = Sampling(max_new_tokens=max_new_tokens)
+        self.query, self.intermediate, self.final = StopRAGQuery(), StopRAGIntermediate(), StopRAGFinal()
+
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not train")
+
+    def iterate(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:
+        """One pipeline iteration for every state given (batched): query, retrieve, answer."""
+        chat = chat_of(env)
+        queries = generate(env, self.query, [self.query.prompt(s, chat) for s in states], self.sampling)
+        actions = [self.query.parse(c.text) for c in queries]
+        # An empty follow-up is a scored format failure; the pipeline searches with the question.
+        texts = [a.query if a.kind == SEARCH else s.question for a, s in zip(actions, states, strict=True)]
+        hits = env.search(texts, self.k, seen if self.exclude_seen else None)
+        for s, ep, c, a, q, found, ids in zip(
+            states, episodes, queries, actions, texts, hits, seen, strict=True
+        ):
+            step = record(ep, c, Action(SEARCH, query=q) if a.kind == SEARCH else a)
+            step.query, step.retrieved_ids, step.error = q, [h.id for h in found], a.error
+            ep.format_failure |= a.kind == INVALID
+            ids.update(step.retrieved_ids)
+            s.turns.append(Turn(Action(SEARCH, query=q), env.passages(found)))
+        prompts = [self.intermediate.prompt(s, chat) for s in states]
+        for s, ep, c in zip(
+            states, episodes, generate(env, self.intermediate, prompts, self.sampling), strict=True
+        ):
+            a = self.intermediate.parse(c.text)
+            s.turns[-1].answer = a.answer or ""
+            ep.steps[-1].answer = a.answer or ""
+            ep.completion_tokens += len(c.token_ids)
+            ep.prompt_tokens += c.prompt_tokens
+
+    def answer(
+        self, env: Env, states: list[State], episodes: list[Episode], sampling: Sampling | None = None
+    ) -> None:
+        prompts = [self.final.prompt(s, chat_of(env)) for s in states]
+        for ep, c in zip(
+            episodes, generate(env, self.final, prompts, sampling or self.sampling), strict=True
+        ):
+            a = self.final.parse(c.text)
+            record(ep, c, a).error = a.error
+            ep.prediction = (a.answer or "") if a.kind == ANSWER else ""
+            ep.format_failure |= a.kind == INVALID
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states = [State(ex.question) for ex in batch]
+        episodes = [Episode(ex.id, ex.question, stop_reason="max_steps") for ex in batch]
+        seen: list[set[str]] = [set() for _ in batch]
+        live = list(range(len(batch)))
+        for _ in range(self.iterations):
+            stops = self.stopper.should_stop(env, [states[i] for i in live], [episodes[i] for i in live])
+            for i, stop in zip(live, stops, strict=True):
+                if stop:
+                    episodes[i].stop_reason = "stop"
+            live = [i for i, stop in zip(live, stops, strict=True) if not stop]
+            if not live:
+                break
+            self.iterate(env, [states[i] for i in live], [episodes[i] for i in live], [seen[i] for i in live])
+        self.answer(env, states, episodes)
+        return episodes

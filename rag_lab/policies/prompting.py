@@ -1,0 +1,164 @@
+"""Prompting baselines with any generator (no training), each one batched across questions:
+
+- ``direct``: the question alone → answer (``qa`` protocol, no retrieval).
+- ``standard_rag``: retrieve the top ``k`` with the question once → answer from them.
+- ``cot``: chain-of-thought, one sentence per call, no retrieval, until ``So the answer is:``.
+- ``ircot`` (Trivedi et al. 2023): retrieve with the question, then after every reasoning sentence
+  retrieve ``k`` more with that sentence (unseen passages only), until the answer or ``max_steps``;
+  no answer by then → the ``qa`` reader over everything retrieved (IRCoT's reader step).
+- ``iter_retgen`` (Shao et al. 2023): ``iterations`` rounds of retrieve-with(question + last
+  answer) → answer; the last answer is the prediction.
+- ``agent``: any agentic protocol (``dapo``, ``evorag``, ``r3rag``) run by the rollout engine, as
+  its paper's untrained prompting baseline.
+"""
+
+from pathlib import Path
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode, Step
+from rag_lab.env.engine import chat_of, generate, record, run_agent
+from rag_lab.env.protocols.base import (
+    ANSWER,
+    INVALID,
+    PROTOCOLS,
+    REASON,
+    SEARCH,
+    Action,
+    Protocol,
+    State,
+    Turn,
+)  # fmt: skip
+from rag_lab.env.protocols.simple import QA, CoT
+from rag_lab.generators.base import Sampling
+
+
+class Prompting:
+    """Shared plumbing: no training; batched generation and retrieval over many states."""
+
+    trains = False
+
+    def __init__(self, k: int = 5, max_new_tokens: int = 32, temperature: float = 0.0):
+        self.k = k
+        self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
+
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not train")
+
+    def ask(self, env: Env, protocol: Protocol, states: list[State], episodes: list[Episode]) -> list[Action]:
+        """One generation per state; each recorded as a step of its episode."""
+        prompts = [protocol.prompt(s, chat_of(env)) for s in states]
+        actions = []
+        for ep, c in zip(episodes, generate(env, protocol, prompts, self.sampling), strict=True):
+            action = protocol.parse(c.text)
+            record(ep, c, action).error = action.error
+            actions.append(action)
+        return actions
+
+    def retrieve(
+        self, env: Env, states: list[State], episodes: list[Episode], queries: list[str],
+        seen: list[set[str]] | None = None,
+    ) -> None:  # fmt: skip
+        """One batched search; the passages join each state (excluding ``seen`` ones when given)."""
+        hits = env.search(queries, self.k, seen)
+        for i, (s, ep, q, found) in enumerate(zip(states, episodes, queries, hits, strict=True)):
+            ids = [h.id for h in found]
+            ep.steps.append(Step(action=SEARCH, query=q, retrieved_ids=ids))
+            s.turns.append(Turn(Action(SEARCH, query=q), env.passages(found)))
+            if seen is not None:
+                seen[i].update(ids)
+
+    @staticmethod
+    def finish(episodes: list[Episode], actions: list[Action], reason: str = "answer") -> None:
+        for ep, a in zip(episodes, actions, strict=True):
+            ep.prediction = (a.answer or "") if a.kind == ANSWER else ""
+            ep.format_failure |= a.kind == INVALID
+            ep.stop_reason = "format_error" if a.kind == INVALID else reason
+
+    @staticmethod
+    def start(batch: list[QAExample]) -> tuple[list[State], list[Episode]]:
+        return [State(ex.question) for ex in batch], [Episode(ex.id, ex.question) for ex in batch]
+
+
+class Direct(Prompting):
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        self.finish(episodes, self.ask(env, QA(), states, episodes))
+        return episodes
+
+
+class StandardRAG(Prompting):
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        self.retrieve(env, states, episodes, [s.question for s in states])
+        self.finish(episodes, self.ask(env, QA(), states, episodes))
+        return episodes
+
+
+class IterRetGen(Prompting):
+    def __init__(self, iterations: int = 3, k: int = 5, max_new_tokens: int = 32, temperature: float = 0.0):
+        super().__init__(k, max_new_tokens, temperature)
+        self.iterations = iterations
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        answers = [""] * len(batch)
+        for _ in range(self.iterations):
+            # Each round reads only its own retrieval (generation-augmented retrieval, then answer).
+            rounds = [State(s.question) for s in states]
+            self.retrieve(
+                env,
+                rounds,
+                episodes,
+                [f"{s.question} {a}".strip() for s, a in zip(states, answers, strict=True)],
+            )
+            actions = self.ask(env, QA(), rounds, episodes)
+            answers = [(a.answer or "") if a.kind == ANSWER else "" for a in actions]
+        self.finish(episodes, actions)
+        return episodes
+
+
+class ChainOfThought(Prompting):
+    """CoT (``retrieve=False``) and IRCoT (``retrieve=True``): one reasoning sentence per call."""
+
+    def __init__(self, retrieve: bool = False, max_steps: int = 6, k: int = 3, max_new_tokens: int = 48,
+                 temperature: float = 0.0):  # fmt: skip
+        super().__init__(k, max_new_tokens, temperature)
+        self.retrieve_each, self.max_steps = retrieve, max_steps
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        seen: list[set[str]] = [set() for _ in batch]
+        if self.retrieve_each:
+            self.retrieve(env, states, episodes, [s.question for s in states], seen)
+        live = list(range(len(batch)))
+        for _ in range(self.max_steps):
+            if not live:
+                break
+            actions = self.ask(env, CoT(), [states[i] for i in live], [episodes[i] for i in live])
+            done = [i for i, a in zip(live, actions, strict=True) if a.kind != REASON]
+            self.finish([episodes[i] for i in done], [a for a in actions if a.kind != REASON])
+            live = [i for i, a in zip(live, actions, strict=True) if a.kind == REASON]
+            for i, a in zip(live, [a for a in actions if a.kind == REASON], strict=True):
+                states[i].notes.append((a.thought, ""))
+            if self.retrieve_each and live:
+                self.retrieve(env, [states[i] for i in live], [episodes[i] for i in live],
+                              [states[i].notes[-1][0] for i in live], [seen[i] for i in live])  # fmt: skip
+        if live:  # no answer within max_steps: the reader answers from everything retrieved
+            self.finish([episodes[i] for i in live],
+                        self.ask(env, QA(), [states[i] for i in live], [episodes[i] for i in live]),
+                        reason="max_steps")  # fmt: skip
+        return episodes
+
+
+class Agent(Prompting):
+    """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
+
+    def __init__(self, protocol: str = "dapo", k: int = 5, max_turns: int = 5, exclude_seen: bool = False,
+                 max_new_tokens: int = 128, temperature: float = 0.0):  # fmt: skip
+        super().__init__(k, max_new_tokens, temperature)
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}")
+        self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        return run_agent(self.protocol, batch, env, self.sampling, self.k, self.max_turns, self.exclude_seen)
