@@ -22,6 +22,17 @@ class SubQuestion:
     support_id: str | None = None
 
 
+def resolve_references(question: str, answers: list[str]) -> str:
+    """Replace ``#n`` in a sub-question by the n-th earlier answer (``#10`` before ``#1``).
+
+    >>> resolve_references("Where was #1 born?", ["Ada Lovelace"])
+    'Where was Ada Lovelace born?'
+    """
+    for i in range(len(answers), 0, -1):
+        question = question.replace(f"#{i}", answers[i - 1])
+    return question
+
+
 @dataclass(frozen=True)
 class QAExample:
     id: str

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rag_lab.data.base import Passage, QAExample
+from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.data.synth.world import MONTHS
 from rag_lab.generators.teacher.reader import answer_from, parse_question
 
@@ -84,7 +84,9 @@ class WorldTeacher:
         live = [i for i, ex in enumerate(examples) if ex.decomposition]
         hop = 0
         while live:
-            questions = {i: substitute(examples[i].decomposition[hop].question, answers[i]) for i in live}
+            questions = {
+                i: resolve_references(examples[i].decomposition[hop].question, answers[i]) for i in live
+            }
             queries = {i: self._query(q, rngs[i]) for i, q in questions.items()}
             found = search([queries[i] for i in live])
             still = []
@@ -110,12 +112,6 @@ class WorldTeacher:
         if rng.random() < self.noise.vague_query and (ask := parse_question(question)):
             return question.replace(ask.subject, "it")
         return question
-
-
-def substitute(question: str, answers: list[str]) -> str:
-    for i in range(len(answers), 0, -1):  # #10 before #1
-        question = question.replace(f"#{i}", answers[i - 1])
-    return question
 
 
 def near_name(answer: str, passages: Sequence[Passage], rng: random.Random) -> str:

@@ -21,12 +21,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rag_lab.data.base import Passage, QAExample
+from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.env.protocols import Action, State, identify
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, CONTINUE, PLAN, REASON, REFUSE, SEARCH, STOP
 from rag_lab.env.protocols.simple import evidence
 from rag_lab.generators.base import Completion, Prompt, Sampling
-from rag_lab.generators.teacher.agent import FIRST, SAME, Noise, combine, near_name, substitute
+from rag_lab.generators.teacher.agent import FIRST, SAME, Noise, combine, near_name
 from rag_lab.generators.teacher.reader import answer_from, parse_question
 
 
@@ -43,7 +43,7 @@ class Mind:
         """Sub-answers read from ``passages``, hop by hop, until a hop's fact is missing."""
         answers: list[str] = []
         for sub in self.example.decomposition if self.example else ():
-            answer = answer_from(substitute(sub.question, answers), list(passages))
+            answer = answer_from(resolve_references(sub.question, answers), list(passages))
             if answer is None:
                 break
             if self.rng.random() < self.noise.miscopy:
@@ -57,7 +57,7 @@ class Mind:
     def next_question(self, answers: list[str]) -> str:
         if self.example is None or self.complete(answers):
             return self.example.question if self.example else ""
-        return substitute(self.example.decomposition[len(answers)].question, answers)
+        return resolve_references(self.example.decomposition[len(answers)].question, answers)
 
     def queries(self, answers: list[str], keywords: bool = False) -> list[str]:
         """Query candidates for the next hop, best first (the vague one under noise)."""
@@ -198,7 +198,7 @@ def cot(mind: Mind, state: State) -> Action:
     said = [s for s, _ in state.notes]
     if len(said) < len(answers):  # state the next fact found
         k = len(said)
-        fact = f"{substitute(mind.example.decomposition[k].question, answers)} {answers[k]}."
+        fact = f"{resolve_references(mind.example.decomposition[k].question, answers)} {answers[k]}."
         return Action(REASON, thought=fact)
     if mind.complete(answers) or (said and said[-1] == mind.next_question(answers)):
         return Action(ANSWER, answer=mind.final(answers, passages))

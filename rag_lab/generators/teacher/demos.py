@@ -1,0 +1,82 @@
+"""Teacher demonstrations: (prompt, completion) pairs of every protocol, for SFT.
+
+The world teacher (a rule-based SIMULATOR) is wrapped in a :class:`Recorder` and put behind the
+real policies — the Stop-RAG pipeline with LLM-Stop, the DAPO / EVO-RAG / R3-RAG agents, APEX's
+plan-execute loop, standard RAG, direct, IRCoT — run on training questions. Every generation
+call it serves becomes a pair, so the demonstrations are exactly the prompts those policies
+render at inference. Pairs are then sampled per protocol to a fixed budget (seeded), so that
+long-trace protocols do not crowd out the short ones.
+"""
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import Corpus, QAExample
+from rag_lab.env import Env
+from rag_lab.env.protocols import identify
+from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.policies.apex_pipeline import APEXPipeline
+from rag_lab.policies.pipeline import IterativePipeline, LLMStop
+from rag_lab.policies.prompting import Agent, ChainOfThought, Direct, StandardRAG
+from rag_lab.retrievers.base import Retriever
+
+
+class Recorder:
+    """A generator wrapper that keeps every (prompt, completion text) it serves."""
+
+    def __init__(self, inner):
+        self.inner, self.chat = inner, False
+        self.pairs: list[tuple[Prompt, str]] = []
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        out = self.inner.generate(prompts, sampling)
+        self.pairs += [(p, c.text) for p, cs in zip(prompts, out, strict=True) for c in cs]
+        return out
+
+
+def demonstration_policies(k: int = 3, iterations: int = 6) -> list:
+    """One policy per protocol family, with the embedded default's sizes."""
+    return [
+        IterativePipeline(LLMStop(), iterations=iterations),  # stoprag_decide + query/intermediate/final
+        IterativePipeline(iterations=iterations),  # traces that run past the last needed fact
+        Agent("dapo", k=k, max_turns=6),
+        Agent("evorag", k=k, max_turns=10),
+        Agent("r3rag", k=k, max_turns=6),
+        APEXPipeline(k=k),
+        StandardRAG(k=k),
+        Direct(),
+        ChainOfThought(retrieve=True, k=k),
+    ]
+
+
+def demonstrations(
+    teacher,
+    corpus: Corpus,
+    retriever: Retriever,
+    questions: Sequence[QAExample],
+    per_protocol: int = 500,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> list[tuple[str, str]]:
+    """Up to ``per_protocol`` plain-text (prompt, completion) pairs of each protocol."""
+    recorder = Recorder(teacher)
+    env = Env(corpus, retriever, recorder)
+    policies = demonstration_policies()
+    for policy in tqdm(policies, desc="teacher demonstrations", leave=False):
+        for start in range(0, len(questions), batch_size):
+            policy.rollout(env, list(questions[start : start + batch_size]))
+    by_protocol: dict[str, dict[str, str]] = defaultdict(dict)
+    for prompt, text in recorder.pairs:
+        found = identify(prompt)
+        if found is not None and isinstance(prompt, str):
+            by_protocol[found[0].name].setdefault(prompt, text)  # one completion per distinct prompt
+    rng = random.Random(seed)
+    pairs = []
+    for name in sorted(by_protocol):
+        items = sorted(by_protocol[name].items())
+        pairs += rng.sample(items, min(per_protocol, len(items)))
+    rng.shuffle(pairs)
+    return pairs

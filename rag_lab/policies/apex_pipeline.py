@@ -1,0 +1,61 @@
+"""APEX-Searcher's two-stage inference (papers/apex-searcher.txt, sec. 2.1 and appendix B) as a
+prompting policy with any generator: ``policy=apex_prompt``. The trained planner (GRPO with the
+set-equivalence plan reward) and the SFT executor build on this loop.
+
+Plan: the generator decomposes the question into sub-questions (``apex_plan``); an unparsable
+plan falls back to the question itself. Execute, for every question's j-th sub-question at once:
+resolve ``#n`` from the knowledge base, then up to ``hops`` rounds of the executor step
+(``apex_exec``: answer, or a new query whose retrieval drops every passage the question has
+already seen); no answer after ``hops`` retrievals → one more step that must answer, else
+"unknown". Each (sub-question, sub-answer) joins the knowledge base. Synthesis: the final answer
+and a confidence from the knowledge base (``apex_final``).
+"""
+
+from rag_lab.data.base import QAExample, resolve_references
+from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.apex import APEXExecute, APEXFinal, APEXPlan
+from rag_lab.env.protocols.base import ANSWER, PLAN, SEARCH, State
+from rag_lab.policies.prompting import Prompting
+
+
+class APEXPipeline(Prompting):
+    def __init__(self, plan: bool = True, hops: int = 3, k: int = 3, max_new_tokens: int = 64,
+                 temperature: float = 0.0):  # fmt: skip
+        super().__init__(k, max_new_tokens, temperature)
+        self.plan, self.hops = plan, hops
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        plans = [[s.question] for s in states]
+        if self.plan:
+            for i, a in enumerate(self.ask(env, APEXPlan(), states, episodes)):
+                plans[i] = list(a.plan) if a.kind == PLAN else plans[i]
+        seen: list[set[str]] = [set() for _ in batch]
+        for j in range(max(len(p) for p in plans)):
+            live = [i for i, p in enumerate(plans) if j < len(p)]
+            answers = self.execute(env, [states[i] for i in live], [episodes[i] for i in live],
+                                   [plans[i][j] for i in live], [seen[i] for i in live])  # fmt: skip
+            for i, answer in zip(live, answers, strict=True):
+                states[i].notes.append((plans[i][j], answer))
+        self.finish(episodes, self.ask(env, APEXFinal(), states, episodes))
+        return episodes
+
+    def execute(self, env: Env, states: list[State], episodes: list[Episode], subs: list[str],
+                seen: list[set[str]]) -> list[str]:  # fmt: skip
+        """Answer one sub-question per state (batched): executor steps until each answers."""
+        tasks = [State(s.question, focus=resolve_references(q, [a for _, a in s.notes]), notes=list(s.notes))
+                 for s, q in zip(states, subs, strict=True)]  # fmt: skip
+        answers = ["unknown"] * len(states)
+        live = list(range(len(states)))
+        for hop in range(self.hops + 1):
+            actions = self.ask(env, APEXExecute(), [tasks[i] for i in live], [episodes[i] for i in live])
+            for i, a in zip(live, actions, strict=True):
+                if a.kind == ANSWER:
+                    answers[i] = a.answer or "unknown"
+            live = [i for i, a in zip(live, actions, strict=True) if a.kind == SEARCH]
+            if not live or hop == self.hops:
+                break
+            queries = [a.query for a in actions if a.kind == SEARCH]
+            self.retrieve(env, [tasks[i] for i in live], [episodes[i] for i in live], queries,
+                          [seen[i] for i in live])  # fmt: skip
+        return answers
