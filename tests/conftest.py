@@ -31,13 +31,34 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
         os.environ[var] = str(root / var.lower())
 
 
+# A tiny LM that trains in seconds (generator=tiny's real code path, toy sizes).
+TINY_LM = [
+    "generator.hidden=16",
+    "generator.layers=1",
+    "generator.heads=2",
+    "generator.kv_heads=1",
+    "generator.intermediate=32",
+    "generator.max_length=512",
+    "generator.pretrain_steps=2",
+    "generator.pretrain_length=64",
+    "generator.epochs=0.1",
+    "generator.batch_size=4",
+    "generator.warmup_steps=1",
+    "generator.words_per_protocol=300",
+]
+
+
 @pytest.fixture
 def tiny_cfg():
-    """Compose the real config tree on the tiny world; extra overrides as arguments."""
+    """Compose the real config tree on the tiny world (and the toy tiny LM when the config uses
+    generator=tiny); extra overrides as arguments."""
 
     def make(*overrides: str):
         other_data = any(o.startswith("data=") and o != "data=synth" for o in overrides)
-        return compose([*([] if other_data else TINY_DATA), *overrides])
+        cfg = compose([*([] if other_data else TINY_DATA), *overrides])
+        if cfg.generator and cfg.generator._target_.endswith("tiny_world.tiny_lm"):
+            cfg = compose([*([] if other_data else TINY_DATA), *TINY_LM, *overrides])
+        return cfg
 
     return make
 

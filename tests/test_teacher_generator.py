@@ -5,7 +5,7 @@ import pytest
 from hydra.utils import instantiate
 
 from rag_lab.config import compose
-from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn
+from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn, identify
 from rag_lab.env.protocols.base import SEARCH
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.teacher.demos import demonstrations
@@ -76,7 +76,7 @@ def test_noise_lowers_accuracy(data):
 def test_demonstrations_cover_every_protocol(data):
     retriever = instantiate(compose([*TINY_DATA]).retriever, corpus=data.corpus)
     pairs = demonstrations(TeacherGenerator(data), data.corpus, retriever, data.split("train")[:40], 20)
-    names = {prompt.split("\n", 1)[0] for prompt, _ in pairs}
-    assert names == {f"[{name}]" for name in PROTOCOLS}
+    names = {identify(prompt)[0].name for prompt, _ in pairs}
+    assert names == set(PROTOCOLS)
     assert all(isinstance(p, str) and c for p, c in pairs)
     assert len(pairs) <= 20 * len(PROTOCOLS)

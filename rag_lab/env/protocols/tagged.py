@@ -57,10 +57,10 @@ class DAPOTagged(Protocol):
         return "".join(turn.text + self.information(turn) for turn in state.turns)
 
     def body(self, state: State) -> str:
-        return f"Question: {state.question}\n" + self.rollout_text(state)
+        return f"Question: {state.question}{self.tag}" + self.rollout_text(state)
 
     def read_body(self, body: str) -> State:
-        head, _, rest = body.partition("\n")
+        head, _, rest = body.partition(self.tag)
         state = State(head.removeprefix("Question: "))
         # Split the rollout into policy texts and information blocks.
         position = 0
@@ -74,17 +74,20 @@ class DAPOTagged(Protocol):
         return state
 
     def prompt(self, state: State, chat: bool = False) -> Prompt:
+        """Plain: the question, the tag line, then the rollout so far (which the policy continues)."""
         if not chat:
-            return self.tag + self.body(state)
+            return self.body(state)
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": state.question}]
         if state.turns:  # continued by the generator (continue_final_message)
             messages.append({"role": "assistant", "content": self.rollout_text(state)})
         return messages
 
     def read(self, prompt: Prompt) -> State | None:
-        if isinstance(prompt, str) or prompt[0]["content"] != self.system:
-            return super().read(prompt) if isinstance(prompt, str) else None
-        body = f"Question: {prompt[1]['content']}\n" + (prompt[2]["content"] if len(prompt) > 2 else "")
+        if isinstance(prompt, str):
+            return self.read_body(prompt) if prompt.startswith("Question: ") and self.tag in prompt else None
+        if prompt[0]["content"] != self.system:
+            return None
+        body = f"Question: {prompt[1]['content']}{self.tag}" + (prompt[2]["content"] if len(prompt) > 2 else "")
         return self.read_body(body)
 
     def parse(self, text: str) -> Action:

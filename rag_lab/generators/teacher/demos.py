@@ -4,8 +4,9 @@ The world teacher (a rule-based SIMULATOR) is wrapped in a :class:`Recorder` and
 real policies — the Stop-RAG pipeline with LLM-Stop, the DAPO / EVO-RAG / R3-RAG agents, APEX's
 plan-execute loop, standard RAG, direct, IRCoT — run on training questions. Every generation
 call it serves becomes a pair, so the demonstrations are exactly the prompts those policies
-render at inference. Pairs are then sampled per protocol to a fixed budget (seeded), so that
-long-trace protocols do not crowd out the short ones.
+render at inference. Pairs are then sampled per protocol to an equal budget of words (seeded):
+short tasks (a plan, an answer from one passage) get many examples, long traces fewer, and no
+protocol crowds out another; the many short ones are where a small model learns to copy.
 """
 
 import random
@@ -57,14 +58,18 @@ def demonstrations(
     corpus: Corpus,
     retriever: Retriever,
     questions: Sequence[QAExample],
-    per_protocol: int = 500,
+    words_per_protocol: int = 60_000,
     seed: int = 0,
+    k: int = 3,
+    iterations: int = 6,
+    protocols: Sequence[str] | None = None,
     batch_size: int = 256,
 ) -> list[tuple[str, str]]:
-    """Up to ``per_protocol`` plain-text (prompt, completion) pairs of each protocol."""
+    """Plain-text (prompt, completion) pairs of each protocol (of ``protocols`` only, when given),
+    drawn at random until the protocol's pairs hold ``words_per_protocol`` words."""
     recorder = Recorder(teacher)
     env = Env(corpus, retriever, recorder)
-    policies = demonstration_policies()
+    policies = demonstration_policies(k, iterations)
     for policy in tqdm(policies, desc="teacher demonstrations", leave=False):
         for start in range(0, len(questions), batch_size):
             policy.rollout(env, list(questions[start : start + batch_size]))
@@ -75,8 +80,14 @@ def demonstrations(
             by_protocol[found[0].name].setdefault(prompt, text)  # one completion per distinct prompt
     rng = random.Random(seed)
     pairs = []
-    for name in sorted(by_protocol):
+    for name in sorted(n for n in by_protocol if protocols is None or n in protocols):
         items = sorted(by_protocol[name].items())
-        pairs += rng.sample(items, min(per_protocol, len(items)))
+        rng.shuffle(items)
+        words = 0
+        for prompt, text in items:
+            if words >= words_per_protocol:
+                break
+            pairs.append((prompt, text))
+            words += len(prompt.split()) + len(text.split())
     rng.shuffle(pairs)
     return pairs

@@ -1,0 +1,78 @@
+"""``generator=tiny``: the embedded default LM — trained from scratch on the world, cached, loaded.
+
+Data: the corpus (pretraining texts, ``title\\ntext``) and the world teacher's demonstrations of
+every protocol on the *training* questions (rag_lab.generators.teacher.demos; BM25 retrieval,
+``k`` passages per search, Stop-RAG pipelines of ``iterations``). Training: ``train_tiny_lm``
+(rag_lab.generators.tiny). The checkpoint lives under ``cache_dir/tiny_lm/<hash of config and
+data>``, so the first run trains it and every later run with the same world and sizes reuses it;
+``train_seed`` (not the run's seed) seeds training, so runs over several seeds share one LM.
+The result is an ordinary ``HFGenerator`` with plain-text prompts (no chat template).
+"""
+
+import hashlib
+import math
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.generators.teacher.demos import demonstrations
+from rag_lab.generators.teacher.generator import TeacherGenerator
+from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm
+from rag_lab.retrievers.bm25 import BM25Retriever
+
+log = logging.getLogger(__name__)
+
+# The protocols' tags: one token each.
+TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
+        "</reflect>", "<answer>", "</answer>", "<STOP>", "<CONTINUE>")  # fmt: skip
+
+
+def tiny_lm(
+    data,
+    cache_dir: str,
+    # demonstrations per protocol, in words (sampled from the teacher's rollouts on the training split)
+    words_per_protocol: int = 60_000,
+    k: int = 3,
+    iterations: int = 6,
+    # the protocols to demonstrate (null: every protocol)
+    protocols: list[str] | None = None,
+    hidden: int = 64,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    max_length: int = 1024,
+    pretrain_steps: int = 100,
+    pretrain_length: int = 256,
+    # passes over the demonstrations (the SFT step count follows from it and the batch size)
+    epochs: float = 3.0,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    warmup_steps: int = 50,
+    completion_only_loss: bool = False,
+    train_seed: int = 0,
+    # generation
+    generate_batch_size: int = 64,
+    seed: int = 0,
+) -> HFGenerator:
+    texts = [p.contents for p in data.corpus]
+    retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
+    pairs = demonstrations(TeacherGenerator(data), data.corpus, retriever, data.split("train"), words_per_protocol,
+                           seed=train_seed, k=k, iterations=iterations, protocols=protocols)  # fmt: skip
+    config = TinyConfig(
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
+        max_length=max_length, pretrain_steps=pretrain_steps, pretrain_length=pretrain_length,
+        sft_steps=math.ceil(epochs * len(pairs) / batch_size), batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, seed=train_seed,
+        completion_only_loss=completion_only_loss,
+    )  # fmt: skip
+    # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
+    names = sorted({title for title in data.corpus.titles if " " in title})
+    key = json.dumps([asdict(config), fingerprint(texts, pairs, TAGS, names)])
+    out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if not out.exists():
+        log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
+    path = train_tiny_lm(texts, pairs, config, out, TAGS, names)
+    return HFGenerator(str(path), tokenizer=str(path / "tokenizer"), batch_size=generate_batch_size, seed=seed,
+                       chat=False, dtype="float32")  # fmt: skip

@@ -1,0 +1,182 @@
+"""The tiny LM's machinery: an exact word-level tokenizer, prompts cut from the left, the SFT loss on
+completion tokens only, and train -> publish -> reuse -> load in ``HFGenerator``."""
+
+import json
+import math
+from dataclasses import asdict, replace
+from itertools import chain
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from rag_lab.errors import RagLabError
+from rag_lab.generators import tiny
+from rag_lab.generators.base import Sampling
+from rag_lab.generators.tiny import (
+    TinyConfig,
+    build_model,
+    build_tokenizer,
+    sft_dataset,
+    sft_trainer,
+    train_tiny_lm,
+)
+
+TAGS = ["<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
+TEXTS = [
+    "Zorbu Kaltane was born in Velmora, Dravia.",
+    "Velmora is a city in Dravia.\n\nIt has  two spaces: #1 and #2?",
+    "Kessa Tolvane directed Glimmer Road (1987).",
+]
+INFO = "\n<information>\nZorbu Kaltane was born in Velmora, Dravia.\n</information>\n"
+PAIRS = [
+    ("Question: Where was Zorbu Kaltane born?\n", "<search>Zorbu Kaltane</search>"),
+    (
+        "Question: Where was Zorbu Kaltane born?\n<search>Zorbu Kaltane</search>" + INFO,
+        "<answer>Velmora</answer>",
+    ),
+    ("Question: Who directed Glimmer Road?\n", "<search>Glimmer Road</search>"),
+]
+# max_length 32 cuts the second pair (40 prompt + 4 completion tokens) in the end-to-end run.
+TINY = TinyConfig(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64, max_length=32, pretrain_steps=4,
+                  pretrain_length=16, sft_steps=4, batch_size=2, lr=1e-2, warmup_steps=1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer([*TEXTS, *chain.from_iterable(PAIRS)], TAGS)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_tiny_lm(TEXTS, PAIRS, TINY, tmp_path_factory.mktemp("tiny") / "lm", special_tokens=TAGS)
+
+
+def test_tokenizer_round_trips_exactly_also_after_saving(tok, tmp_path):
+    tok.save_pretrained(tmp_path / "tokenizer")
+    for t in (tok, AutoTokenizer.from_pretrained(tmp_path / "tokenizer")):
+        for text in [*TEXTS, *(prompt + completion for prompt, completion in PAIRS)]:
+            ids = t(text).input_ids
+            assert t.decode(ids) == text
+            # Tags are normal tokens: skip_special_tokens drops only pad / eos / unk.
+            assert t.decode(ids + [t.eos_token_id, t.pad_token_id], skip_special_tokens=True) == text
+        # No BOS, no EOS added by the tokenizer.
+        assert t("Velmora").input_ids == [t.convert_tokens_to_ids("Velmora")]
+
+
+def test_words_tags_punctuation_and_whitespace_are_single_tokens(tok):
+    ids = tok("x <search>Zorbu Kaltane</search>\n\nZorbu, Zorbu  #1?").input_ids
+    # A single space between two words is no token (the decoder restores it); every other one is.
+    assert tok.convert_ids_to_tokens(ids) == [
+        "<unk>", " ", "<search>", "Zorbu", "Kaltane", "</search>", "\n", "\n",
+        "Zorbu", ",", " ", "Zorbu", " ", " ", "#", "1", "?",
+    ]  # fmt: skip
+    assert ids[0] == tok.unk_token_id
+    assert set(tok.all_special_tokens) == {"<pad>", "<eos>", "<unk>"}
+    with pytest.raises(RagLabError, match="U\\+E000"):
+        build_tokenizer(["a\ue000b"])
+
+
+def test_a_text_tokenizes_as_its_parts_except_inside_a_word_space_word_run(tok):
+    for prompt, completion in PAIRS:
+        assert tok(prompt + completion).input_ids == tok(prompt).input_ids + tok(completion).input_ids
+    # The seam: alone, " Kaltane" keeps its space as a token; after "Zorbu" the space is implicit.
+    apart = tok("Zorbu").input_ids + tok(" Kaltane").input_ids
+    assert len(apart) == len(tok("Zorbu Kaltane").input_ids) + 1
+    assert tok.decode(apart) == "Zorbu Kaltane"
+
+
+def test_sft_rows_cut_the_prompt_from_the_left_and_keep_the_completion(tok):
+    prompt, completion = PAIRS[1]
+    p = tok(prompt).input_ids
+    c = tok(completion).input_ids + [tok.eos_token_id]
+    row = sft_dataset([(prompt, completion)], tok, max_length=len(c) + 5)[0]
+    assert row["input_ids"] == p[-5:] + c
+    assert row["completion_mask"] == [0] * 5 + [1] * len(c)
+    # Fits as is; a completion that already ends with EOS gets no second one.
+    row = sft_dataset([(prompt, completion + "<eos>")], tok, max_length=1024)[0]
+    assert row["input_ids"] == p + c
+    with pytest.raises(RagLabError, match="completion 0"):
+        sft_dataset([(prompt, completion)], tok, max_length=len(c))
+
+
+def test_sft_loss_is_on_completion_tokens_only(tok, tmp_path):
+    config = replace(TINY, max_length=1024)
+    model = build_model(tok, config)
+    trainer = sft_trainer(
+        model, tok, sft_dataset(PAIRS, tok, config.max_length), config, tmp_path / "trainer"
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(PAIRS))])
+    completion = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
+    for i, (prompt, text) in enumerate(PAIRS):
+        start, c = len(tok(prompt).input_ids), tok(text).input_ids + [tok.eos_token_id]
+        labels = batch["labels"][i].tolist()
+        assert labels == [-100] * start + c + [-100] * (len(labels) - start - len(c))
+        completion[i, start : start + len(c)] = True
+    # TRL's loss is the mean next-token loss over the completion tokens, computed by hand here.
+    model.train()
+    loss = trainer.compute_loss(model, dict(batch)).item()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    ids = batch["input_ids"]
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    assert loss == pytest.approx(nll[completion[:, 1:]].mean().item(), rel=1e-5)
+    assert loss != pytest.approx(nll[batch["attention_mask"][:, 1:].bool()].mean().item(), rel=1e-3)
+
+
+def test_train_tiny_lm_publishes_a_model_hf_generator_loads(trained):
+    from rag_lab.generators.hf import HFGenerator
+
+    assert sorted(p.name for p in trained.parent.iterdir()) == ["lm"]  # no temp dir left behind
+    assert {"model.safetensors", "config.json", "tokenizer", "train.json"} <= {
+        p.name for p in trained.iterdir()
+    }
+    stats = json.loads((trained / "train.json").read_text())
+    assert stats["config"] == asdict(TINY)
+    assert (stats["pretrain"]["steps"], stats["sft"]["steps"]) == (TINY.pretrain_steps, TINY.sft_steps)
+    assert all(
+        math.isfinite(stats[stage][k])
+        for stage in ("pretrain", "sft")
+        for k in ("final_loss", "tokens_per_s")
+    )
+    assert stats["sft"]["max_length"] == TINY.max_length  # the second pair was cut to fit
+    weights = load_file(trained / "model.safetensors")
+    tokenizer = AutoTokenizer.from_pretrained(trained / "tokenizer")
+    init = build_model(tokenizer, TINY).state_dict()
+    assert stats["parameters"] == sum(w.numel() for w in weights.values())
+    assert all(not torch.equal(w, init[name]) for name, w in weights.items())  # every tensor trained
+
+    generator = HFGenerator(model=str(trained), tokenizer=str(trained / "tokenizer"))
+    [[out]] = generator.generate([PAIRS[0][0]], Sampling(max_new_tokens=6))
+    assert 1 <= len(out.token_ids) <= 6
+    assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_a_published_model_is_reused_never_retrained(trained, monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("retrained")
+
+    monkeypatch.setattr(tiny, "build_tokenizer", fail)
+    assert train_tiny_lm(TEXTS, PAIRS, TINY, trained, special_tokens=TAGS) == trained
+    with pytest.raises(RagLabError, match="another config or data"):
+        train_tiny_lm(TEXTS, PAIRS, replace(TINY, seed=1), trained, special_tokens=TAGS)
+    with pytest.raises(RagLabError, match="another config or data"):
+        train_tiny_lm(TEXTS[:2], PAIRS, TINY, trained, special_tokens=TAGS)
+
+
+def test_same_seed_same_weights(trained, tmp_path):
+    again = train_tiny_lm(TEXTS, PAIRS, TINY, tmp_path / "again", special_tokens=TAGS)
+    first, second = load_file(trained / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_a_failed_training_leaves_nothing(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(tiny, "_sft", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_tiny_lm(TEXTS, PAIRS, TINY, tmp_path / "lm", special_tokens=TAGS)
+    assert list(tmp_path.iterdir()) == []
