@@ -328,7 +328,10 @@ def sft_trainer(
 
 
 def fingerprint(
-    texts: Sequence[str], pairs: Sequence[tuple[str, str]], special_tokens: Sequence[str], names: Sequence[str] = ()
+    texts: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    special_tokens: Sequence[str],
+    names: Sequence[str] = (),
 ) -> str:
     payload = json.dumps([list(texts), [list(p) for p in pairs], list(special_tokens), list(names)])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -10,9 +10,9 @@ The result is an ordinary ``HFGenerator`` with plain-text prompts (no chat templ
 """
 
 import hashlib
-import math
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -59,13 +59,14 @@ def tiny_lm(
 ) -> HFGenerator:
     texts = [p.contents for p in data.corpus]
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
-    pairs = demonstrations(TeacherGenerator(data), data.corpus, retriever, data.split("train"), words_per_protocol,
+    teacher = TeacherGenerator(data)
+    pairs = demonstrations(teacher, data.corpus, retriever, data.split("train"), words_per_protocol,
                            seed=train_seed, k=k, iterations=iterations, protocols=protocols)  # fmt: skip
     config = TinyConfig(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
         max_length=max_length, pretrain_steps=pretrain_steps, pretrain_length=pretrain_length,
-        sft_steps=math.ceil(epochs * len(pairs) / batch_size), batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, seed=train_seed,
-        completion_only_loss=completion_only_loss,
+        sft_steps=math.ceil(epochs * len(pairs) / batch_size), batch_size=batch_size, lr=lr,
+        warmup_steps=warmup_steps, seed=train_seed, completion_only_loss=completion_only_loss,
     )  # fmt: skip
     # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
     names = sorted({title for title in data.corpus.titles if " " in title})
@@ -74,5 +75,7 @@ def tiny_lm(
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
     path = train_tiny_lm(texts, pairs, config, out, TAGS, names)
-    return HFGenerator(str(path), tokenizer=str(path / "tokenizer"), batch_size=generate_batch_size, seed=seed,
-                       chat=False, dtype="float32")  # fmt: skip
+    tokenizer = str(path / "tokenizer")
+    return HFGenerator(
+        str(path), tokenizer, batch_size=generate_batch_size, seed=seed, chat=False, dtype="float32"
+    )

@@ -87,8 +87,8 @@ class DAPOTagged(Protocol):
             return self.read_body(prompt) if prompt.startswith("Question: ") and self.tag in prompt else None
         if prompt[0]["content"] != self.system:
             return None
-        body = f"Question: {prompt[1]['content']}{self.tag}" + (prompt[2]["content"] if len(prompt) > 2 else "")
-        return self.read_body(body)
+        rollout = prompt[2]["content"] if len(prompt) > 2 else ""
+        return self.read_body(f"Question: {prompt[1]['content']}{self.tag}{rollout}")
 
     def parse(self, text: str) -> Action:
         """The last ``<search>`` or ``<answer>`` of one turn; the text before it is the thought."""
