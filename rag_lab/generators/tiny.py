@@ -53,7 +53,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,6 +92,11 @@ class TinyConfig:
     # Stage 1: causal LM on the corpus, in packed blocks of pretrain_length tokens.
     pretrain_steps: int = 300
     pretrain_length: int = 256
+    # Stage 0: a copy warm-up (random sequences of names, then the same sequence again) so that the
+    # copying mechanism (induction heads) forms: measured on 2 cores, hidden 64, batch 8 x 256
+    # tokens, copy accuracy of such sequences is 0.0 after 400 steps and 1.0 after 2,000, and without
+    # it 1,200-3,000 steps of corpus + demonstrations never learned to copy a name from the prompt.
+    copy_steps: int = 0
     # Stage 2: TRL SFT on prompt/completion pairs, loss on the completion only.
     sft_steps: int = 1500
     batch_size: int = 32
@@ -337,6 +342,16 @@ def fingerprint(
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def copy_texts(names: Sequence[str], seed: int, n: int = 20_000, length: int = 6) -> list[str]:
+    """Stage 0's data: ``copy: a b c | a b c`` over random names (every name is in the vocabulary)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        picked = rng.sample(list(names), min(length, len(names)))
+        out.append("copy: " + " ".join(picked) + " | " + " ".join(picked))
+    return out
+
+
 def train_tiny_lm(
     texts: Sequence[str],
     pairs: Sequence[tuple[str, str]],
@@ -361,7 +376,11 @@ def train_tiny_lm(
         raise RagLabError("tiny LM: pretraining needs texts and SFT needs pairs (or set their steps to 0)")
     start = time.perf_counter()
     with publish(out_dir) as tmp:
-        tokenizer = build_tokenizer(chain(texts, chain.from_iterable(pairs)), special_tokens, names)
+        pool = names or sorted({w for t in texts for w in t.split() if w.isalpha() and w.istitle()})
+        copies = copy_texts(pool, config.seed) if config.copy_steps else []
+        tokenizer = build_tokenizer(
+            chain(texts, chain.from_iterable(pairs), copies[:1]), special_tokens, names
+        )
         tokenizer.save_pretrained(tmp / "tokenizer")
         model = build_model(tokenizer, config)
         stats: dict = {
@@ -373,6 +392,10 @@ def train_tiny_lm(
             "vocab_size": len(tokenizer),
             "parameters": sum(p.numel() for p in model.parameters()),
         }
+        if config.copy_steps:
+            stats["copy"] = pretrain(
+                model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
+            )
         if config.pretrain_steps:
             stats["pretrain"] = pretrain(model, tokenizer, texts, config)
         if config.sft_steps:

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.generators.teacher.demos import demonstrations
+from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
 from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm
 from rag_lab.retrievers.bm25 import BM25Retriever
@@ -44,10 +44,13 @@ def tiny_lm(
     kv_heads: int = 2,
     intermediate: int = 256,
     max_length: int = 1024,
-    pretrain_steps: int = 100,
+    copy_steps: int = 2000,
+    pretrain_steps: int = 500,
     pretrain_length: int = 256,
+    # demonstrations up to this many words also go into pretraining (0: the corpus only)
+    pretrain_demo_words: int = 80,
     # passes over the demonstrations (the SFT step count follows from it and the batch size)
-    epochs: float = 3.0,
+    epochs: float = 1.0,
     batch_size: int = 8,
     lr: float = 1e-3,
     warmup_steps: int = 50,
@@ -59,12 +62,17 @@ def tiny_lm(
 ) -> HFGenerator:
     texts = [p.contents for p in data.corpus]
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
-    teacher = TeacherGenerator(data)
-    pairs = demonstrations(teacher, data.corpus, retriever, data.split("train"), words_per_protocol,
-                           seed=train_seed, k=k, iterations=iterations, protocols=protocols)  # fmt: skip
+    by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
+    pairs = sample(by_protocol, words_per_protocol, protocols, seed=train_seed)
+    # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
+    # and cheap, they are where the model first learns to copy a name from its context.
+    for name, demos in sorted(by_protocol.items()):
+        if protocols is None or name in protocols:
+            texts += [p + c for p, c in sorted(demos.items()) if len((p + c).split()) <= pretrain_demo_words]
     config = TinyConfig(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
-        max_length=max_length, pretrain_steps=pretrain_steps, pretrain_length=pretrain_length,
+        max_length=max_length, copy_steps=copy_steps, pretrain_steps=pretrain_steps,
+        pretrain_length=pretrain_length,
         sft_steps=math.ceil(epochs * len(pairs) / batch_size), batch_size=batch_size, lr=lr,
         warmup_steps=warmup_steps, seed=train_seed, completion_only_loss=completion_only_loss,
     )  # fmt: skip

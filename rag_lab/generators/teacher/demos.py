@@ -53,24 +53,19 @@ def demonstration_policies(k: int = 3, iterations: int = 6) -> list:
     ]
 
 
-def demonstrations(
+def collect(
     teacher,
     corpus: Corpus,
     retriever: Retriever,
     questions: Sequence[QAExample],
-    words_per_protocol: int = 60_000,
-    seed: int = 0,
     k: int = 3,
     iterations: int = 6,
-    protocols: Sequence[str] | None = None,
     batch_size: int = 256,
-) -> list[tuple[str, str]]:
-    """Plain-text (prompt, completion) pairs of each protocol (of ``protocols`` only, when given),
-    drawn at random until the protocol's pairs hold ``words_per_protocol`` words."""
+) -> dict[str, dict[str, str]]:
+    """protocol name -> {plain-text prompt: the teacher's completion}, from every policy's rollouts."""
     recorder = Recorder(teacher)
     env = Env(corpus, retriever, recorder)
-    policies = demonstration_policies(k, iterations)
-    for policy in tqdm(policies, desc="teacher demonstrations", leave=False):
+    for policy in tqdm(demonstration_policies(k, iterations), desc="teacher demonstrations", leave=False):
         for start in range(0, len(questions), batch_size):
             policy.rollout(env, list(questions[start : start + batch_size]))
     by_protocol: dict[str, dict[str, str]] = defaultdict(dict)
@@ -78,6 +73,17 @@ def demonstrations(
         found = identify(prompt)
         if found is not None and isinstance(prompt, str):
             by_protocol[found[0].name].setdefault(prompt, text)  # one completion per distinct prompt
+    return dict(by_protocol)
+
+
+def sample(
+    by_protocol: dict[str, dict[str, str]],
+    words_per_protocol: int = 60_000,
+    protocols: Sequence[str] | None = None,
+    seed: int = 0,
+) -> list[tuple[str, str]]:
+    """Pairs of each protocol (of ``protocols`` only, when given), drawn at random until the
+    protocol's pairs hold ``words_per_protocol`` words; shuffled."""
     rng = random.Random(seed)
     pairs = []
     for name in sorted(n for n in by_protocol if protocols is None or n in protocols):
@@ -91,3 +97,20 @@ def demonstrations(
             words += len(prompt.split()) + len(text.split())
     rng.shuffle(pairs)
     return pairs
+
+
+def demonstrations(
+    teacher,
+    corpus: Corpus,
+    retriever: Retriever,
+    questions: Sequence[QAExample],
+    words_per_protocol: int = 60_000,
+    seed: int = 0,
+    k: int = 3,
+    iterations: int = 6,
+    protocols: Sequence[str] | None = None,
+) -> list[tuple[str, str]]:
+    """:func:`collect` then :func:`sample`."""
+    return sample(
+        collect(teacher, corpus, retriever, questions, k, iterations), words_per_protocol, protocols, seed
+    )
