@@ -10,7 +10,7 @@ from nbclient import NotebookClient
 from rag_lab.config import compose, group_options
 from rag_lab.run import run
 
-from conftest import TINY_DATA
+from conftest import TINY_DATA, TINY_LM
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
@@ -20,6 +20,16 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 def test_experiment_smoke(name, tmp_path):
     metrics = run(compose([f"+experiment={name}", *TINY_DATA]), tmp_path)
     assert metrics["all"]["n"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("generator", ["tiny", "teacher"])
+def test_demo_sweep_points_run(generator, tmp_path):
+    """One point of each of the demo's swept generators (its sweep is a Hydra multirun)."""
+    extra = TINY_LM if generator == "tiny" else []
+    cfg = compose(["+experiment=demo", *TINY_DATA, *extra, f"generator={generator}", "policy=llm_stop",
+                   "policy.iterations=2", "eval.limit=6", f"cache_dir={tmp_path}/cache"])  # fmt: skip
+    assert run(cfg, tmp_path / "run")["all"]["n"] == 6
 
 
 @pytest.mark.slow
