@@ -50,3 +50,13 @@ def render(tokenizer, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template(
         list(prompt), tokenize=False, add_generation_prompt=not partial, continue_final_message=partial
     )
+
+
+def cut_at_stop(text: str, sampling: Sampling) -> tuple[str, int | None]:
+    """``text`` cut at its first stop string (kept when ``sampling.include_stop``), and the number of
+    characters through the end of that stop (None when no stop string occurs)."""
+    cut = min(((text.find(s), s) for s in sampling.stop if s in text), default=None)
+    if cut is None:
+        return text, None
+    position, stop = cut
+    return text[: position + (len(stop) if sampling.include_stop else 0)], position + len(stop)

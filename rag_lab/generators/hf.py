@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rag_lab.generators.base import Completion, Prompt, Sampling, render
+from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.retrievers.dense import resolve_model
 
 
@@ -105,11 +105,9 @@ class HFGenerator:
             tokens[: end + 1] if end is not None else tokens
         )  # keep the EOS token: the policy produced it
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        cut = min(((text.find(s), s) for s in sampling.stop if s in text), default=None)
-        if cut is not None:
-            position, stop = cut
-            text = text[: position + (len(stop) if sampling.include_stop else 0)]
-            tokens = tokens[: _tokens_to_cover(self.tokenizer, tokens, position + len(stop))]
+        text, through = cut_at_stop(text, sampling)
+        if through is not None:
+            tokens = tokens[: _tokens_to_cover(self.tokenizer, tokens, through)]
             finish = "stop"
         lp = logprobs[: len(tokens)].tolist() if logprobs is not None else None
         return Completion(text, tokens, finish, lp)

@@ -25,7 +25,7 @@ from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.env.protocols import Action, State, identify
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, CONTINUE, PLAN, REASON, REFUSE, SEARCH, STOP
 from rag_lab.env.protocols.simple import evidence
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop
 from rag_lab.generators.teacher.agent import FIRST, SAME, Noise, combine, near_name
 from rag_lab.generators.teacher.reader import answer_from, parse_question
 
@@ -243,7 +243,4 @@ class TeacherGenerator:
         rng = random.Random(hashlib.sha256(key.encode()).hexdigest())
         mind = Mind(self.examples.get(state.question), rng, self.noise, greedy)
         text = protocol.format(DECIDE[protocol.name](mind, state))
-        cut = min(((text.find(s), s) for s in sampling.stop if s in text), default=None)
-        if cut is not None:  # the Generator contract: text ends at the first stop string
-            text = text[: cut[0] + (len(cut[1]) if sampling.include_stop else 0)]
-        return Completion(text)
+        return Completion(cut_at_stop(text, sampling)[0])  # the contract: text ends at the first stop
