@@ -29,6 +29,8 @@ class Noise:
     vague_query: float = 0.0
     miscopy: float = 0.0
     premature_answer: float = 0.0
+    # per passage in view that no step of the chain needs: the chance that it misleads a final answer
+    distraction: float = 0.0
 
 
 @dataclass

@@ -11,7 +11,9 @@ the world's sentence patterns, so it fails when retrieval failed. Questions it d
 
 Noise, each a probability per decision: ``vague_query`` (the query drops its subject),
 ``miscopy`` (a read answer becomes a near-name from the same passages), ``premature_answer``
-(answer / stop before all facts are found). Greedy calls (temperature 0) are deterministic per
+(answer / stop before all facts are found), ``distraction`` (each passage in view that the
+question's chain does not need misleads the final answer with this chance, so a long trace of
+irrelevant evidence costs accuracy as it does a real LLM's; Shi et al. 2023). Greedy calls (temperature 0) are deterministic per
 prompt; sampled calls draw the noise per sample, and an incomplete trace gives a random guess
 among the entities in view (the variety Stop-RAG's N sampled answers need).
 """
@@ -72,11 +74,27 @@ class Mind:
         return out + [ask.subject]
 
     def final(self, answers: list[str], passages: Sequence[Passage]) -> str:
-        if self.complete(answers):
-            return combine(self.example.question, answers)
-        return self.guess(answers, passages)
+        if not self.complete(answers):
+            return self.guess(answers, passages)
+        answer = combine(self.example.question, answers)
+        if self.distracted(answers, passages):
+            wrong = [o for o in self.options(answers, passages) if o != answer]
+            return self.rng.choice(wrong) if wrong else answer
+        return answer
+
+    def distracted(self, answers: list[str], passages: Sequence[Passage]) -> bool:
+        if not self.noise.distraction:
+            return False
+        asked = " ".join(resolve_references(s.question, answers) for s in self.example.decomposition)
+        idle = sum(p.title not in asked and p.title not in answers for p in passages)
+        return self.rng.random() < 1 - (1 - self.noise.distraction) ** idle
 
     def guess(self, answers: list[str], passages: Sequence[Passage]) -> str:
+        options = self.options(answers, passages)
+        return options[0] if self.greedy else self.rng.choice(options)
+
+    def options(self, answers: list[str], passages: Sequence[Passage]) -> list[str]:
+        """Plausible answers in view: the two options, yes/no, or the last fact and the titles."""
         question = self.example.question if self.example else ""
         options = []
         if m := FIRST.match(question):
@@ -85,7 +103,7 @@ class Mind:
             options = ["no", "yes"]
         else:
             options = ([answers[-1]] if answers else []) + [p.title for p in passages] or ["unknown"]
-        return options[0] if self.greedy else self.rng.choice(options)
+        return options
 
     def stop_early(self) -> bool:
         return self.rng.random() < self.noise.premature_answer
@@ -223,11 +241,12 @@ class TeacherGenerator:
         vague_query: float = 0.0,
         miscopy: float = 0.0,
         premature_answer: float = 0.0,
+        distraction: float = 0.0,
         seed: int = 0,
     ):
         splits = ("train", "dev", "test")
         self.examples = {ex.question: ex for name in splits for ex in dataset.split(name)}
-        self.noise = Noise(vague_query, miscopy, premature_answer)
+        self.noise = Noise(vague_query, miscopy, premature_answer, distraction)
         self.seed = seed
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:

@@ -1,0 +1,153 @@
+"""Stop-RAG's offline dataset (papers/stop-rag.txt sec. 4.2, "Offline dataset construction").
+
+Every training question runs the fixed-iteration pipeline to the horizon T without stopping; each
+prefix s_t (t = 1 .. T) is a state, and r(s_t, STOP) (eq. 13) is the mean score S (F1 by default)
+of N final answers sampled from s_t at temperature > 0 (the authors use 0.7, top-p 0.9: at
+temperature 0 the N answers are identical). r(s_{T-1}, CONT) is the same quantity at s_T (eq. 14).
+
+Batched: a batch of questions advances one iteration per two generator calls (queries, then
+intermediate answers), and the N samples of *every* state of the batch go through one call with
+``n = N`` — 2T + 1 calls per batch instead of T·(2 + N) per question. Rows are appended to a jsonl
+under ``cache_dir/stoprag/<hash of world, questions, generator and settings>.jsonl`` one flushed
+batch at a time, so a killed collection resumes at the next unfinished batch and a second run with
+the same settings reuses the file.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.base import ANSWER, State
+from rag_lab.eval.metrics import SCORERS
+from rag_lab.generators.base import Sampling
+from rag_lab.records import RecordWriter, read_records
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trajectory:
+    """One question run to the horizon: ``passages[t-1]`` are the texts retrieved at iteration t,
+    ``rewards[t]`` = r(s_t, STOP) for t = 1 .. T (``rewards[0]`` is unused and 0)."""
+
+    question_id: str
+    question: str
+    passages: list[list[str]]
+    rewards: list[float] = field(default_factory=list)
+    # greedy final answers from each state s_1 .. s_T (evaluation trajectories: the τ curve)
+    answers: list[str] = field(default_factory=list)
+
+
+class CountingGenerator:
+    """Wraps a generator to count its batched calls and the completions it returned."""
+
+    def __init__(self, generator):
+        self.inner, self.calls, self.completions = generator, 0, 0
+        self.chat = getattr(generator, "chat", False)
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        self.completions += len(prompts) * sampling.n
+        return self.inner.generate(prompts, sampling)
+
+
+def generator_fingerprint(generator) -> str:
+    """The generator's class and its plain settings (model path, noise, seed ...), for cache keys."""
+    fields = {}
+    for key, value in sorted(vars(generator).items()):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        if isinstance(value, (str, int, float, bool, dict, type(None))):
+            fields[key] = value
+    return json.dumps([type(generator).__qualname__, fields], sort_keys=True, default=str)
+
+
+def prefixes(state: State) -> list[State]:
+    """s_1 .. s_t of a state with t iterations."""
+    return [State(state.question, state.turns[:t]) for t in range(1, len(state.turns) + 1)]
+
+
+def run_to_horizon(pipeline, env: Env, batch: Sequence[QAExample]) -> list[State]:
+    """The pipeline's T iterations for every question of the batch, never stopping (batched)."""
+    states = [State(ex.question) for ex in batch]
+    episodes = [Episode(ex.id, ex.question) for ex in batch]
+    seen: list[set[str]] = [set() for _ in batch]
+    for _ in range(pipeline.iterations):
+        pipeline.iterate(env, states, episodes, seen)
+    return states
+
+
+def final_answers(pipeline, env: Env, states: Sequence[State], sampling: Sampling) -> list[list[str]]:
+    """``sampling.n`` final answers per state, all states in one generator call."""
+    protocol = pipeline.final
+    chat = bool(getattr(env.generator, "chat", False))
+    tuned = replace(sampling, stop=protocol.stop, include_stop=protocol.include_stop)
+    out = env.generator.generate([protocol.prompt(s, chat) for s in states], tuned)
+    answers = []
+    for completions in out:
+        actions = [protocol.parse(c.text) for c in completions]
+        answers.append([(a.answer or "") if a.kind == ANSWER else "" for a in actions])
+    return answers
+
+
+def collect(
+    pipeline,
+    env: Env,
+    examples: Sequence[QAExample],
+    path: Path,
+    samples: int = 8,
+    temperature: float = 0.7,
+    top_p: float = 0.9,
+    score: str = "f1",
+    greedy_answers: bool = False,
+    batch_size: int = 64,
+    desc: str = "stoprag offline data",
+) -> list[Trajectory]:
+    """Trajectories with rewards for ``examples`` (appended to / resumed from ``path``).
+
+    ``greedy_answers`` also keeps the greedy final answer of every state (for τ tuning: the
+    stopping policy's own answer at each possible stop)."""
+    metric = SCORERS["squad"][score]
+    done = {r["question_id"]: r for r in read_records(path)} if path.exists() else {}
+    todo = [ex for ex in examples if ex.id not in done]
+    writer = RecordWriter(path)
+    sampling = Sampling(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=pipeline.sampling.max_new_tokens)
+    greedy = Sampling(max_new_tokens=pipeline.sampling.max_new_tokens)
+    for start in tqdm(range(0, len(todo), batch_size), desc=desc, unit="batch", disable=not todo):
+        batch = todo[start : start + batch_size]
+        states = run_to_horizon(pipeline, env, batch)
+        flat = [s for state in states for s in prefixes(state)]
+        sampled = final_answers(pipeline, env, flat, sampling) if samples else None
+        best = final_answers(pipeline, env, flat, greedy) if greedy_answers else None
+        rows, horizon = [], pipeline.iterations
+        for i, (ex, state) in enumerate(zip(batch, states, strict=True)):
+            rewards = []
+            if sampled:  # eq. 13: the mean score of the N samples at each s_t
+                mine = sampled[i * horizon : (i + 1) * horizon]
+                rewards = [0.0] + [sum(metric(a, list(ex.answers)) for a in ans) / len(ans) for ans in mine]
+            rows.append(dataclasses.asdict(Trajectory(
+                ex.id, ex.question, [[p.contents for p in turn.passages] for turn in state.turns], rewards,
+                [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else [],
+            )))  # fmt: skip
+        writer.write(rows)
+        done.update((r["question_id"], r) for r in rows)
+    return [Trajectory(**done[ex.id]) for ex in examples]
+
+
+def cache_path(cache_dir: str, env: Env, examples: Sequence[QAExample], settings: dict) -> Path:
+    """Where the offline data of these questions, this world and generator, and ``settings`` live."""
+    key = json.dumps(
+        [env.corpus.fingerprint, [ex.id for ex in examples], generator_fingerprint(env.generator), settings],
+        sort_keys=True,
+        default=str,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(cache_dir).expanduser() / "stoprag" / f"{digest}.jsonl"

@@ -1,0 +1,366 @@
+"""``policy=stoprag``: value-based stopping for an iterative RAG pipeline (papers/stop-rag.txt;
+METHODS.md §1).
+
+``fit``: offline trajectories of the wrapped pipeline on the training questions (offline.py) →
+the Q-network (qnet.py) trained on full-width forward-view Q(λ) targets (targets.py, eqs. 8-12;
+λ annealed, cosine 1.0 → 0.1 by default) → τ tuned on the validation split: every dev question
+runs once to the horizon with the greedy final answer kept at every state, so the F1 and the
+average steps of *any* τ follow exactly (the pipeline is deterministic and a stop only cuts the
+trace); the curve goes to ``tau_curve.csv`` / ``tau_curve.png`` and the best-F1 τ is kept.
+``rollout``: the wrapped pipeline with :class:`QStopper` — stop when Q(s, STOP) − Q(s, CONT) > τ.
+
+The wrapped loop is anything with the pipeline interface (``iterations``, ``iterate``, ``final``,
+``sampling``, ``rollout`` with a ``stopper``): by default Stop-RAG's own
+:class:`rag_lab.policies.pipeline.IterativePipeline`, built from the same ``iterations`` / ``k`` /
+``exclude_seen`` / ``max_new_tokens`` keys as ``policy=fixed_iter`` (so one override sets all three
+policies of a comparison); any other loop with that interface can be passed as ``pipeline``. Checkpoints (every ``checkpoint_every`` steps, atomic) let a killed fit resume; a finished
+fit is reused by a rerun of the same run directory.
+"""
+
+import csv
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.base import State
+from rag_lab.eval.metrics import SCORERS
+from rag_lab.policies.pipeline import IterativePipeline
+from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, cache_path, collect
+from rag_lab.policies.stoprag.qnet import QNetwork
+from rag_lab.policies.stoprag.targets import TARGETS, keep, lambda_at, targets
+from rag_lab.records import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+
+def states_of(traj: Trajectory, upto: int) -> list[tuple[str, list[str]]]:
+    """(question, [d_1 .. d_t]) for t = 1 .. upto."""
+    docs = [p for turn in traj.passages for p in turn]
+    per = [len(turn) for turn in traj.passages]
+    return [(traj.question, docs[: sum(per[:t])]) for t in range(1, upto + 1)]
+
+
+def stop_times(margins: torch.Tensor, tau: float) -> torch.Tensor:
+    """[N] the first t in 1 .. T-1 with margin > τ, else T, from ``margins[:, t]`` (column 0 unused)."""
+    horizon = margins.shape[1]
+    hit = margins[:, 1:] > tau
+    first = hit.float().argmax(dim=1) + 1
+    return torch.where(hit.any(dim=1), first, torch.full_like(first, horizon))
+
+
+class QStopper:
+    """The Stopper of the iterative pipeline: STOP where Q(s, STOP) − Q(s, CONT) > τ (t ≥ 1)."""
+
+    def __init__(self, qnet: QNetwork, tau: float):
+        self.qnet, self.tau = qnet.eval(), tau
+
+    @torch.no_grad()
+    def margins(self, states: Sequence[State]) -> list[float]:
+        inputs = [(s.question, [p.contents for t in s.turns for p in t.passages]) for s in states]
+        stop, cont = self.qnet(inputs)
+        return (stop - cont).tolist()
+
+    def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
+        asking = [i for i, s in enumerate(states) if s.turns]
+        out = [False] * len(states)
+        for i, margin in zip(asking, self.margins([states[i] for i in asking]) if asking else [], strict=True):
+            out[i] = margin > self.tau
+        return out
+
+
+class StopRAG:
+    trains = True
+
+    def __init__(
+        self,
+        # the wrapped pipeline (policy=fixed_iter's keys), or any pipeline object given as `pipeline`
+        iterations: int = 10,
+        k: int = 1,
+        exclude_seen: bool = True,
+        max_new_tokens: int = 32,
+        pipeline: Any = None,
+        cache_dir: str = "~/.cache/rag_lab",
+        # offline data: N sampled final answers per state, scored with S
+        samples: int = 8,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        score: str = "f1",
+        # training questions used (null: all); 10% of them (by question) hold out a validation loss
+        train_limit: int | None = None,
+        val_fraction: float = 0.1,
+        # targets: qlambda | mc | q0 | binary; λ schedule cosine | linear | constant
+        target: str = "qlambda",
+        lambda_start: float = 1.0,
+        lambda_end: float = 0.1,
+        lambda_schedule: str = "cosine",
+        # the Q-network
+        encoder: str = "sentence-transformers/all-MiniLM-L6-v2",
+        pooling: str = "mean",
+        head_hidden: int | None = None,
+        dropout: float = 0.1,
+        max_length: int = 512,
+        truncation: str = "per_passage",
+        freeze_encoder: bool = True,
+        # optimisation (AdamW, cosine lr with warmup)
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        batch_size: int = 128,
+        epochs: float = 1.0,
+        bf16: bool = False,
+        checkpoint_every: int = 200,
+        # τ: tuned on the validation split over this grid, unless given
+        tau: float | None = None,
+        tau_grid: list[float] | None = None,
+        seed: int = 0,
+        batch_questions: int = 64,
+    ):
+        if target not in TARGETS:
+            raise ValueError(f"policy.target must be one of {TARGETS}, got {target!r}")
+        self.pipeline = pipeline or IterativePipeline(None, iterations, k, exclude_seen, max_new_tokens)
+        self.cache_dir = cache_dir
+        self.samples, self.temperature, self.top_p, self.score = samples, temperature, top_p, score
+        self.train_limit, self.val_fraction = train_limit, val_fraction
+        self.target = target
+        self.lambdas = (lambda_start, lambda_end, lambda_schedule)
+        lambda_at(0.0, *self.lambdas)  # fail now on a bad schedule name
+        self.qnet_args = dict(encoder=encoder, pooling=pooling, head_hidden=head_hidden, dropout=dropout,
+                              max_length=max_length, truncation=truncation, freeze_encoder=freeze_encoder)  # fmt: skip
+        self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
+        self.batch_size, self.epochs, self.bf16 = batch_size, epochs, bf16
+        self.checkpoint_every = checkpoint_every
+        self.tau = tau
+        self.tau_grid = tau_grid or [round(-0.5 + 0.02 * i, 2) for i in range(51)]
+        self.seed, self.batch_questions = seed, batch_questions
+        self.qnet: QNetwork | None = None
+        self.stats: dict = {}
+
+    # ---------------------------------------------------------------------------------------------
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(self.seed)
+        self.qnet = QNetwork(**self.qnet_args)
+        final = out_dir / "qnet.pt"
+        if final.exists():
+            saved = torch.load(final, weights_only=False)
+            self.qnet.load_state_dict(saved["model"], strict=False)
+            self.tau, self.stats = saved["tau"], saved["stats"]
+            log.info("Stop-RAG: reusing the trained Q-network and τ = %.3f from %s", self.tau, final)
+            return
+        counting = CountingGenerator(env.generator)
+        env = Env(env.corpus, env.retriever, counting)
+        questions = train[: self.train_limit]
+        settings = dict(iterations=self.pipeline.iterations, k=self.pipeline.k, samples=self.samples,
+                        temperature=self.temperature, top_p=self.top_p, score=self.score)  # fmt: skip
+        trajs = collect(
+            self.pipeline, env, questions, cache_path(self.cache_dir, env, questions, settings),
+            self.samples, self.temperature, self.top_p, self.score, batch_size=self.batch_questions,
+        )  # fmt: skip
+        self.stats["offline"] = {
+            "questions": len(trajs), "generator_calls": counting.calls, "completions": counting.completions,
+            "naive_calls": len(trajs) * self.pipeline.iterations * (2 + self.samples),
+        }  # fmt: skip
+        self.train(trajs, out_dir)
+        if self.tau is None:
+            self.tune_tau(env, dev, out_dir)
+        self.stats["generator_calls"] = counting.calls
+        tmp = final.with_suffix(".tmp")
+        torch.save({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, tmp)
+        os.replace(tmp, final)
+        atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
+
+    def trainable_state(self) -> dict:
+        state = self.qnet.state_dict()
+        if self.qnet.frozen:  # the encoder is the pretrained one: keep only the heads
+            state = {k: v for k, v in state.items() if not k.startswith("encoder.")}
+        return state
+
+    # ---------------------------------------------------------------------------------------------
+    def train(self, trajs: list[Trajectory], out_dir: Path) -> None:
+        """Q(λ) regression (Algorithm 1): sample a batch of kept states, bootstrap from the current
+        network under no-grad over each state's future, squared error on both heads."""
+        from transformers import get_cosine_schedule_with_warmup
+
+        qnet, horizon = self.qnet, self.pipeline.iterations
+        rewards = torch.tensor([t.rewards for t in trajs], dtype=torch.float32)  # [N, T+1]
+        mask = keep(rewards)
+        order = list(range(len(trajs)))
+        random.Random(self.seed).shuffle(order)
+        n_val = int(round(self.val_fraction * len(trajs)))
+        val_q, train_q = set(order[:n_val]), set(order[n_val:])
+        pairs = [(i, t) for i in range(len(trajs)) for t in range(1, horizon) if mask[i, t]]
+        train_pairs = [p for p in pairs if p[0] in train_q]
+        val_pairs = [p for p in pairs if p[0] in val_q]
+        self.stats["states"] = {"all": len(trajs) * (horizon - 1), "kept": len(pairs), "train": len(train_pairs),
+                                "val": len(val_pairs)}  # fmt: skip
+        inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
+        features = None
+        if qnet.frozen:
+            flat = [s for row in inputs for s in row]
+            pooled = []
+            for start in tqdm(range(0, len(flat), 256), desc="encode states", unit="batch"):
+                pooled.append(qnet.encode(flat[start : start + 256]))
+            features = torch.cat(pooled).view(len(trajs), horizon - 1, -1) if flat else None
+        params = [p for p in qnet.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        per_epoch = max(1, math.ceil(len(train_pairs) / self.batch_size))
+        total = max(1, math.ceil(self.epochs * per_epoch))
+        sched = get_cosine_schedule_with_warmup(opt, int(self.warmup_ratio * total), total)
+        ckpt, step = out_dir / "qnet_checkpoint.pt", 0
+        if ckpt.exists():
+            saved = torch.load(ckpt, weights_only=False)
+            qnet.load_state_dict(saved["model"], strict=False)
+            opt.load_state_dict(saved["optimizer"])
+            sched.load_state_dict(saved["scheduler"])
+            step = saved["step"]
+            log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
+        amp = self.bf16 and not qnet.frozen
+
+        def q_values(rows: list[int], grad: bool, ts: list[int] | None = None):
+            """Q at s_1..s_{T-1} of each row (no grad), or at (row, t) pairs (with grad)."""
+            if ts is not None:
+                if features is not None:
+                    return qnet.heads(features[rows, [t - 1 for t in ts]])
+                return qnet([inputs[r][t - 1] for r, t in zip(rows, ts, strict=True)])
+            with torch.no_grad():
+                if features is not None:
+                    s, c = qnet.heads(features[rows].flatten(0, 1))
+                else:
+                    s, c = qnet([st for r in rows for st in inputs[r]])
+            pad = torch.zeros(len(rows), 1)
+            return (torch.cat([pad, s.view(len(rows), -1), pad], 1), torch.cat([pad, c.view(len(rows), -1), pad], 1))
+
+        def loss_of(batch: list[tuple[int, int]], lam: float) -> torch.Tensor:
+            rows = [i for i, _ in batch]
+            ts = torch.tensor([t for _, t in batch])
+            bootstrap = self.target in ("qlambda", "q0")
+            was = qnet.training
+            qnet.eval()
+            qs, qc = q_values(rows, grad=False) if bootstrap else (None, None)
+            qnet.train(was)
+            stop_t, cont_t = targets(self.target, rewards[rows], ts, qs, qc, lam)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                stop, cont = q_values(rows, grad=True, ts=ts.tolist())
+            stop, cont = stop.float(), cont.float()
+            if self.target == "binary":
+                return torch.nn.functional.binary_cross_entropy_with_logits(stop - cont, cont_t, reduction="sum")
+            return ((stop_t - stop) ** 2 + (cont_t - cont) ** 2).sum()
+
+        log_path = out_dir / "train_log.jsonl"
+        rng = random.Random(f"{self.seed}:{step}")
+        bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({self.target})", unit="step")
+        qnet.train()
+        if qnet.frozen:
+            qnet.encoder.eval()
+        while step < total and train_pairs:
+            epoch = train_pairs[:]
+            rng.shuffle(epoch)
+            for start in range(0, len(epoch), self.batch_size):
+                if step >= total:
+                    break
+                lam = lambda_at(step / total, *self.lambdas)
+                loss = loss_of(epoch[start : start + self.batch_size], lam)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item() / self.batch_size:.4f}", lam=f"{lam:.2f}")
+                if step % self.checkpoint_every == 0 or step == total:
+                    row = {"step": step, "loss": loss.item() / len(epoch[start : start + self.batch_size]),
+                           "lambda": lam, "lr": sched.get_last_lr()[0]}  # fmt: skip
+                    if val_pairs:
+                        qnet.eval()
+                        with torch.no_grad():
+                            row["val_loss"] = loss_of(val_pairs, lam).item() / len(val_pairs)
+                        qnet.train()
+                        if qnet.frozen:
+                            qnet.encoder.eval()
+                    with log_path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    tmp = ckpt.with_suffix(".tmp")
+                    torch.save({"model": self.trainable_state(), "optimizer": opt.state_dict(),
+                                "scheduler": sched.state_dict(), "step": step}, tmp)  # fmt: skip
+                    os.replace(tmp, ckpt)
+                    self.stats["train"] = row
+        bar.close()
+        qnet.eval()
+
+    # ---------------------------------------------------------------------------------------------
+    def tune_tau(self, env: Env, dev: list[QAExample], out_dir: Path) -> None:
+        """Every τ of the grid on the validation split, from one run to the horizon (see module doc)."""
+        horizon = self.pipeline.iterations
+        path = out_dir / "dev_trajectories.jsonl"
+        trajs = collect(self.pipeline, env, dev, path, samples=0, greedy_answers=True,
+                        batch_size=self.batch_questions, desc="stoprag τ tuning (dev)")  # fmt: skip
+        margins = torch.zeros(len(trajs), horizon)
+        with torch.no_grad():
+            for i in range(0, len(trajs), 64):
+                chunk = trajs[i : i + 64]
+                flat = [s for t in chunk for s in states_of(t, horizon - 1)]
+                stop, cont = self.qnet(flat)
+                margins[i : i + len(chunk), 1:] = (stop - cont).view(len(chunk), horizon - 1)
+        f1, em = SCORERS["squad"]["f1"], SCORERS["squad"]["em"]
+        gold = {ex.id: list(ex.answers) for ex in dev}
+        curve = []
+        for tau in self.tau_grid:
+            ts = stop_times(margins, tau).tolist()
+            answers = [t.answers[s - 1] for t, s in zip(trajs, ts, strict=True)]
+            row = {"tau": tau,
+                   "f1": 100 * sum(f1(a, gold[t.question_id]) for a, t in zip(answers, trajs)) / len(trajs),
+                   "em": 100 * sum(em(a, gold[t.question_id]) for a, t in zip(answers, trajs)) / len(trajs),
+                   "steps": sum(ts) / len(ts)}  # fmt: skip
+            curve.append(row)
+        best = max(curve, key=lambda r: (round(r["f1"], 6), -r["steps"]))
+        self.tau = best["tau"]
+        self.stats["tau"] = best
+        with (out_dir / "tau_curve.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["tau", "f1", "em", "steps"])
+            writer.writeheader()
+            writer.writerows(curve)
+        plot_tau_curve(curve, self.tau, out_dir / "tau_curve.png")
+        log.info("Stop-RAG: τ = %.2f on %d validation questions (F1 %.1f, %.2f steps)",
+                 self.tau, len(trajs), best["f1"], best["steps"])  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------------
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        if self.qnet is None or self.tau is None:
+            raise RuntimeError("Stop-RAG has no trained Q-network: run fit() first")
+        self.pipeline.stopper = QStopper(self.qnet, self.tau)
+        return self.pipeline.rollout(env, batch)
+
+
+def plot_tau_curve(curve: list[dict], tau: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    taus = [r["tau"] for r in curve]
+    ax.plot(taus, [r["f1"] for r in curve], color="tab:blue", label="F1")
+    ax.set_xlabel("τ (stop when Q(STOP) − Q(CONT) > τ)")
+    ax.set_ylabel("validation F1", color="tab:blue")
+    ax.axvline(tau, color="grey", linestyle="--", linewidth=1)
+    twin = ax.twinx()
+    twin.plot(taus, [r["steps"] for r in curve], color="tab:orange", label="steps")
+    twin.set_ylabel("average iterations", color="tab:orange")
+    ax.set_title(f"Stop-RAG τ curve (chosen τ = {tau:.2f})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)

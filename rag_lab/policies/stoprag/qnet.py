@@ -1,0 +1,100 @@
+"""Stop-RAG's Q-network (papers/stop-rag.txt sec. 5.3; METHODS.md §1): an HF encoder and two heads.
+
+Input: ``question [SEP] d_1 [SEP] … [SEP] d_t`` (queries and intermediate answers are not in the
+state, as in the paper), pooled (``cls`` for DeBERTa, ``mean`` for sentence encoders such as
+MiniLM). Heads, one per action: Dropout → Linear(H, h) → SiLU → Linear(h, 1) (the authors' code;
+h = ``head_hidden``, the paper's 4096, or the encoder width when null).
+
+Deviation, written down: when the text does not fit ``max_length`` the paper's tokenizer cuts the
+end (the newest evidence); ``truncation="per_passage"`` (our default) instead gives every passage
+an equal share of the budget, so each state still shows all of its documents' openings.
+
+``freeze_encoder=True`` (the CPU default) trains the heads only, on pooled encodings computed once
+per state text and kept in memory (:meth:`QNetwork.encode`).
+"""
+
+import torch
+from torch import nn
+
+from rag_lab.retrievers.dense import resolve_model
+
+
+def head(width: int, hidden: int, dropout: float) -> nn.Sequential:
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(width, hidden), nn.SiLU(), nn.Linear(hidden, 1))
+
+
+class QNetwork(nn.Module):
+    def __init__(
+        self,
+        encoder: str = "sentence-transformers/all-MiniLM-L6-v2",
+        pooling: str = "mean",
+        head_hidden: int | None = None,
+        dropout: float = 0.1,
+        max_length: int = 512,
+        truncation: str = "per_passage",
+        freeze_encoder: bool = False,
+    ):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        if truncation not in ("per_passage", "end"):
+            raise ValueError(f"truncation must be 'per_passage' or 'end', got {truncation!r}")
+        path = resolve_model(encoder)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.encoder = AutoModel.from_pretrained(path)
+        self.pooling, self.max_length, self.truncation = pooling, max_length, truncation
+        self.frozen = freeze_encoder
+        if freeze_encoder:
+            self.encoder.requires_grad_(False).eval()
+        width = self.encoder.config.hidden_size
+        self.stop_head = head(width, head_hidden or width, dropout)
+        self.cont_head = head(width, head_hidden or width, dropout)
+        self._cache: dict[tuple[str, tuple[str, ...]], torch.Tensor] = {}
+
+    def inputs(self, question: str, passages: list[str]) -> list[int]:
+        """Token ids of ``[CLS] question [SEP] d_1 [SEP] … [SEP] d_t [SEP]`` within ``max_length``."""
+        tok = self.tokenizer
+        cls = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        q = tok(question, add_special_tokens=False).input_ids
+        docs = [tok(p, add_special_tokens=False).input_ids for p in passages]
+        if self.truncation == "per_passage" and docs:
+            budget = max(1, (self.max_length - len(q) - len(docs) - 2) // len(docs))
+            docs = [d[:budget] for d in docs]
+        ids = [cls, *q]
+        for d in docs:
+            ids += [sep, *d]
+        return (ids[: self.max_length - 1] + [sep])
+
+    def pool(self, batch: list[list[int]]) -> torch.Tensor:
+        width = max(len(ids) for ids in batch)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch])
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in batch])
+        hidden = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+    @torch.no_grad()
+    def encode(self, states: list[tuple[str, list[str]]], batch_size: int = 64) -> torch.Tensor:
+        """Pooled encodings of (question, passages) states under the frozen encoder, memoised."""
+        keys = [(q, tuple(ps)) for q, ps in states]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        for start in range(0, len(missing), batch_size):
+            chunk = missing[start : start + batch_size]
+            pooled = self.pool([self.inputs(q, list(ps)) for q, ps in chunk])
+            self._cache.update(zip(chunk, pooled, strict=True))
+        return torch.stack([self._cache[k] for k in keys]) if keys else torch.zeros(0)
+
+    def heads(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.stop_head(pooled)[:, 0], self.cont_head(pooled)[:, 0]
+
+    def forward(self, states: list[tuple[str, list[str]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q(s, STOP), Q(s, CONT)) per state."""
+        if self.frozen:
+            return self.heads(self.encode(states))
+        return self.heads(self.pool([self.inputs(q, ps) for q, ps in states]))
