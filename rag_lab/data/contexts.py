@@ -6,6 +6,7 @@ is the same in every split and every run, and each question's gold supports are 
 """
 
 import hashlib
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -47,8 +48,20 @@ class ContextDataset:
     source = ""
     make_target = ""
 
-    def __init__(self, path: str, split_files: dict[str, str], name: str, skip_malformed: bool = False):
+    def __init__(
+        self,
+        path: str,
+        split_files: dict[str, str],
+        name: str,
+        skip_malformed: bool = False,
+        sample: dict[str, int] | None = None,
+        sample_seed: int = 0,
+    ):
         self.name, self.path, self.split_files = name, Path(path), dict(split_files)
+        # Random disjoint subsets per split (Stop-RAG: 1000 validation and 1000 test questions both
+        # drawn from the official dev file): splits that read the same file take consecutive slices
+        # of one seeded shuffle of it, in split_files order.
+        self.sample, self.sample_seed = dict(sample or {}), sample_seed
         self.skip_malformed = skip_malformed
         self.skipped: dict[str, int] = {}
         self._loaded: dict[Path, list[tuple[QAExample, list[Context]]]] = {}
@@ -85,7 +98,14 @@ class ContextDataset:
         return self._loaded[path]
 
     def split(self, name: str) -> list[QAExample]:
-        return [ex for ex, _ in self._load(name)]
+        rows = [ex for ex, _ in self._load(name)]
+        if name not in self.sample:
+            return rows
+        same_file = [s for s in self.split_files if s in self.sample and self._file(s) == self._file(name)]
+        start = sum(self.sample[s] for s in same_file[: same_file.index(name)])
+        order = list(range(len(rows)))
+        random.Random(self.sample_seed).shuffle(order)
+        return [rows[i] for i in order[start : start + self.sample[name]]]
 
     @cached_property
     def corpus(self) -> Corpus:

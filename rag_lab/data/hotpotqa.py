@@ -62,9 +62,15 @@ class HotpotQADataset(ContextDataset):
     make_target = "data-hotpotqa"
 
     def __init__(
-        self, path: str, split_files: dict[str, str], name: str = "hotpotqa", skip_malformed: bool = False
+        self,
+        path: str,
+        split_files: dict[str, str],
+        name: str = "hotpotqa",
+        skip_malformed: bool = False,
+        sample: dict[str, int] | None = None,
+        sample_seed: int = 0,
     ):
-        super().__init__(path, split_files, name, skip_malformed)
+        super().__init__(path, split_files, name, skip_malformed, sample, sample_seed)
 
     def aliases(self) -> dict[str, list[str]]:
         return {}
@@ -89,8 +95,10 @@ class TwoWikiDataset(HotpotQADataset):
         name: str = "2wiki",
         alias_file: str = "id_aliases.json",
         skip_malformed: bool = False,
+        sample: dict[str, int] | None = None,
+        sample_seed: int = 0,
     ):
-        super().__init__(path, split_files, name, skip_malformed)
+        super().__init__(path, split_files, name, skip_malformed, sample, sample_seed)
         self.alias_file = self.path / alias_file
 
     def aliases(self) -> dict[str, list[str]]:

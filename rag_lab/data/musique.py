@@ -59,8 +59,10 @@ class MuSiQueDataset(ContextDataset):
         split_files: dict[str, str] | None = None,
         name: str = "musique",
         skip_malformed: bool = False,
+        sample: dict[str, int] | None = None,
+        sample_seed: int = 0,
     ):
-        super().__init__(path, split_files or SPLITS, name, skip_malformed)
+        super().__init__(path, split_files or SPLITS, name, skip_malformed, sample, sample_seed)
 
     def read(self, path: Path) -> Iterable[tuple[QAExample, list[Context]]]:
         counter: dict[str, int] = {}

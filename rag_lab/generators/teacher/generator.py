@@ -13,9 +13,10 @@ Noise, each a probability per decision: ``vague_query`` (the query drops its sub
 ``miscopy`` (a read answer becomes a near-name from the same passages), ``premature_answer``
 (answer / stop before all facts are found), ``distraction`` (each passage in view that the
 question's chain does not need misleads the final answer with this chance, so a long trace of
-irrelevant evidence costs accuracy as it does a real LLM's; Shi et al. 2023). Greedy calls (temperature 0) are deterministic per
-prompt; sampled calls draw the noise per sample, and an incomplete trace gives a random guess
-among the entities in view (the variety Stop-RAG's N sampled answers need).
+irrelevant evidence costs accuracy as it does a real LLM's; Shi et al. 2023). Greedy calls
+(temperature 0) are deterministic per prompt; sampled calls draw the noise per sample, and an
+incomplete trace gives a random guess among the entities in view (the variety Stop-RAG's N
+sampled answers need).
 """
 
 import hashlib

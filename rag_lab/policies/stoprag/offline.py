@@ -119,7 +119,9 @@ def collect(
     done = {r["question_id"]: r for r in read_records(path)} if path.exists() else {}
     todo = [ex for ex in examples if ex.id not in done]
     writer = RecordWriter(path)
-    sampling = Sampling(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=pipeline.sampling.max_new_tokens)
+    sampling = Sampling(
+        n=samples, temperature=temperature, top_p=top_p, max_new_tokens=pipeline.sampling.max_new_tokens
+    )
     greedy = Sampling(max_new_tokens=pipeline.sampling.max_new_tokens)
     for start in tqdm(range(0, len(todo), batch_size), desc=desc, unit="batch", disable=not todo):
         batch = todo[start : start + batch_size]

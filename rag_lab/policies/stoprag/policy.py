@@ -13,8 +13,9 @@ The wrapped loop is anything with the pipeline interface (``iterations``, ``iter
 ``sampling``, ``rollout`` with a ``stopper``): by default Stop-RAG's own
 :class:`rag_lab.policies.pipeline.IterativePipeline`, built from the same ``iterations`` / ``k`` /
 ``exclude_seen`` / ``max_new_tokens`` keys as ``policy=fixed_iter`` (so one override sets all three
-policies of a comparison); any other loop with that interface can be passed as ``pipeline``. Checkpoints (every ``checkpoint_every`` steps, atomic) let a killed fit resume; a finished
-fit is reused by a rerun of the same run directory.
+policies of a comparison); any other loop with that interface can be passed as ``pipeline``.
+Checkpoints (every ``checkpoint_every`` steps, atomic) let a killed fit resume; a finished fit is
+reused by a rerun of the same run directory.
 """
 
 import csv
@@ -73,7 +74,9 @@ class QStopper:
     def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
         asking = [i for i, s in enumerate(states) if s.turns]
         out = [False] * len(states)
-        for i, margin in zip(asking, self.margins([states[i] for i in asking]) if asking else [], strict=True):
+        for i, margin in zip(
+            asking, self.margins([states[i] for i in asking]) if asking else [], strict=True
+        ):
             out[i] = margin > self.tau
         return out
 
@@ -135,7 +138,8 @@ class StopRAG:
         self.lambdas = (lambda_start, lambda_end, lambda_schedule)
         lambda_at(0.0, *self.lambdas)  # fail now on a bad schedule name
         self.qnet_args = dict(encoder=encoder, pooling=pooling, head_hidden=head_hidden, dropout=dropout,
-                              max_length=max_length, truncation=truncation, freeze_encoder=freeze_encoder)  # fmt: skip
+                              max_length=max_length, truncation=truncation,
+                              freeze_encoder=freeze_encoder)  # fmt: skip
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
         self.batch_size, self.epochs, self.bf16 = batch_size, epochs, bf16
         self.checkpoint_every = checkpoint_every
@@ -202,8 +206,8 @@ class StopRAG:
         pairs = [(i, t) for i in range(len(trajs)) for t in range(1, horizon) if mask[i, t]]
         train_pairs = [p for p in pairs if p[0] in train_q]
         val_pairs = [p for p in pairs if p[0] in val_q]
-        self.stats["states"] = {"all": len(trajs) * (horizon - 1), "kept": len(pairs), "train": len(train_pairs),
-                                "val": len(val_pairs)}  # fmt: skip
+        self.stats["states"] = {"all": len(trajs) * (horizon - 1), "kept": len(pairs),
+                                "train": len(train_pairs), "val": len(val_pairs)}  # fmt: skip
         inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
         features = None
         if qnet.frozen:
@@ -239,7 +243,10 @@ class StopRAG:
                 else:
                     s, c = qnet([st for r in rows for st in inputs[r]])
             pad = torch.zeros(len(rows), 1)
-            return (torch.cat([pad, s.view(len(rows), -1), pad], 1), torch.cat([pad, c.view(len(rows), -1), pad], 1))
+            return (
+                torch.cat([pad, s.view(len(rows), -1), pad], 1),
+                torch.cat([pad, c.view(len(rows), -1), pad], 1),
+            )
 
         def loss_of(batch: list[tuple[int, int]], lam: float) -> torch.Tensor:
             rows = [i for i, _ in batch]
@@ -254,7 +261,9 @@ class StopRAG:
                 stop, cont = q_values(rows, grad=True, ts=ts.tolist())
             stop, cont = stop.float(), cont.float()
             if self.target == "binary":
-                return torch.nn.functional.binary_cross_entropy_with_logits(stop - cont, cont_t, reduction="sum")
+                return torch.nn.functional.binary_cross_entropy_with_logits(
+                    stop - cont, cont_t, reduction="sum"
+                )
             return ((stop_t - stop) ** 2 + (cont_t - cont) ** 2).sum()
 
         log_path = out_dir / "train_log.jsonl"
@@ -318,9 +327,10 @@ class StopRAG:
         for tau in self.tau_grid:
             ts = stop_times(margins, tau).tolist()
             answers = [t.answers[s - 1] for t, s in zip(trajs, ts, strict=True)]
+            golds = [gold[t.question_id] for t in trajs]
             row = {"tau": tau,
-                   "f1": 100 * sum(f1(a, gold[t.question_id]) for a, t in zip(answers, trajs)) / len(trajs),
-                   "em": 100 * sum(em(a, gold[t.question_id]) for a, t in zip(answers, trajs)) / len(trajs),
+                   "f1": 100 * sum(map(f1, answers, golds)) / len(trajs),
+                   "em": 100 * sum(map(em, answers, golds)) / len(trajs),
                    "steps": sum(ts) / len(ts)}  # fmt: skip
             curve.append(row)
         best = max(curve, key=lambda r: (round(r["f1"], 6), -r["steps"]))

