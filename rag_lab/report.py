@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
@@ -98,6 +99,83 @@ class ReportCallback(Callback):
             "common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()) + "\n" if common else ""
         )
         sys.stdout.write(f"\n{header}{markdown}\n{len(runs)} runs; table: {sweep / 'report.md'}\n")
+
+
+def seed_tables(
+    runs: list[Path],
+    by: str,
+    method: str,
+    tables: dict[str, list[str]],
+    metrics: tuple[str, ...] = ANSWER_METRICS,
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """A method against its baselines over seeds: one table per entry of ``tables`` (rows: the values
+    of override ``by`` in sweep order; cells: mean ± sd over seeds), and the paired bootstrap of
+    ``method`` against every other row on the per-question scores of all seeds pooled (pairs match
+    on seed and question id)."""
+    groups: dict[str, list[Path]] = {}
+    for run in runs:
+        groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
+    if method not in groups:
+        raise SystemExit(f"error: no run with {by}={method} (have: {', '.join(groups)})")
+    out = {}
+    for name, columns in tables.items():
+        rows = []
+        for value, members in groups.items():
+            cells = [format_metrics(json.loads((r / "metrics.json").read_text())["all"]) for r in members]
+            row = {by: value, "seeds": len(members)}
+            for c in columns:
+                xs = [cell[c] for cell in cells if cell.get(c) is not None]
+                sd = f" ± {float(np.std(xs, ddof=1)):.1f}" if len(xs) > 1 else ""
+                row[c] = (
+                    f"{np.mean(xs):.2f}{sd}"
+                    if xs and c in ("RC", "Steps")
+                    else f"{np.mean(xs):.1f}{sd}"
+                    if xs
+                    else ""
+                )
+            rows.append(row)
+        out[name] = pd.DataFrame(rows)
+
+    def scores(members: list[Path]) -> dict[tuple[str, str], dict]:
+        return {(overrides_of(r).get("seed", "0"), rec["id"]): rec for r in members
+                for rec in read_records(r / "records.jsonl")}  # fmt: skip
+
+    mine, tests = scores(groups[method]), []
+    for value, members in groups.items():
+        if value == method:
+            continue
+        theirs = scores(members)
+        shared = [k for k in mine if k in theirs]
+        for m in metrics:
+            res = paired_bootstrap([mine[k][m] for k in shared], [theirs[k][m] for k in shared])
+            tests.append({"A": method, "B": value, "metric": m} | {
+                k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()})  # fmt: skip
+    return out, pd.DataFrame(tests)
+
+
+class SeedTablesCallback(Callback):
+    """A Hydra callback: when a method-vs-baselines multirun (optionally over seeds) ends, write
+    ``tables.md`` in the sweep dir: the paper's tables (mean ± sd over seeds) and the paired
+    bootstrap of the method against each baseline."""
+
+    def __init__(self, by: str, method: str, tables: dict[str, list[str]], title: str = ""):
+        self.by, self.method, self.title = by, method, title
+        self.tables = {k: list(v) for k, v in tables.items()}
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        runs = find_runs([sweep])
+        if not runs:
+            return
+        tables, tests = seed_tables(runs, self.by, self.method, self.tables)
+        parts = [f"# {self.title or sweep.name}\n"]
+        for name, table in tables.items():
+            parts.append(f"## {name}\n\n{to_markdown(table)}")
+        parts.append(f"## paired bootstrap ({self.method} - baseline, seeds pooled)\n\n{to_markdown(tests)}")
+        text = "\n".join(parts)
+        atomic_write_text(sweep / "tables.md", text)
+        tests.to_csv(sweep / "bootstrap.csv", index=False)
+        sys.stdout.write(f"\n{text}\ntables: {sweep / 'tables.md'}\n")
 
 
 def main(argv: list[str] | None = None) -> None:

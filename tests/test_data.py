@@ -185,3 +185,18 @@ def test_dpr_tsv_corpus(tmp_path):
     path.write_text("id\ttext\ttitle\n1\tonly two\n")
     with pytest.raises(DataError, match=r"psgs_w100.tsv:2: expected 3 tab-separated fields"):
         load_corpus(path)
+
+
+def test_sample_draws_disjoint_dev_and_test_from_one_file(tmp_path):
+    """Stop-RAG's protocol: 1000 validation and 1000 test questions, both from the official dev file."""
+    from rag_lab.data.musique import MuSiQueDataset
+
+    ds = small_world(tmp_path)
+    files = {"train": "musique_train.jsonl", "dev": "musique_dev.jsonl", "test": "musique_dev.jsonl"}
+    whole = MuSiQueDataset(str(ds.root), split_files=files).split("dev")
+    mq = MuSiQueDataset(str(ds.root), split_files=files, sample={"dev": 5, "test": 7}, sample_seed=3)
+    dev, test = mq.split("dev"), mq.split("test")
+    assert len(dev) == 5 and len(test) == 7 and not {e.id for e in dev} & {e.id for e in test}
+    assert {e.id for e in dev + test} <= {e.id for e in whole} and dev != whole[:5]
+    assert MuSiQueDataset(str(ds.root), split_files=files, sample={"dev": 5}, sample_seed=3).split("dev") == dev
+    assert mq.split("train") == ds.split("train")  # unsampled splits are whole

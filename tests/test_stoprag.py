@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from rag_lab.config import compose
 from rag_lab.policies.stoprag.offline import Trajectory
 from rag_lab.policies.stoprag.policy import StopRAG, stop_times
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
@@ -221,3 +222,21 @@ def test_config_rejects_unknown_target(tiny_cfg, tmp_path):
 
     with pytest.raises(Exception, match="policy.target must be one of"):
         run(tiny_cfg("policy=stoprag", "generator=teacher", "policy.target=td"), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["stoprag_synth", "stoprag_musique", "stoprag_hotpotqa", "stoprag_2wiki"])
+def test_experiment_sweep_points_validate(name):
+    """Every policy the experiment sweeps composes and validates with the shared pipeline keys."""
+    from omegaconf import OmegaConf
+
+    from rag_lab import CONF_DIR
+
+    swept = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml").hydra.sweeper.params.policy.split(",")
+    assert swept[0] == "fixed_iter" and swept[1] == "llm_stop" and swept[2].startswith("stoprag")
+    for policy in swept:
+        cfg = compose([f"+experiment={name}", f"policy={policy}"])  # composes and validates
+        assert cfg.policy.iterations == 10 and cfg.policy.k == 1
+    if name != "stoprag_synth":
+        paper = compose([f"+experiment={name}", "policy=stoprag_paper"])
+        assert paper.policy.epochs == (3 if name == "stoprag_musique" else 1)
+        assert paper.policy.encoder == "microsoft/deberta-v3-large" and paper.data.sample.test == 1000

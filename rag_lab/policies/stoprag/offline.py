@@ -65,7 +65,11 @@ def generator_fingerprint(generator) -> str:
     for key, value in sorted(vars(generator).items()):
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
-        if isinstance(value, (str, int, float, bool, dict, type(None))):
+        if (
+            isinstance(value, (str, int, float, bool, type(None)))
+            or isinstance(value, dict)
+            and len(value) < 50
+        ):
             fields[key] = value
     return json.dumps([type(generator).__qualname__, fields], sort_keys=True, default=str)
 

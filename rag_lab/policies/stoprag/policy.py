@@ -19,6 +19,7 @@ reused by a rerun of the same run directory.
 """
 
 import csv
+import hashlib
 import json
 import logging
 import math
@@ -154,28 +155,33 @@ class StopRAG:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.seed)
-        self.qnet = QNetwork(**self.qnet_args)
+        self.qnet = QNetwork(**self.qnet_args).to("cuda" if torch.cuda.is_available() else "cpu")
         final = out_dir / "qnet.pt"
         if final.exists():
-            saved = torch.load(final, weights_only=False)
+            saved = torch.load(final, weights_only=False, map_location=self.device)
             self.qnet.load_state_dict(saved["model"], strict=False)
             self.tau, self.stats = saved["tau"], saved["stats"]
             log.info("Stop-RAG: reusing the trained Q-network and τ = %.3f from %s", self.tau, final)
             return
-        counting = CountingGenerator(env.generator)
-        env = Env(env.corpus, env.retriever, counting)
         questions = train[: self.train_limit]
         settings = dict(iterations=self.pipeline.iterations, k=self.pipeline.k, samples=self.samples,
                         temperature=self.temperature, top_p=self.top_p, score=self.score)  # fmt: skip
+        offline = cache_path(self.cache_dir, env, questions, settings)  # keyed by the real generator
+        counting = CountingGenerator(env.generator)
+        env = Env(env.corpus, env.retriever, counting)
         trajs = collect(
-            self.pipeline, env, questions, cache_path(self.cache_dir, env, questions, settings),
+            self.pipeline, env, questions, offline,
             self.samples, self.temperature, self.top_p, self.score, batch_size=self.batch_questions,
         )  # fmt: skip
         self.stats["offline"] = {
             "questions": len(trajs), "generator_calls": counting.calls, "completions": counting.completions,
             "naive_calls": len(trajs) * self.pipeline.iterations * (2 + self.samples),
         }  # fmt: skip
-        self.train(trajs, out_dir)
+        encoder_key = json.dumps(
+            {k: self.qnet_args[k] for k in ("encoder", "pooling", "max_length", "truncation")}
+        )
+        digest = hashlib.sha256(encoder_key.encode()).hexdigest()[:8]
+        self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{digest}.pt"))
         if self.tau is None:
             self.tune_tau(env, dev, out_dir)
         self.stats["generator_calls"] = counting.calls
@@ -184,6 +190,10 @@ class StopRAG:
         os.replace(tmp, final)
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
 
+    @property
+    def device(self) -> torch.device:
+        return self.qnet.stop_head[1].weight.device
+
     def trainable_state(self) -> dict:
         state = self.qnet.state_dict()
         if self.qnet.frozen:  # the encoder is the pretrained one: keep only the heads
@@ -191,14 +201,18 @@ class StopRAG:
         return state
 
     # ---------------------------------------------------------------------------------------------
-    def train(self, trajs: list[Trajectory], out_dir: Path) -> None:
+    def train(self, trajs: list[Trajectory], out_dir: Path, features_path: Path | None = None) -> None:
         """Q(λ) regression (Algorithm 1): sample a batch of kept states, bootstrap from the current
-        network under no-grad over each state's future, squared error on both heads."""
+        network under no-grad over each state's future, squared error on both heads. With a frozen
+        encoder the states are encoded once (and kept at ``features_path``, beside the offline data,
+        so runs that differ only in targets, λ or seeds of the heads reuse them)."""
         from transformers import get_cosine_schedule_with_warmup
 
         qnet, horizon = self.qnet, self.pipeline.iterations
         rewards = torch.tensor([t.rewards for t in trajs], dtype=torch.float32)  # [N, T+1]
         mask = keep(rewards)
+        device = self.device
+        rewards = rewards.to(device)
         order = list(range(len(trajs)))
         random.Random(self.seed).shuffle(order)
         n_val = int(round(self.val_fraction * len(trajs)))
@@ -210,12 +224,18 @@ class StopRAG:
                                 "train": len(train_pairs), "val": len(val_pairs)}  # fmt: skip
         inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
         features = None
-        if qnet.frozen:
+        if qnet.frozen and features_path is not None and features_path.exists():
+            features = torch.load(features_path, map_location=device)
+        elif qnet.frozen:
             flat = [s for row in inputs for s in row]
             pooled = []
             for start in tqdm(range(0, len(flat), 256), desc="encode states", unit="batch"):
                 pooled.append(qnet.encode(flat[start : start + 256]))
             features = torch.cat(pooled).view(len(trajs), horizon - 1, -1) if flat else None
+            if features_path is not None and features is not None:
+                tmp = features_path.with_suffix(".tmp")
+                torch.save(features, tmp)
+                os.replace(tmp, features_path)
         params = [p for p in qnet.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         per_epoch = max(1, math.ceil(len(train_pairs) / self.batch_size))
@@ -223,13 +243,14 @@ class StopRAG:
         sched = get_cosine_schedule_with_warmup(opt, int(self.warmup_ratio * total), total)
         ckpt, step = out_dir / "qnet_checkpoint.pt", 0
         if ckpt.exists():
-            saved = torch.load(ckpt, weights_only=False)
+            saved = torch.load(ckpt, weights_only=False, map_location=device)
             qnet.load_state_dict(saved["model"], strict=False)
             opt.load_state_dict(saved["optimizer"])
             sched.load_state_dict(saved["scheduler"])
             step = saved["step"]
             log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
-        amp = self.bf16 and not qnet.frozen
+        # bf16 where supported (a GPU with bf16); CPU runs stay in float32
+        amp = self.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
 
         def q_values(rows: list[int], grad: bool, ts: list[int] | None = None):
             """Q at s_1..s_{T-1} of each row (no grad), or at (row, t) pairs (with grad)."""
@@ -242,7 +263,7 @@ class StopRAG:
                     s, c = qnet.heads(features[rows].flatten(0, 1))
                 else:
                     s, c = qnet([st for r in rows for st in inputs[r]])
-            pad = torch.zeros(len(rows), 1)
+            pad = torch.zeros(len(rows), 1, device=device)
             return (
                 torch.cat([pad, s.view(len(rows), -1), pad], 1),
                 torch.cat([pad, c.view(len(rows), -1), pad], 1),
@@ -250,14 +271,14 @@ class StopRAG:
 
         def loss_of(batch: list[tuple[int, int]], lam: float) -> torch.Tensor:
             rows = [i for i, _ in batch]
-            ts = torch.tensor([t for _, t in batch])
+            ts = torch.tensor([t for _, t in batch], device=device)
             bootstrap = self.target in ("qlambda", "q0")
             was = qnet.training
             qnet.eval()
             qs, qc = q_values(rows, grad=False) if bootstrap else (None, None)
             qnet.train(was)
             stop_t, cont_t = targets(self.target, rewards[rows], ts, qs, qc, lam)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 stop, cont = q_values(rows, grad=True, ts=ts.tolist())
             stop, cont = stop.float(), cont.float()
             if self.target == "binary":
@@ -320,7 +341,7 @@ class StopRAG:
                 chunk = trajs[i : i + 64]
                 flat = [s for t in chunk for s in states_of(t, horizon - 1)]
                 stop, cont = self.qnet(flat)
-                margins[i : i + len(chunk), 1:] = (stop - cont).view(len(chunk), horizon - 1)
+                margins[i : i + len(chunk), 1:] = (stop - cont).float().cpu().view(len(chunk), horizon - 1)
         f1, em = SCORERS["squad"]["f1"], SCORERS["squad"]["em"]
         gold = {ex.id: list(ex.answers) for ex in dev}
         curve = []

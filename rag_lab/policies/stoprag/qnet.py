@@ -71,8 +71,9 @@ class QNetwork(nn.Module):
     def pool(self, batch: list[list[int]]) -> torch.Tensor:
         width = max(len(ids) for ids in batch)
         pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch])
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in batch])
+        device = self.stop_head[1].weight.device
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch], device=device)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in batch], device=device)
         hidden = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         if self.pooling == "cls":
             return hidden[:, 0]
@@ -91,6 +92,7 @@ class QNetwork(nn.Module):
         return torch.stack([self._cache[k] for k in keys]) if keys else torch.zeros(0)
 
     def heads(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = pooled.to(self.stop_head[1].weight.device)
         return self.stop_head(pooled)[:, 0], self.cont_head(pooled)[:, 0]
 
     def forward(self, states: list[tuple[str, list[str]]]) -> tuple[torch.Tensor, torch.Tensor]:
