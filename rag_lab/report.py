@@ -125,14 +125,9 @@ def seed_tables(
             row = {by: value, "seeds": len(members)}
             for c in columns:
                 xs = [cell[c] for cell in cells if cell.get(c) is not None]
-                sd = f" ± {float(np.std(xs, ddof=1)):.1f}" if len(xs) > 1 else ""
-                row[c] = (
-                    f"{np.mean(xs):.2f}{sd}"
-                    if xs and c in ("RC", "Steps")
-                    else f"{np.mean(xs):.1f}{sd}"
-                    if xs
-                    else ""
-                )
+                digits = 2 if c in ("RC", "Steps") else 1
+                sd = f" ± {float(np.std(xs, ddof=1)):.{digits}f}" if len(xs) > 1 else ""
+                row[c] = f"{np.mean(xs):.{digits}f}{sd}" if xs else ""
             rows.append(row)
         out[name] = pd.DataFrame(rows)
 

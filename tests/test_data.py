@@ -198,5 +198,7 @@ def test_sample_draws_disjoint_dev_and_test_from_one_file(tmp_path):
     dev, test = mq.split("dev"), mq.split("test")
     assert len(dev) == 5 and len(test) == 7 and not {e.id for e in dev} & {e.id for e in test}
     assert {e.id for e in dev + test} <= {e.id for e in whole} and dev != whole[:5]
-    assert MuSiQueDataset(str(ds.root), split_files=files, sample={"dev": 5}, sample_seed=3).split("dev") == dev
+    assert (
+        MuSiQueDataset(str(ds.root), split_files=files, sample={"dev": 5}, sample_seed=3).split("dev") == dev
+    )
     assert mq.split("train") == ds.split("train")  # unsampled splits are whole

@@ -240,3 +240,30 @@ def test_experiment_sweep_points_validate(name):
         paper = compose([f"+experiment={name}", "policy=stoprag_paper"])
         assert paper.policy.epochs == (3 if name == "stoprag_musique" else 1)
         assert paper.policy.encoder == "microsoft/deberta-v3-large" and paper.data.sample.test == 1000
+
+
+def test_seed_tables_average_seeds_and_pair_questions_across_seeds(tmp_path):
+    from rag_lab.report import seed_tables
+
+    runs = []
+    for policy, base in [("fixed_iter", 0.5), ("stoprag", 0.7)]:
+        for seed in (0, 1):
+            run = tmp_path / f"{policy}-{seed}"
+            (run / ".hydra").mkdir(parents=True)
+            (run / ".hydra" / "overrides.yaml").write_text(f"- policy={policy}\n- seed={seed}\n")
+            scores = [base + 0.1 * seed if i % 2 else base - 0.1 * seed for i in range(10)]
+            (run / "records.jsonl").write_text(
+                "".join(
+                    json.dumps({"id": f"q{i}", "em": s, "f1": s, "acc": s}) + "\n"
+                    for i, s in enumerate(scores)
+                )
+            )
+            summary = {"n": 10, "em": sum(scores) / 10, "f1": sum(scores) / 10 + 0.01 * seed, "acc": 0.5,
+                       "retrieval_count": 2.0 + seed}  # fmt: skip
+            (run / "metrics.json").write_text(json.dumps({"all": summary}))
+            runs.append(run)
+    tables, tests = seed_tables(runs, "policy", "stoprag", {"t1": ["F1", "RC"]})
+    t1 = tables["t1"].set_index("policy")
+    assert t1.loc["stoprag", "F1"] == "70.5 ± 0.7" and t1.loc["fixed_iter", "RC"] == "2.50 ± 0.71"
+    f1 = tests[(tests.B == "fixed_iter") & (tests.metric == "f1")].iloc[0]
+    assert f1.n == 20 and f1.delta == pytest.approx(0.2)  # 2 seeds x 10 questions, paired
