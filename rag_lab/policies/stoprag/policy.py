@@ -145,7 +145,10 @@ class StopRAG:
         self.batch_size, self.epochs, self.bf16 = batch_size, epochs, bf16
         self.checkpoint_every = checkpoint_every
         self.tau = tau
-        self.tau_grid = tau_grid or [round(-0.5 + 0.02 * i, 2) for i in range(51)]
+        # the margin is a difference of values in [0, 1], or of logits for the binary classifier
+        default = [round(-0.5 + 0.02 * i, 2) for i in range(51)] if target != "binary" else [
+            round(-5.0 + 0.2 * i, 1) for i in range(51)]  # fmt: skip
+        self.tau_grid = list(tau_grid) if tau_grid else default
         self.seed, self.batch_questions = seed, batch_questions
         self.qnet: QNetwork | None = None
         self.stats: dict = {}
