@@ -7,16 +7,15 @@ fresh tiny Qwen2 (``generator=tiny``'s tokenizer and model code) trains with the
 only, and reports greedy first-word accuracy on held-out and training drills.
 
 ``--rename`` re-maps every entity title in each training drill to a random other title (consistent
-within the drill; entity anonymisation, Hermann et al. 2015). With names as single tokens a model can
-lower its loss by storing facts in the name embeddings instead of reading; renamed drills leave
-reading as the only way. Held-out drills keep their real names.
+within the drill; ``tiny_world.renamer``, entity anonymisation, Hermann et al. 2015). With names
+as single tokens a model can lower its loss by storing facts in the name embeddings instead of
+reading; renamed drills leave reading as the only way. Held-out drills keep their real names.
 
     .venv/bin/python experiments/probe_tiny_reading.py --rename --steps 3000
 """
 
 import argparse
 import random
-import re
 import time
 
 import torch
@@ -24,40 +23,8 @@ from benchlib import publish
 from transformers import get_cosine_schedule_with_warmup
 
 from rag_lab.data.synth import SynthDataset
-from rag_lab.generators.teacher.reader import answer_from, parse_question
 from rag_lab.generators.tiny import TinyConfig, build_model, build_tokenizer
-from rag_lab.generators.tiny_world import TAGS
-
-
-def drills(data) -> list[tuple[str, str]]:
-    templates = {}
-    for ex in data.split("train"):
-        for sub in ex.decomposition:
-            ask = parse_question(sub.question)
-            if ask and ask.subject in sub.question:
-                templates.setdefault(ask.relation, sub.question.replace(ask.subject, "{X}"))
-    out = []
-    for page in data.corpus:
-        for template in templates.values():
-            question = template.format(X=page.title)
-            if (answer := answer_from(question, [page])) is not None:
-                out.append((f"Document: {page.contents}\nQuestion: {question}\nAnswer:", f" {answer}"))
-    return out
-
-
-def renamer(titles: list[str]):
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(titles, key=len, reverse=True))) + r")\b")
-    pools = {True: [t for t in titles if " " in t], False: [t for t in titles if " " not in t]}
-
-    def rename(texts: tuple[str, ...], rng: random.Random) -> tuple[str, ...]:
-        mapping: dict[str, str] = {}
-
-        def sub(m: re.Match) -> str:
-            return mapping.setdefault(m.group(0), rng.choice(pools[" " in m.group(0)]))
-
-        return tuple(pattern.sub(sub, t) for t in texts)
-
-    return rename
+from rag_lab.generators.tiny_world import TAGS, reading_drills, renamer
 
 
 def main() -> None:
@@ -72,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     data = SynthDataset(args.cache)
-    pairs = drills(data)
+    pairs = reading_drills(data)
     random.Random(0).shuffle(pairs)
     held, train = pairs[:200], pairs[200:]
     names = sorted({t for t in data.corpus.titles if " " in t})

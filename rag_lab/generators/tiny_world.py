@@ -13,12 +13,16 @@ import hashlib
 import json
 import logging
 import math
+import random
+import re
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
+from rag_lab.generators.teacher.reader import answer_from, parse_question
 from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm
 from rag_lab.retrievers.bm25 import BM25Retriever
 
@@ -27,6 +31,43 @@ log = logging.getLogger(__name__)
 # The protocols' tags: one token each.
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
         "</reflect>", "<answer>", "</answer>", "<STOP>", "<CONTINUE>")  # fmt: skip
+
+
+def reading_drills(data) -> list[tuple[str, str]]:
+    """Single-page reading drills from the corpus: ``Document: <page> / Question: <a relation
+    question about the page's entity> / Answer:`` → the value the page states (the teacher's reader).
+    The relation questions are the sub-question templates of the training split."""
+    templates: dict[str, str] = {}
+    for ex in data.split("train"):
+        for sub in ex.decomposition:
+            ask = parse_question(sub.question)
+            if ask and ask.subject in sub.question:
+                templates.setdefault(ask.relation, sub.question.replace(ask.subject, "{X}"))
+    out = []
+    for page in data.corpus:
+        for template in templates.values():
+            question = template.format(X=page.title)
+            if (answer := answer_from(question, [page])) is not None:
+                out.append((f"Document: {page.contents}\nQuestion: {question}\nAnswer:", f" {answer}"))
+    return out
+
+
+def renamer(titles: list[str]) -> Callable[[tuple[str, ...], random.Random], tuple[str, ...]]:
+    """Entity anonymisation (Hermann et al. 2015): every entity title in a group of texts becomes a
+    random other title (multi-word for multi-word), the same one throughout the group. With names as
+    single tokens, a model can otherwise store facts in the name embeddings instead of reading."""
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(titles, key=len, reverse=True))) + r")\b")
+    pools = {True: [t for t in titles if " " in t], False: [t for t in titles if " " not in t]}
+
+    def rename(texts: tuple[str, ...], rng: random.Random) -> tuple[str, ...]:
+        mapping: dict[str, str] = {}
+
+        def sub(m: re.Match) -> str:
+            return mapping.setdefault(m.group(0), rng.choice(pools[" " in m.group(0)]))
+
+        return tuple(pattern.sub(sub, t) for t in texts)
+
+    return rename
 
 
 def tiny_lm(
@@ -55,6 +96,10 @@ def tiny_lm(
     lr: float = 1e-3,
     warmup_steps: int = 50,
     completion_only_loss: bool = False,
+    # SFT also on single-page reading drills from the corpus (reading_drills)
+    drills: bool = False,
+    # each SFT example gets its entities renamed at random (renamer), a fresh renaming per epoch
+    rename_entities: bool = False,
     train_seed: int = 0,
     # generation
     generate_batch_size: int = 64,
@@ -64,6 +109,12 @@ def tiny_lm(
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
     by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
     pairs = sample(by_protocol, words_per_protocol, protocols, seed=train_seed)
+    if drills:
+        pairs += reading_drills(data)
+    n_pairs = len(pairs)
+    if rename_entities:
+        rename, rng = renamer(sorted(set(data.corpus.titles))), random.Random(train_seed)
+        pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for name, demos in sorted(by_protocol.items()):
@@ -73,7 +124,7 @@ def tiny_lm(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
         max_length=max_length, copy_steps=copy_steps, pretrain_steps=pretrain_steps,
         pretrain_length=pretrain_length,
-        sft_steps=math.ceil(epochs * len(pairs) / batch_size), batch_size=batch_size, lr=lr,
+        sft_steps=math.ceil(epochs * n_pairs / batch_size), batch_size=batch_size, lr=lr,
         warmup_steps=warmup_steps, seed=train_seed, completion_only_loss=completion_only_loss,
     )  # fmt: skip
     # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
