@@ -60,6 +60,13 @@ def stop_times(margins: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.where(hit.any(dim=1), first, torch.full_like(first, horizon))
 
 
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a kill never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 class QStopper:
     """The Stopper of the iterative pipeline: STOP where Q(s, STOP) − Q(s, CONT) > τ (t ≥ 1)."""
 
@@ -188,9 +195,7 @@ class StopRAG:
         if self.tau is None:
             self.tune_tau(env, dev, out_dir)
         self.stats["generator_calls"] = counting.calls
-        tmp = final.with_suffix(".tmp")
-        torch.save({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, tmp)
-        os.replace(tmp, final)
+        save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
 
     @property
@@ -236,9 +241,7 @@ class StopRAG:
                 pooled.append(qnet.encode(flat[start : start + 256]))
             features = torch.cat(pooled).view(len(trajs), horizon - 1, -1) if flat else None
             if features_path is not None and features is not None:
-                tmp = features_path.with_suffix(".tmp")
-                torch.save(features, tmp)
-                os.replace(tmp, features_path)
+                save_atomic(features, features_path)
         params = [p for p in qnet.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         per_epoch = max(1, math.ceil(len(train_pairs) / self.batch_size))
@@ -316,17 +319,18 @@ class StopRAG:
                            "lambda": lam, "lr": sched.get_last_lr()[0]}  # fmt: skip
                     if val_pairs:
                         qnet.eval()
-                        with torch.no_grad():
-                            row["val_loss"] = loss_of(val_pairs, lam).item() / len(val_pairs)
+                        with torch.no_grad():  # in training-size chunks (a fine-tuned encoder's memory)
+                            chunks = range(0, len(val_pairs), self.batch_size)
+                            val = sum(loss_of(val_pairs[c : c + self.batch_size], lam).item() for c in chunks)
+                            row["val_loss"] = val / len(val_pairs)
                         qnet.train()
                         if qnet.frozen:
                             qnet.encoder.eval()
                     with log_path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
-                    tmp = ckpt.with_suffix(".tmp")
-                    torch.save({"model": self.trainable_state(), "optimizer": opt.state_dict(),
-                                "scheduler": sched.state_dict(), "step": step}, tmp)  # fmt: skip
-                    os.replace(tmp, ckpt)
+                    state = {"model": self.trainable_state(), "optimizer": opt.state_dict(),
+                             "scheduler": sched.state_dict(), "step": step}  # fmt: skip
+                    save_atomic(state, ckpt)
                     self.stats["train"] = row
         bar.close()
         qnet.eval()
@@ -340,8 +344,8 @@ class StopRAG:
                         batch_size=self.batch_questions, desc="stoprag τ tuning (dev)")  # fmt: skip
         margins = torch.zeros(len(trajs), horizon)
         with torch.no_grad():
-            for i in range(0, len(trajs), 64):
-                chunk = trajs[i : i + 64]
+            for i in range(0, len(trajs), 8):  # 8 questions' states per forward pass
+                chunk = trajs[i : i + 8]
                 flat = [s for t in chunk for s in states_of(t, horizon - 1)]
                 stop, cont = self.qnet(flat)
                 margins[i : i + len(chunk), 1:] = (stop - cont).float().cpu().view(len(chunk), horizon - 1)
