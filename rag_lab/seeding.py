@@ -15,6 +15,10 @@ def seed_everything(seed: int) -> None:
 
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # Deterministic mode also fills every new tensor with NaN (a debugging aid against reading
+    # uninitialised memory), which made training 2.4x slower on our 2-core CPU (the tiny LM's TRL
+    # SFT: 2.0 vs 4.8 steps/s; inference: no change). Results do not depend on it.
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def derive_seed(seed: int, *keys: object) -> int:

@@ -1,5 +1,7 @@
 """generator=tiny end to end on the tiny world with toy sizes: trains once, then reuses."""
 
+import random
+
 from hydra.utils import instantiate
 
 from rag_lab.run import run
@@ -50,3 +52,51 @@ def test_reading_drills_and_renaming(tiny_cfg):
         assert answer_from(new_question, [Passage("x", new_title, new_text)]) == new_answer.strip()
         changed += new_prompt != prompt
     assert changed > 20
+
+
+def test_reading_sets_pack_answerable_questions(tiny_cfg):
+    """A packed reading drill: 1-3 pages, every question's answer is stated by the page of its
+    subject, and the first question ends the prompt."""
+    import random
+    import re
+
+    from hydra.utils import instantiate
+
+    from rag_lab.env.protocols.base import read_passage
+    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.generators.tiny_world import page_facts, reading_set
+
+    facts = page_facts(instantiate(tiny_cfg().data))
+    assert facts and all(qas for _, qas in facts)
+    rng, sizes = random.Random(0), set()
+    for _ in range(40):
+        prompt, completion = reading_set(facts, rng, pages=3, questions=8)
+        assert prompt.startswith("Document:\n") and prompt.endswith("\nAnswer:")
+        pages = prompt.removeprefix("Document:\n").split("\nQuestion: ")[0].split("\n")
+        document = [read_passage(line) for line in pages]
+        sizes.add(len(document))
+        qas = re.findall(r"Question: (.*)\nAnswer: ?(.*)", prompt.split("\n", 1)[1] + completion)
+        assert 1 <= len(qas) <= 8
+        for question, answer in qas:
+            assert answer_from(question, document) == answer
+    assert sizes == {1, 2, 3}
+
+
+def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
+    import json
+
+    from rag_lab.generators.tiny_world import page_facts, page_kinds, renamer
+
+    cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=2",
+                   "generator.reading_batch_size=2", "generator.rename_entities=true")  # fmt: skip
+    data = instantiate(cfg.data)
+    instantiate(cfg.generator, data=data)
+    (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
+    stats = json.loads((checkpoint / "train.json").read_text())
+    assert stats["reading"]["steps"] == 2 and stats["sft"]["steps"] >= 1
+    kinds = page_kinds(page_facts(data))
+    assert {"birthplace", "director", "capital"} <= set(kinds.values())
+    rename = renamer(sorted(kinds), kinds)
+    for title in list(kinds)[:50]:
+        (new,) = rename((title,), random.Random(0))
+        assert kinds[new] == kinds[title] and (" " in new) == (" " in title)

@@ -97,6 +97,12 @@ class TinyConfig:
     # tokens, copy accuracy of such sequences is 0.0 after 400 steps and 1.0 after 2,000, and without
     # it 1,200-3,000 steps of corpus + demonstrations never learned to copy a name from the prompt.
     copy_steps: int = 0
+    # Stage 0b: reading drills (``reading`` pairs: a page, a question about it, the value it states),
+    # answer-only loss, in batches of reading_batch_size. Where the copy warm-up teaches copying a
+    # sequence, this teaches finding the one fact a question asks for (measured: rag_lab/generators/
+    # tiny_world.py and experiments/probe_tiny_reading.py).
+    reading_steps: int = 0
+    reading_batch_size: int = 32
     # Stage 2: TRL SFT on prompt/completion pairs, loss on the completion only.
     sft_steps: int = 1500
     batch_size: int = 32
@@ -359,27 +365,34 @@ def train_tiny_lm(
     out_dir: Path,
     special_tokens: Sequence[str] = (),
     names: Sequence[str] = (),
+    reading: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """Train the tiny LM into ``out_dir`` (model, ``tokenizer/``, ``train.json``), or reuse it.
 
-    The vocabulary is every piece of ``texts`` and ``pairs`` plus ``special_tokens``. ``out_dir``
+    Stages, each skipped at 0 steps: copy warm-up, reading drills (one pass over ``reading``),
+    pretraining on ``texts``, SFT on ``pairs``. The vocabulary is every piece of ``texts``, ``pairs``
+    and ``reading`` plus ``special_tokens``. ``out_dir``
     appears in one rename when training has finished (a killed run leaves only a ``.name.*`` temp
     dir beside it); one that exists is returned as is, after checking that ``train.json`` names the
     same config and data (else ``RagLabError``: a stale model is never served).
     """
     out_dir = Path(out_dir)
-    data = fingerprint(texts, pairs, special_tokens, names)
+    data = fingerprint(texts, [*pairs, *reading], special_tokens, names)
     if out_dir.exists():
         _check_reuse(out_dir, config, data)
         return out_dir
     if (config.pretrain_steps and not texts) or (config.sft_steps and not pairs):
         raise RagLabError("tiny LM: pretraining needs texts and SFT needs pairs (or set their steps to 0)")
+    if config.reading_steps and not reading:
+        raise RagLabError("tiny LM: reading_steps needs reading pairs (or set reading_steps=0)")
     start = time.perf_counter()
     with publish(out_dir) as tmp:
         pool = names or sorted({w for t in texts for w in t.split() if w.isalpha() and w.istitle()})
         copies = copy_texts(pool, config.seed) if config.copy_steps else []
         tokenizer = build_tokenizer(
-            chain(texts, chain.from_iterable(pairs), copies[:1]), special_tokens, names
+            chain(texts, chain.from_iterable(pairs), chain.from_iterable(reading), copies[:1]),
+            special_tokens,
+            names,
         )
         tokenizer.save_pretrained(tmp / "tokenizer")
         model = build_model(tokenizer, config)
@@ -396,6 +409,14 @@ def train_tiny_lm(
             stats["copy"] = pretrain(
                 model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
             )
+        if config.reading_steps:
+            drills = replace(
+                config,
+                sft_steps=config.reading_steps,
+                batch_size=config.reading_batch_size,
+                completion_only_loss=True,
+            )
+            stats["reading"] = _sft(model, tokenizer, reading, drills, tmp / "trainer")
         if config.pretrain_steps:
             stats["pretrain"] = pretrain(model, tokenizer, texts, config)
         if config.sft_steps:
