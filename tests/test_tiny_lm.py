@@ -184,7 +184,7 @@ def test_a_failed_training_leaves_nothing(tmp_path, monkeypatch):
 
 def test_the_reading_stage_trains_on_its_own_pairs_with_the_answer_only_loss(tmp_path):
     page = "Document:\nGlimmer Road: Glimmer Road is a film by Zorbu Kaltane."
-    reading = [(f"{page}\nQuestion: Who directed Glimmer Road?\nAnswer:", " Zorbu Kaltane")] * 4
+    reading = [(f"{page}\nQuestion: Who directed Glimmer Road?\nAnswer:", " Zorbu Kaltane")] * 6
     config = replace(TINY, reading_steps=3, reading_batch_size=2)
     out = train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "lm", special_tokens=TAGS, reading=reading)
     stats = json.loads((out / "train.json").read_text())
@@ -192,6 +192,8 @@ def test_the_reading_stage_trains_on_its_own_pairs_with_the_answer_only_loss(tmp
     assert math.isfinite(stats["reading"]["final_loss"])
     with pytest.raises(RagLabError, match="reading_steps needs reading pairs"):
         train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "other", special_tokens=TAGS)
+    with pytest.raises(RagLabError, match="3 reading steps of 2 need 6 pairs, got 5"):
+        train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "other", special_tokens=TAGS, reading=reading[:5])
     # the reading pairs are part of the data a cached model is checked against
     with pytest.raises(RagLabError, match="another config or data"):
         train_tiny_lm(TEXTS, PAIRS, config, out, special_tokens=TAGS, reading=reading[:2])

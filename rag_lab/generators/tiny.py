@@ -1,7 +1,8 @@
-"""The tiny LM: a small Qwen2-style causal LM trained from scratch on CPU, in two stages.
+"""The tiny LM: a small Qwen2-style causal LM trained from scratch on CPU, in stages.
 
-Stage 1 is plain causal-LM pretraining on the corpus (``texts``); stage 2 is TRL's ``SFTTrainer`` on
-(prompt, completion) demonstrations with the loss on the completion tokens only. The result is a
+Stage 0 (optional) is a copy warm-up and/or reading drills (``read``: a page, a question, the answer,
+loss on the answer only); stage 1 is plain causal-LM pretraining on the corpus (``texts``); stage 2
+is TRL's ``SFTTrainer`` on (prompt, completion) demonstrations. The result is a
 normal transformers model directory (``generator=hf`` loads it, with ``tokenizer=<dir>/tokenizer``).
 STACK.md ("A tiny agent LM from scratch on 2 cores") has the measurements behind the defaults.
 
@@ -20,6 +21,8 @@ Hand-written, and why:
   ends in a word and ``b`` starts with a word or with a space and a word. Tags (``special_tokens``)
   are normal added tokens, so ``skip_special_tokens`` keeps them; only ``<pad>``, ``<eos>``, ``<unk>``
   are special. There is no BOS.
+- ``read``: a plain loop over padded drill batches with the loss on the answer, as the probe that
+  measured reading trains (TRL's length-grouped batches differ, and its per-step extras cost time).
 - ``pretrain``: a 20-line loop over packed, equal-length blocks (texts joined by EOS), which need no
   collator, padding or mask; transformers' ``Trainer`` would add a dataset wrapper for no gain. It
   copies the Trainer's optimiser defaults (AdamW, no weight decay, grad-norm clip 1.0, linear warm-up
@@ -31,17 +34,17 @@ Hand-written, and why:
   exactly what the model sees at inference: a prompt tokenized alone, then the generated tokens.
 
 Speed, measured on our 2-core CPU machine (torch 2.13, float32, 2 threads; ``torch.set_num_threads``
-is the caller's) for the default size (hidden 128, 4 layers, 1.1M parameters, vocabulary 1.1k) at
-batch 32 with ~300-token sequences, two runs of 30 steps on a quiet machine (a second busy process
-slows it 1.5-2x):
+is the caller's) for the embedded default's size (hidden 64, 4 layers, 349k parameters, vocabulary
+1.6k), inside ``rag_lab.run`` (deterministic mode on, without its NaN fill of new tensors: with
+it, every stage ran 2.4x slower):
 
-- pretraining: 11.2-11.8k tokens/s, 0.81-0.86 s/step;
-- SFT (TRL, rows grouped by length): 9.1-9.3k non-padding tokens/s, 1.0 s/step. TRL's step costs
-  ~20% more per token than the plain loop: its fused LM head scores every position on CPU (it
-  skips the prompt positions only where Triton runs) and it computes entropy and accuracy each step.
+- reading drills (``read``), batch 32 of ~86 tokens: 7.7 steps/s, 21k tokens/s;
+- SFT (TRL, rows grouped by length), batch 16 of ~120 tokens: 6.6 steps/s, 12.8k non-padding
+  tokens/s. TRL's step costs more per token than the plain loops: its fused LM head scores every
+  position on CPU (it skips the prompt positions only where Triton runs) and it computes entropy
+  and accuracy each step.
 
-So the defaults take about 4 min (300 steps of 256-token blocks) + 25 min (1,500 SFT steps of
-300-token rows); the time scales with the rows' length. ``train.json`` records both rates per run.
+``train.json`` records the rates of every stage of every run.
 """
 
 import hashlib
@@ -218,40 +221,39 @@ def _blocks(docs: list[list[int]], length: int, batch_size: int, seed: int) -> I
             yield blocks[order[start : start + batch_size]]
 
 
-def pretrain(
-    model: "Qwen2ForCausalLM", tokenizer: "PreTrainedTokenizerFast", texts: Sequence[str], config: TinyConfig
+def _train(
+    model: "Qwen2ForCausalLM", batches: Iterable[dict], steps: int, config: TinyConfig, stage: str
 ) -> dict:
-    """Stage 1: next-token loss on every token of ``texts``, packed; returns the stats for train.json."""
+    """The plain loop of the hand-written stages: AdamW without weight decay, grad-norm clip 1.0,
+    linear warm-up then cosine (the Trainer's defaults, so every stage trains alike). ``batches``
+    yields model inputs (with ``labels``); returns the stats for train.json."""
     from transformers import get_cosine_schedule_with_warmup
 
-    eos, steps = tokenizer.eos_token_id, config.pretrain_steps
-    docs = [ids + [eos] for ids in tokenizer(list(texts), add_special_tokens=False).input_ids]
-    length = min(config.pretrain_length, config.max_length, sum(map(len, docs)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     schedule = get_cosine_schedule_with_warmup(optimizer, min(config.warmup_steps, steps), steps)
     device = next(model.parameters()).device
     model.train()
     losses, history, tokens, start, every = [], [], 0, time.perf_counter(), _log_every(steps)
-    bar = tqdm(range(steps), desc="pretrain", unit="step")
-    for step, batch in zip(bar, _blocks(docs, length, config.batch_size, config.seed), strict=False):
-        batch = batch.to(device)
-        loss = model(input_ids=batch, labels=batch).loss
+    bar = tqdm(range(steps), desc=stage, unit="step")
+    for step, batch in zip(bar, batches, strict=False):
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        tokens += batch.numel()
+        tokens += (
+            int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        )
         if (step + 1) % every == 0 or step + 1 == steps:
             window = losses[-every:]
             history.append({"step": step + 1, "loss": sum(window) / len(window)})
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
-            log.info("pretrain step %d loss %.4f", step + 1, history[-1]["loss"])
+            log.info("%s step %d loss %.4f", stage, step + 1, history[-1]["loss"])
     seconds = time.perf_counter() - start
     return {
         "steps": steps,
-        "block_length": length,
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
@@ -260,6 +262,53 @@ def pretrain(
         "final_loss": history[-1]["loss"],
         "log": history,
     }
+
+
+def pretrain(
+    model: "Qwen2ForCausalLM", tokenizer: "PreTrainedTokenizerFast", texts: Sequence[str], config: TinyConfig
+) -> dict:
+    """Stage 1: next-token loss on every token of ``texts``, packed; returns the stats for train.json."""
+    eos = tokenizer.eos_token_id
+    docs = [ids + [eos] for ids in tokenizer(list(texts), add_special_tokens=False).input_ids]
+    length = min(config.pretrain_length, config.max_length, sum(map(len, docs)))
+    blocks = ({"input_ids": b, "labels": b} for b in _blocks(docs, length, config.batch_size, config.seed))
+    return {"block_length": length, **_train(model, blocks, config.pretrain_steps, config, "pretrain")}
+
+
+def read(
+    model: "Qwen2ForCausalLM",
+    tokenizer: "PreTrainedTokenizerFast",
+    pairs: Sequence[tuple[str, str]],
+    config: TinyConfig,
+) -> dict:
+    """Stage 0b: reading drills in order, ``reading_batch_size`` per step, loss on the completion
+    only (right-padded batches; the same optimiser and schedule as ``pretrain``). A plain loop, not
+    TRL: the probe that measured reading (experiments/probe_tiny_reading.py) trains this way, and
+    TRL's length-grouped batches and per-step extras measured slower to learn and to run here."""
+    steps, size, pad = config.reading_steps, config.reading_batch_size, tokenizer.pad_token_id
+    if len(pairs) < steps * size:
+        raise RagLabError(
+            f"tiny LM: {steps} reading steps of {size} need {steps * size} pairs, got {len(pairs)}"
+        )
+
+    def batches() -> Iterator[dict]:
+        for step in range(steps):
+            batch = pairs[step * size : (step + 1) * size]
+            prompts = tokenizer([p for p, _ in batch], add_special_tokens=False).input_ids
+            answers = tokenizer([c for _, c in batch], add_special_tokens=False).input_ids
+            width = min(
+                max(len(p) + len(c) for p, c in zip(prompts, answers, strict=True)), config.max_length
+            )
+            ids = torch.full((len(batch), width), pad)
+            labels = torch.full((len(batch), width), -100)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (p, c) in enumerate(zip(prompts, answers, strict=True)):
+                row = (p + c)[-width:]
+                ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+                labels[i, len(row) - len(c) : len(row)] = torch.tensor(c)
+            yield {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    return _train(model, batches(), steps, config, "reading")
 
 
 def sft_dataset(
@@ -410,13 +459,7 @@ def train_tiny_lm(
                 model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
             )
         if config.reading_steps:
-            drills = replace(
-                config,
-                sft_steps=config.reading_steps,
-                batch_size=config.reading_batch_size,
-                completion_only_loss=True,
-            )
-            stats["reading"] = _sft(model, tokenizer, reading, drills, tmp / "trainer")
+            stats["reading"] = read(model, tokenizer, reading, config)
         if config.pretrain_steps:
             stats["pretrain"] = pretrain(model, tokenizer, texts, config)
         if config.sft_steps:
