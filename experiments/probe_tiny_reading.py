@@ -17,7 +17,8 @@ The other switches try ways past the plateau (experiments/results/probe_tiny_rea
 results): ``--typed`` renames within an entity kind (a country for a country), ``--copy N`` runs
 generator=tiny's copy warm-up first, ``--qfirst`` puts the question before the page, ``--dense``
 puts the loss on every token, ``--curriculum N`` grows the page from the answer's sentence to all
-of it over the first N steps.
+of it over the first N steps, ``--evidence F`` asks for the sentence that states the answer (a
+span to copy) instead of the answer in a fraction F of the drills.
 """
 
 import argparse
@@ -32,6 +33,16 @@ from transformers import get_cosine_schedule_with_warmup
 from rag_lab.data.synth import SynthDataset
 from rag_lab.generators.tiny import TinyConfig, build_model, build_tokenizer, copy_texts, pretrain
 from rag_lab.generators.tiny_world import TAGS, page_facts, page_kinds, reading_drills, renamer
+
+
+def evidence(prompt: str, completion: str) -> tuple[str, str]:
+    """The drill asking for the page's sentence that states the answer, instead of the answer."""
+    head, question = prompt.removesuffix("\nAnswer:").rsplit("\nQuestion: ", 1)
+    text = head.split("\n", 1)[1]
+    sentence = next((x for x in text.split(". ") if completion.strip() in x), None)
+    if sentence is None:
+        return prompt, completion
+    return f"{head}\nQuestion: {question}\nEvidence:", " " + sentence.rstrip(".") + "."
 
 
 def question_first(prompt: str) -> str:
@@ -59,6 +70,7 @@ def main() -> None:
     parser.add_argument("--dense", action="store_true")
     parser.add_argument("--qfirst", action="store_true")
     parser.add_argument("--copy", type=int, default=0)
+    parser.add_argument("--evidence", type=float, default=0.0)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
@@ -107,6 +119,8 @@ def main() -> None:
         batch = [
             rename((p, c), rng) if args.rename else (p, c) for p, c in rng.sample(train, args.batch_size)
         ]
+        if args.evidence:
+            batch = [evidence(p, c) if rng.random() < args.evidence else (p, c) for p, c in batch]
         if args.curriculum and step <= args.curriculum:
             batch = [shorten(p, c, rng, 1 + 6 * step // args.curriculum) for p, c in batch]
         enc = [
@@ -134,7 +148,7 @@ def main() -> None:
             rows.append(row)
             print("step {}  {:.0f} s  loss {:.3f}  held-out {:.3f}  train {:.3f}".format(*row), flush=True)
     flags = [k for k in ("rename", "typed", "qfirst", "dense") if getattr(args, k)]
-    flags += [f"{k}{getattr(args, k)}" for k in ("copy", "curriculum") if getattr(args, k)]
+    flags += [f"{k}{getattr(args, k)}" for k in ("copy", "curriculum", "evidence") if getattr(args, k)]
     body = (f"{len(train)} training drills, 200 held out; {vars(args)}\n\n"
             "| step | seconds | loss | held-out acc | train acc |\n|---|---|---|---|---|\n"
             + "".join(f"| {s} | {t:.0f} | {lo:.3f} | {h:.3f} | {tr:.3f} |\n"
