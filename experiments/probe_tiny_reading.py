@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     data = SynthDataset(args.cache)
-    pairs = reading_drills(data)
+    pairs = reading_drills(page_facts(data))
     if args.qfirst:
         pairs = [(question_first(p), c) for p, c in pairs]
     random.Random(0).shuffle(pairs)

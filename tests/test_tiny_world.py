@@ -30,10 +30,10 @@ def test_reading_drills_and_renaming(tiny_cfg):
 
     from rag_lab.data.base import Passage
     from rag_lab.generators.teacher.reader import answer_from
-    from rag_lab.generators.tiny_world import reading_drills, renamer
+    from rag_lab.generators.tiny_world import page_facts, reading_drills, renamer
 
     data = instantiate(tiny_cfg().data)
-    drills = reading_drills(data)
+    drills = reading_drills(page_facts(data))
     assert drills and all(p.startswith("Document: ") and p.endswith("\nAnswer:") for p, _ in drills)
     titles = sorted(set(data.corpus.titles))
     rename = renamer(titles)
@@ -52,34 +52,6 @@ def test_reading_drills_and_renaming(tiny_cfg):
         assert answer_from(new_question, [Passage("x", new_title, new_text)]) == new_answer.strip()
         changed += new_prompt != prompt
     assert changed > 20
-
-
-def test_reading_sets_pack_answerable_questions(tiny_cfg):
-    """A packed reading drill: 1-3 pages, every question's answer is stated by the page of its
-    subject, and the first question ends the prompt."""
-    import random
-    import re
-
-    from hydra.utils import instantiate
-
-    from rag_lab.env.protocols.base import read_passage
-    from rag_lab.generators.teacher.reader import answer_from
-    from rag_lab.generators.tiny_world import page_facts, reading_set
-
-    facts = page_facts(instantiate(tiny_cfg().data))
-    assert facts and all(qas for _, qas in facts)
-    rng, sizes = random.Random(0), set()
-    for _ in range(40):
-        prompt, completion = reading_set(facts, rng, pages=3, questions=8)
-        assert prompt.startswith("Document:\n") and prompt.endswith("\nAnswer:")
-        pages = prompt.removeprefix("Document:\n").split("\nQuestion: ")[0].split("\n")
-        document = [read_passage(line) for line in pages]
-        sizes.add(len(document))
-        qas = re.findall(r"Question: (.*)\nAnswer: ?(.*)", prompt.split("\n", 1)[1] + completion)
-        assert 1 <= len(qas) <= 8
-        for question, answer in qas:
-            assert answer_from(question, document) == answer
-    assert sizes == {1, 2, 3}
 
 
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):

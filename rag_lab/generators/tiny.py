@@ -102,8 +102,8 @@ class TinyConfig:
     copy_steps: int = 0
     # Stage 0b: reading drills (``reading`` pairs: a page, a question about it, the value it states),
     # answer-only loss, in batches of reading_batch_size. Where the copy warm-up teaches copying a
-    # sequence, this teaches finding the one fact a question asks for (measured: rag_lab/generators/
-    # tiny_world.py and experiments/probe_tiny_reading.py).
+    # sequence, this is meant to teach finding the one fact a question asks for; what it gives so far
+    # is in experiments/results/probe_tiny_reading_plateau.md.
     reading_steps: int = 0
     reading_batch_size: int = 32
     # Stage 2: TRL SFT on prompt/completion pairs, loss on the completion only.

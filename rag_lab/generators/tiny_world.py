@@ -20,7 +20,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rag_lab.data.base import Passage
-from rag_lab.env.protocols.base import passage_text
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
@@ -61,32 +60,14 @@ def page_facts(data) -> list[tuple[Passage, list[tuple[str, str]]]]:
     return out
 
 
-def reading_drills(data) -> list[tuple[str, str]]:
-    """Single-page reading drills: ``Document: <page> / Question: <a relation question about the
-    page's entity> / Answer:`` → the value the page states."""
+def reading_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
+    """Single-page reading drills from :func:`page_facts`: ``Document: <page> / Question: <a relation
+    question about the page's entity> / Answer:`` → the value the page states."""
     return [
         (f"Document: {page.contents}\nQuestion: {question}\nAnswer:", f" {answer}")
-        for page, facts in page_facts(data)
-        for question, answer in facts
+        for page, qas in facts
+        for question, answer in qas
     ]
-
-
-def reading_set(facts: list[tuple[Passage, list[tuple[str, str]]]], rng: random.Random, pages: int = 3,
-                questions: int = 8) -> tuple[str, str]:  # fmt: skip
-    """A packed reading drill: 1..``pages`` random pages (rendered as the protocols render passages)
-    and up to ``questions`` of their facts in random order, ``Question: q / Answer: a`` each. The
-    first question ends the prompt; the rest ride in the completion, so one pass over the pages
-    supervises every answer (several per page: ~4x fewer tokens per answer than one drill each),
-    and with several pages the question's subject picks the page."""
-    chosen = rng.sample(facts, rng.randint(1, pages))
-    pool = [qa for _, qas in chosen for qa in qas]
-    asked = rng.sample(pool, min(questions, len(pool)))
-    document = "\n".join(passage_text(page) for page, _ in chosen)
-    (question, answer), rest = asked[0], asked[1:]
-    return (
-        f"Document:\n{document}\nQuestion: {question}\nAnswer:",
-        f" {answer}" + "".join(f"\nQuestion: {q}\nAnswer: {a}" for q, a in rest),
-    )
 
 
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
@@ -174,18 +155,18 @@ def tiny_lm(
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
     by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
     pairs = sample(by_protocol, words_per_protocol, protocols, seed=train_seed)
+    facts = page_facts(data) if drills or rename_entities or reading_steps else []
     if drills:
-        pairs += reading_drills(data)
+        pairs += reading_drills(facts)
     n_pairs = len(pairs)
     # Renaming keeps each entity's kind (a country becomes another country), as the world does.
-    facts = page_facts(data) if rename_entities or reading_steps else []
     rename, rng = renamer(sorted(set(data.corpus.titles)), page_kinds(facts)), random.Random(train_seed)
     if rename_entities:
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
-    drills = reading_drills(data) if reading_steps else []
-    reading = [rename(rng.choice(drills), rng) for _ in range(reading_steps * reading_batch_size)]
+    pool = reading_drills(facts) if reading_steps else []
+    reading = [rename(rng.choice(pool), rng) for _ in range(reading_steps * reading_batch_size)]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for name, demos in sorted(by_protocol.items()):
