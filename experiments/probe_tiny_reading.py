@@ -18,7 +18,9 @@ results): ``--typed`` renames within an entity kind (a country for a country), `
 generator=tiny's copy warm-up first, ``--qfirst`` puts the question before the page, ``--dense``
 puts the loss on every token, ``--curriculum N`` grows the page from the answer's sentence to all
 of it over the first N steps, ``--evidence F`` asks for the sentence that states the answer (a
-span to copy) instead of the answer in a fraction F of the drills.
+span to copy) instead of the answer in a fraction F of the drills, ``--pages`` trains on whole pages
+with every question the page answers (``tiny_world.reading_pages``: the loss on each answer), not
+one question per page.
 """
 
 import argparse
@@ -31,8 +33,23 @@ from benchlib import publish
 from transformers import get_cosine_schedule_with_warmup
 
 from rag_lab.data.synth import SynthDataset
-from rag_lab.generators.tiny import TinyConfig, build_model, build_tokenizer, copy_texts, pretrain
-from rag_lab.generators.tiny_world import TAGS, page_facts, page_kinds, reading_drills, renamer
+from rag_lab.generators.tiny import (
+    TinyConfig,
+    build_model,
+    build_tokenizer,
+    copy_texts,
+    pretrain,
+    reading_example,
+)
+from rag_lab.generators.tiny_world import (
+    TAGS,
+    page_facts,
+    page_kinds,
+    reading_drills,
+    reading_pages,
+    renamer,
+    shuffle_questions,
+)
 
 
 def evidence(prompt: str, completion: str) -> tuple[str, str]:
@@ -62,6 +79,13 @@ def shorten(prompt: str, completion: str, rng: random.Random, n: int) -> tuple[s
     return f"Document: {title}\n" + ". ".join(keep).rstrip(".") + ".\nQuestion: " + question, completion
 
 
+def _qas(item: tuple[str, ...]) -> list[tuple[str, str]]:
+    """A reading_pages item's drills, as (prompt, completion) pairs of reading_drills."""
+    head, first = item[0].split("\nQuestion: ", 1)
+    questions = ["\nQuestion: " + first, *item[2::2]]
+    return [(head + q, a) for q, a in zip(questions, item[1::2], strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rename", action="store_true")
@@ -71,6 +95,7 @@ def main() -> None:
     parser.add_argument("--qfirst", action="store_true")
     parser.add_argument("--copy", type=int, default=0)
     parser.add_argument("--evidence", type=float, default=0.0)
+    parser.add_argument("--pages", action="store_true")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
@@ -78,6 +103,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--cache", default="~/.cache/rag_lab")
     args = parser.parse_args()
+    if args.pages and (args.qfirst or args.evidence or args.curriculum):
+        parser.error("--pages goes with --rename, --typed, --copy, --dense only")
     torch.set_num_threads(2)
     data = SynthDataset(args.cache)
     pairs = reading_drills(page_facts(data))
@@ -85,6 +112,13 @@ def main() -> None:
         pairs = [(question_first(p), c) for p, c in pairs]
     random.Random(0).shuffle(pairs)
     held, train = pairs[:200], pairs[200:]
+    # --pages: the pages of the training drills, each with the questions of its training drills
+    asked = {(p, c) for p, c in train}
+    pages = [
+        (item[0].split("\nQuestion: ")[0], *[x for qa in kept for x in qa])
+        for item in reading_pages(page_facts(data))
+        if (kept := [qa for qa in _qas(item) if qa in asked])
+    ]
     names = sorted({t for t in data.corpus.titles if " " in t})
     tok = build_tokenizer([p.contents for p in data.corpus] + [p + c for p, c in pairs], TAGS, names)
     config = TinyConfig(hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2,
@@ -123,20 +157,17 @@ def main() -> None:
             batch = [evidence(p, c) if rng.random() < args.evidence else (p, c) for p, c in batch]
         if args.curriculum and step <= args.curriculum:
             batch = [shorten(p, c, rng, 1 + 6 * step // args.curriculum) for p, c in batch]
-        enc = [
-            (tok(p, add_special_tokens=False).input_ids, tok(c, add_special_tokens=False).input_ids)
-            for p, c in batch
-        ]
-        width = max(len(p) + len(c) for p, c in enc)
+        if args.pages:
+            batch = [shuffle_questions(item, rng) for item in rng.sample(pages, args.batch_size)]
+            batch = [rename(item, rng) if args.rename else item for item in batch]
+        enc = [reading_example(tok, item, 1024) for item in batch]  # the loss on the answers only
+        width = max(len(ids) for ids, _ in enc)
         ids = torch.full((len(enc), width), tok.pad_token_id)
         labels = torch.full((len(enc), width), -100)
         mask = torch.zeros((len(enc), width), dtype=torch.long)
-        for i, (p, c) in enumerate(enc):
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            mask[i, : len(p) + len(c)] = 1
-            labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)  # the loss on the answer only
-            if args.dense:
-                labels[i, : len(p) + len(c)] = torch.tensor(p + c)
+        for i, (row, target) in enumerate(enc):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+            labels[i, : len(row)] = torch.tensor(row if args.dense else target)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -147,7 +178,7 @@ def main() -> None:
             row = (step, time.perf_counter() - start, loss.item(), accuracy(held), accuracy(train[:100]))
             rows.append(row)
             print("step {}  {:.0f} s  loss {:.3f}  held-out {:.3f}  train {:.3f}".format(*row), flush=True)
-    flags = [k for k in ("rename", "typed", "qfirst", "dense") if getattr(args, k)]
+    flags = [k for k in ("rename", "typed", "qfirst", "dense", "pages") if getattr(args, k)]
     flags += [f"{k}{getattr(args, k)}" for k in ("copy", "curriculum", "evidence") if getattr(args, k)]
     body = (f"{len(train)} training drills, 200 held out; {vars(args)}\n\n"
             "| step | seconds | loss | held-out acc | train acc |\n|---|---|---|---|---|\n"

@@ -18,6 +18,7 @@ from rag_lab.generators.tiny import (
     TinyConfig,
     build_model,
     build_tokenizer,
+    reading_example,
     sft_dataset,
     sft_trainer,
     train_tiny_lm,
@@ -182,7 +183,19 @@ def test_a_failed_training_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_reading_stage_trains_on_its_own_pairs_with_the_answer_only_loss(tmp_path):
+def test_a_reading_item_has_labels_on_its_answers_only():
+    item = ("Document: Glimmer Road is a film.\nQuestion: What is Glimmer Road?\nAnswer:", " a film",
+            "\nQuestion: Is Glimmer Road a film?\nAnswer:", " yes")  # fmt: skip
+    tok = build_tokenizer([*TEXTS, *item], TAGS)
+    ids, labels = reading_example(tok, item, 1024)
+    assert tok.decode(ids) == "".join(item)
+    assert tok.decode([t for t in labels if t != -100]) == " a film yes"
+    assert all(label in (-100, t) for t, label in zip(ids, labels, strict=True))
+    ids, labels = reading_example(tok, item, 5)  # cut from the left: the last answer stays
+    assert len(ids) == 5 and tok.decode(ids).endswith("Answer: yes") and labels[-1] == ids[-1]
+
+
+def test_the_reading_stage_trains_on_its_own_items_with_the_answer_only_loss(tmp_path):
     page = "Document:\nGlimmer Road: Glimmer Road is a film by Zorbu Kaltane."
     reading = [(f"{page}\nQuestion: Who directed Glimmer Road?\nAnswer:", " Zorbu Kaltane")] * 6
     config = replace(TINY, reading_steps=3, reading_batch_size=2)
@@ -190,10 +203,10 @@ def test_the_reading_stage_trains_on_its_own_pairs_with_the_answer_only_loss(tmp
     stats = json.loads((out / "train.json").read_text())
     assert [stats[stage]["steps"] for stage in ("reading", "pretrain", "sft")] == [3, 4, 4]
     assert math.isfinite(stats["reading"]["final_loss"])
-    with pytest.raises(RagLabError, match="reading_steps needs reading pairs"):
+    with pytest.raises(RagLabError, match="reading_steps needs reading items"):
         train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "other", special_tokens=TAGS)
-    with pytest.raises(RagLabError, match="3 reading steps of 2 need 6 pairs, got 5"):
+    with pytest.raises(RagLabError, match="3 reading steps of 2 need 6 items, got 5"):
         train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "other", special_tokens=TAGS, reading=reading[:5])
-    # the reading pairs are part of the data a cached model is checked against
+    # the reading items are part of the data a cached model is checked against
     with pytest.raises(RagLabError, match="another config or data"):
         train_tiny_lm(TEXTS, PAIRS, config, out, special_tokens=TAGS, reading=reading[:2])

@@ -54,6 +54,30 @@ def test_reading_drills_and_renaming(tiny_cfg):
     assert changed > 20
 
 
+def test_reading_pages_ask_every_question_of_a_page_and_shuffle_keeps_them(tiny_cfg):
+    import random
+
+    from rag_lab.generators.tiny_world import page_facts, reading_pages, shuffle_questions
+
+    facts = page_facts(instantiate(tiny_cfg().data))
+    items = reading_pages(facts)
+    assert len(items) == len(facts)
+
+    def qas(item):
+        head, first = item[0].split("\nQuestion: ", 1)
+        questions = [first, *(q.removeprefix("\nQuestion: ") for q in item[2::2])]
+        pairs = zip(questions, item[1::2], strict=True)
+        return head, sorted((q.removesuffix("\nAnswer:"), a.strip()) for q, a in pairs)
+
+    rng = random.Random(0)
+    for (page, facts_of_page), item in zip(facts[:20], items, strict=False):
+        assert len(item) == 2 * len(facts_of_page) and item[0].startswith(f"Document: {page.contents}")
+        head, pairs = qas(item)
+        assert pairs == sorted(facts_of_page)
+        shuffled = shuffle_questions(item, rng)
+        assert qas(shuffled) == (head, pairs) and len(shuffled) == len(item)
+
+
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
     import json
 

@@ -1,10 +1,11 @@
 """The tiny LM: a small Qwen2-style causal LM trained from scratch on CPU, in stages.
 
-Stage 0 (optional) is a copy warm-up and/or reading drills (``read``: a page, a question, the answer,
-loss on the answer only); stage 1 is plain causal-LM pretraining on the corpus (``texts``); stage 2
-is TRL's ``SFTTrainer`` on (prompt, completion) demonstrations. The result is a
-normal transformers model directory (``generator=hf`` loads it, with ``tokenizer=<dir>/tokenizer``).
-STACK.md ("A tiny agent LM from scratch on 2 cores") has the measurements behind the defaults.
+Stage 0 (optional) is a copy warm-up and/or reading (``read``: a page, then questions about it,
+each with its answer, loss on the answers only); stage 1 is plain causal-LM pretraining on the
+corpus (``texts``); stage 2 is TRL's ``SFTTrainer`` on (prompt, completion) demonstrations. The
+result is a normal transformers model directory (``generator=hf`` loads it, with
+``tokenizer=<dir>/tokenizer``). STACK.md ("A tiny agent LM from scratch on 2 cores") has the
+measurements behind the defaults.
 
 Hand-written, and why:
 
@@ -21,7 +22,7 @@ Hand-written, and why:
   ends in a word and ``b`` starts with a word or with a space and a word. Tags (``special_tokens``)
   are normal added tokens, so ``skip_special_tokens`` keeps them; only ``<pad>``, ``<eos>``, ``<unk>``
   are special. There is no BOS.
-- ``read``: a plain loop over padded drill batches with the loss on the answer, as the probe that
+- ``read``: a plain loop over padded reading batches with the loss on the answers, as the probe that
   measured reading trains (TRL's length-grouped batches differ, and its per-step extras cost time).
 - ``pretrain``: a 20-line loop over packed, equal-length blocks (texts joined by EOS), which need no
   collator, padding or mask; transformers' ``Trainer`` would add a dataset wrapper for no gain. It
@@ -100,10 +101,10 @@ class TinyConfig:
     # tokens, copy accuracy of such sequences is 0.0 after 400 steps and 1.0 after 2,000, and without
     # it 1,200-3,000 steps of corpus + demonstrations never learned to copy a name from the prompt.
     copy_steps: int = 0
-    # Stage 0b: reading drills (``reading`` pairs: a page, a question about it, the value it states),
-    # answer-only loss, in batches of reading_batch_size. Where the copy warm-up teaches copying a
-    # sequence, this is meant to teach finding the one fact a question asks for; what it gives so far
-    # is in experiments/results/probe_tiny_reading_plateau.md.
+    # Stage 0b: reading (``reading`` items: a page, then questions about it each followed by the value
+    # the page states), answer-only loss, in batches of reading_batch_size. Where the copy warm-up
+    # teaches copying a sequence, this teaches finding the one fact a question asks for; the
+    # measurements are in experiments/results/probe_tiny_reading_plateau.md.
     reading_steps: int = 0
     reading_batch_size: int = 32
     # Stage 2: TRL SFT on prompt/completion pairs, loss on the completion only.
@@ -275,37 +276,49 @@ def pretrain(
     return {"block_length": length, **_train(model, blocks, config.pretrain_steps, config, "pretrain")}
 
 
+def reading_example(
+    tokenizer: "PreTrainedTokenizerFast", item: Sequence[str], max_length: int
+) -> tuple[list[int], list[int]]:
+    """A reading item's token ids and labels: its pieces tokenized apart (as at inference: a prompt,
+    then what the model generates), labels on the answer pieces (odd positions) only, -100 elsewhere;
+    cut to ``max_length`` from the left."""
+    ids, labels = [], []
+    for i, piece in enumerate(tokenizer(list(item), add_special_tokens=False).input_ids):
+        ids += piece
+        labels += piece if i % 2 else [-100] * len(piece)
+    return ids[-max_length:], labels[-max_length:]
+
+
 def read(
     model: "Qwen2ForCausalLM",
     tokenizer: "PreTrainedTokenizerFast",
-    pairs: Sequence[tuple[str, str]],
+    items: Sequence[tuple[str, ...]],
     config: TinyConfig,
 ) -> dict:
-    """Stage 0b: reading drills in order, ``reading_batch_size`` per step, loss on the completion
-    only (right-padded batches; the same optimiser and schedule as ``pretrain``). A plain loop, not
-    TRL: the probe that measured reading (experiments/probe_tiny_reading.py) trains this way, and
-    TRL's length-grouped batches and per-step extras measured slower to learn and to run here."""
+    """Stage 0b: reading items in order, ``reading_batch_size`` per step. An item alternates context
+    and answer pieces (``page + question 1``, ``answer 1``, ``question 2``, ``answer 2``, ...); the loss
+    is on the answers only (right-padded batches, cut to max_length on the left; the same optimiser
+    and schedule as ``pretrain``). A plain loop, not TRL: the probe that measured reading
+    (experiments/probe_tiny_reading.py) trains this way, and TRL's length-grouped batches and
+    per-step extras measured slower to learn and to run here."""
     steps, size, pad = config.reading_steps, config.reading_batch_size, tokenizer.pad_token_id
-    if len(pairs) < steps * size:
+    if len(items) < steps * size:
         raise RagLabError(
-            f"tiny LM: {steps} reading steps of {size} need {steps * size} pairs, got {len(pairs)}"
+            f"tiny LM: {steps} reading steps of {size} need {steps * size} items, got {len(items)}"
         )
 
     def batches() -> Iterator[dict]:
         for step in range(steps):
-            batch = pairs[step * size : (step + 1) * size]
-            prompts = tokenizer([p for p, _ in batch], add_special_tokens=False).input_ids
-            answers = tokenizer([c for _, c in batch], add_special_tokens=False).input_ids
-            width = min(
-                max(len(p) + len(c) for p, c in zip(prompts, answers, strict=True)), config.max_length
-            )
-            ids = torch.full((len(batch), width), pad)
-            labels = torch.full((len(batch), width), -100)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (p, c) in enumerate(zip(prompts, answers, strict=True)):
-                row = (p + c)[-width:]
-                ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-                labels[i, len(row) - len(c) : len(row)] = torch.tensor(c)
+            batch = items[step * size : (step + 1) * size]
+            rows = [reading_example(tokenizer, item, config.max_length) for item in batch]
+            width = max(len(ids) for ids, _ in rows)
+            ids = torch.full((len(rows), width), pad)
+            labels = torch.full((len(rows), width), -100)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, (row, target) in enumerate(rows):
+                ids[i, : len(row)], labels[i, : len(row)], mask[i, : len(row)] = (
+                    torch.tensor(row), torch.tensor(target), 1
+                )  # fmt: skip
             yield {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
     return _train(model, batches(), steps, config, "reading")
@@ -389,7 +402,7 @@ def sft_trainer(
 
 def fingerprint(
     texts: Sequence[str],
-    pairs: Sequence[tuple[str, str]],
+    pairs: Sequence[tuple[str, ...]],
     special_tokens: Sequence[str],
     names: Sequence[str] = (),
 ) -> str:
@@ -414,11 +427,11 @@ def train_tiny_lm(
     out_dir: Path,
     special_tokens: Sequence[str] = (),
     names: Sequence[str] = (),
-    reading: Sequence[tuple[str, str]] = (),
+    reading: Sequence[tuple[str, ...]] = (),
 ) -> Path:
     """Train the tiny LM into ``out_dir`` (model, ``tokenizer/``, ``train.json``), or reuse it.
 
-    Stages, each skipped at 0 steps: copy warm-up, reading drills (one pass over ``reading``),
+    Stages, each skipped at 0 steps: copy warm-up, reading (one pass over ``reading``),
     pretraining on ``texts``, SFT on ``pairs``. The vocabulary is every piece of ``texts``, ``pairs``
     and ``reading`` plus ``special_tokens``. ``out_dir``
     appears in one rename when training has finished (a killed run leaves only a ``.name.*`` temp
@@ -433,7 +446,7 @@ def train_tiny_lm(
     if (config.pretrain_steps and not texts) or (config.sft_steps and not pairs):
         raise RagLabError("tiny LM: pretraining needs texts and SFT needs pairs (or set their steps to 0)")
     if config.reading_steps and not reading:
-        raise RagLabError("tiny LM: reading_steps needs reading pairs (or set reading_steps=0)")
+        raise RagLabError("tiny LM: reading_steps needs reading items (or set reading_steps=0)")
     start = time.perf_counter()
     with publish(out_dir) as tmp:
         pool = names or sorted({w for t in texts for w in t.split() if w.isalpha() and w.istitle()})

@@ -70,6 +70,29 @@ def reading_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[t
     ]
 
 
+def reading_pages(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, ...]]:
+    """One reading item per page from :func:`page_facts`: ``Document: <page>``, then every question the
+    page answers, each followed by its answer; pieces alternate context and answer (``tiny.read``
+    puts the loss on the answers). Every answer of a page trains on one pass over it: in the probe,
+    held-out reading reached 0.375 at 1,000 steps this way against 0.19 with one question per page."""
+    out = []
+    for page, qas in facts:
+        pieces = [f"Document: {page.contents}"]
+        for question, answer in qas:
+            pieces[-1] += f"\nQuestion: {question}\nAnswer:"
+            pieces += [f" {answer}", ""]
+        out.append(tuple(pieces[:-1]))
+    return out
+
+
+def shuffle_questions(item: tuple[str, ...], rng: random.Random) -> tuple[str, ...]:
+    """A :func:`reading_pages` item with its questions in a random order (the page stays first)."""
+    head, first = item[0].split("\nQuestion: ", 1)
+    qas = [("\nQuestion: " + first, item[1])] + [(item[i], item[i + 1]) for i in range(2, len(item), 2)]
+    rng.shuffle(qas)
+    return (head + qas[0][0], qas[0][1], *[x for qa in qas[1:] for x in qa])
+
+
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
 KIND_RELATIONS = ("birthplace", "director", "founder", "capital", "origin", "country")
 
@@ -165,8 +188,11 @@ def tiny_lm(
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
-    pool = reading_drills(facts) if reading_steps else []
-    reading = [rename(rng.choice(pool), rng) for _ in range(reading_steps * reading_batch_size)]
+    pool = reading_pages(facts) if reading_steps else []
+    reading = [
+        rename(shuffle_questions(rng.choice(pool), rng), rng)
+        for _ in range(reading_steps * reading_batch_size)
+    ]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for name, demos in sorted(by_protocol.items()):
