@@ -152,7 +152,7 @@ def tiny_lm(
     intermediate: int = 256,
     max_length: int = 1024,
     copy_steps: int = 2000,
-    # a reading stage first: renamed reading drills, answer-only loss (0: none)
+    # a reading stage first: renamed pages with all their questions, answer-only loss (0: none)
     reading_steps: int = 0,
     reading_batch_size: int = 32,
     pretrain_steps: int = 500,
