@@ -114,11 +114,12 @@ def main() -> None:
     held, train = pairs[:200], pairs[200:]
     # --pages: the pages of the training drills, each with the questions of its training drills
     asked = {(p, c) for p, c in train}
-    pages = [
-        (item[0].split("\nQuestion: ")[0], *[x for qa in kept for x in qa])
-        for item in reading_pages(page_facts(data))
-        if (kept := [qa for qa in _qas(item) if qa in asked])
-    ]
+    pages = []
+    for item in reading_pages(page_facts(data)):
+        if kept := [qa for qa in _qas(item) if qa in asked]:
+            head = item[0].split("\nQuestion: ")[0]
+            pieces = [x for p, c in kept for x in (p.removeprefix(head), c)]
+            pages.append((head + pieces[0], *pieces[1:]))
     names = sorted({t for t in data.corpus.titles if " " in t})
     tok = build_tokenizer([p.contents for p in data.corpus] + [p + c for p, c in pairs], TAGS, names)
     config = TinyConfig(hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2,
