@@ -79,13 +79,6 @@ def shorten(prompt: str, completion: str, rng: random.Random, n: int) -> tuple[s
     return f"Document: {title}\n" + ". ".join(keep).rstrip(".") + ".\nQuestion: " + question, completion
 
 
-def _qas(item: tuple[str, ...]) -> list[tuple[str, str]]:
-    """A reading_pages item's drills, as (prompt, completion) pairs of reading_drills."""
-    head, first = item[0].split("\nQuestion: ", 1)
-    questions = ["\nQuestion: " + first, *item[2::2]]
-    return [(head + q, a) for q, a in zip(questions, item[1::2], strict=True)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rename", action="store_true")
@@ -107,19 +100,21 @@ def main() -> None:
         parser.error("--pages goes with --rename, --typed, --copy, --dense only")
     torch.set_num_threads(2)
     data = SynthDataset(args.cache)
-    pairs = reading_drills(page_facts(data))
+    facts = page_facts(data)
+    pairs = reading_drills(facts)
     if args.qfirst:
         pairs = [(question_first(p), c) for p, c in pairs]
     random.Random(0).shuffle(pairs)
     held, train = pairs[:200], pairs[200:]
-    # --pages: the pages of the training drills, each with the questions of its training drills
-    asked = {(p, c) for p, c in train}
-    pages = []
-    for item in reading_pages(page_facts(data)):
-        if kept := [qa for qa in _qas(item) if qa in asked]:
-            head = item[0].split("\nQuestion: ")[0]
-            pieces = [x for p, c in kept for x in (p.removeprefix(head), c)]
-            pages.append((head + pieces[0], *pieces[1:]))
+    # --pages: every page with the questions of its training drills (the held-out ones left out)
+    held_out = set(held)
+    pages = reading_pages(
+        [
+            (page, kept)
+            for page, qas in facts
+            if (kept := [qa for qa in qas if reading_drills([(page, [qa])])[0] not in held_out])
+        ]
+    )
     names = sorted({t for t in data.corpus.titles if " " in t})
     tok = build_tokenizer([p.contents for p in data.corpus] + [p + c for p, c in pairs], TAGS, names)
     config = TinyConfig(hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2,
@@ -131,7 +126,7 @@ def main() -> None:
         stats = pretrain(model, tok, copy_texts(names, 0), warm)
         seconds = time.perf_counter() - start
         print(f"copy warm-up: {args.copy} steps, {seconds:.0f} s, loss {stats['final_loss']:.3f}", flush=True)
-    rename = renamer(sorted(set(data.corpus.titles)), page_kinds(page_facts(data)) if args.typed else None)
+    rename = renamer(sorted(set(data.corpus.titles)), page_kinds(facts) if args.typed else None)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = get_cosine_schedule_with_warmup(opt, 50, args.steps)
     rng = random.Random(0)
