@@ -78,13 +78,46 @@ def test_reading_pages_ask_every_question_of_a_page_and_shuffle_keeps_them(tiny_
         assert qas(shuffled) == (head, pairs) and len(shuffled) == len(item)
 
 
+def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg):
+    """The qa layout's items parse as the qa protocol (so they train the very prompts the policies
+    send), hold their page and 0-2 neighbours, and each answer is what those pages state."""
+    from rag_lab.env.protocols.base import identify
+    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.generators.tiny_world import page_facts, page_neighbours, qa_drills, qa_reading_item
+    from rag_lab.retrievers.bm25 import BM25Retriever
+
+    data = instantiate(tiny_cfg().data)
+    facts = page_facts(data)
+    neighbours = page_neighbours(facts, BM25Retriever(data.corpus), 4)
+    assert all(i not in row and len(row) <= 4 for i, row in enumerate(neighbours))
+    assert sum(len(row) == 4 for row in neighbours) > len(facts) / 2
+    rng, sizes = random.Random(0), set()
+    for i in range(0, len(facts), max(1, len(facts) // 60)):
+        item = qa_reading_item(facts, i, neighbours, rng, max_pages=3, max_questions=6)
+        protocol, state = identify(item[0])
+        pages = [p for turn in state.turns for p in turn.passages]
+        sizes.add(len(pages))
+        assert protocol.name == "qa" and facts[i][0].title in [p.title for p in pages]
+        later = [q.removeprefix("\nQuestion: ").removesuffix(protocol.tag) for q in item[2::2]]
+        questions = [state.question, *later]
+        assert 1 <= len(questions) <= 6 and len(item) == 2 * len(questions)
+        for question, answer in zip(questions, item[1::2], strict=True):
+            assert answer_from(question, pages) == answer
+    assert sizes == {1, 2, 3}
+    for prompt, answer in qa_drills(facts)[:50]:
+        protocol, state = identify(prompt)
+        (turn,) = state.turns
+        assert protocol.name == "qa" and answer_from(state.question, turn.passages) == answer
+
+
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
     import json
 
     from rag_lab.generators.tiny_world import page_facts, page_kinds, renamer
 
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=2",
-                   "generator.reading_batch_size=2", "generator.rename_entities=true")  # fmt: skip
+                   "generator.reading_batch_size=2", "generator.rename_entities=true",
+                   "generator.reading_layout=qa", "generator.drills=true")  # fmt: skip
     data = instantiate(cfg.data)
     instantiate(cfg.generator, data=data)
     (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
@@ -96,3 +129,14 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
     for title in list(kinds)[:50]:
         (new,) = rename((title,), random.Random(0))
         assert kinds[new] == kinds[title] and (" " in new) == (" " in title)
+
+
+def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
+    import pytest
+
+    from rag_lab.errors import RagLabError
+
+    from rag_lab.generators.tiny_world import tiny_lm
+
+    with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa"):
+        tiny_lm(instantiate(tiny_cfg().data), str(tmp_path), reading_layout="page")
