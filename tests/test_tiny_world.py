@@ -135,7 +135,6 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
     import pytest
 
     from rag_lab.errors import RagLabError
-
     from rag_lab.generators.tiny_world import tiny_lm
 
     with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa"):
