@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rag_lab.data.base import Passage
-from rag_lab.env.protocols.base import documents
+from rag_lab.env.protocols.base import SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
@@ -125,21 +125,21 @@ def qa_reading_item(
     rng.shuffle(chosen)
     qas = [qa for j in chosen for qa in facts[j][1]]
     qas = rng.sample(qas, min(max_questions, len(qas)))
-    tag = QA().tag
-    pieces = ["Documents:\n" + documents([facts[j][0] for j in chosen]) + "\n"]
-    for question, answer in qas:
-        pieces[-1] += f"Question: {question}{tag}"
-        pieces += [answer, "\n"]
-    return tuple(pieces[:-1])
+    pages, tag = [facts[j][0] for j in chosen], QA().tag
+    pieces = [qa_prompt(qas[0][0], pages), qas[0][1]]
+    for question, answer in qas[1:]:
+        pieces += [f"\nQuestion: {question}{tag}", answer]
+    return tuple(pieces)
+
+
+def qa_prompt(question: str, pages: list[Passage]) -> str:
+    """The ``qa`` protocol's prompt (rendered by the protocol itself) for a question and its pages."""
+    return QA().prompt(State(question, [Turn(Action(SEARCH, query=question), pages)]))
 
 
 def qa_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
     """:func:`reading_drills` in the ``qa`` protocol's layout: one page, one question, its answer."""
-    return [
-        (f"Documents:\n{documents([page])}\nQuestion: {question}{QA().tag}", answer)
-        for page, qas in facts
-        for question, answer in qas
-    ]
+    return [(qa_prompt(question, [page]), answer) for page, qas in facts for question, answer in qas]
 
 
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
@@ -244,16 +244,16 @@ def tiny_lm(
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
     if reading_layout == "qa":
         neighbours = page_neighbours(facts, retriever, 4) if reading_steps else []
-        reading = [
-            rename(qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages), rng)
-            for _ in range(reading_steps * reading_batch_size)
-        ]
+
+        def draw() -> tuple[str, ...]:
+            return qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages)
     else:
         pool = reading_pages(facts) if reading_steps else []
-        reading = [
-            rename(shuffle_questions(rng.choice(pool), rng), rng)
-            for _ in range(reading_steps * reading_batch_size)
-        ]
+
+        def draw() -> tuple[str, ...]:
+            return shuffle_questions(rng.choice(pool), rng)
+
+    reading = [rename(draw(), rng) for _ in range(reading_steps * reading_batch_size)]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for name, demos in sorted(by_protocol.items()):
