@@ -110,6 +110,23 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
         assert protocol.name == "qa" and answer_from(state.question, turn.passages) == answer
 
 
+def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
+    """Stop-RAG's question-first layout: each item parses as that protocol, its one document is the
+    page asked about, and the answer is what the page states."""
+    from rag_lab.env.protocols.base import identify
+    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.generators.tiny_world import intermediate_drills, intermediate_reading_item, page_facts
+
+    facts = page_facts(instantiate(tiny_cfg().data))
+    rng = random.Random(0)
+    items = [intermediate_reading_item(facts, i, rng) for i in range(0, len(facts), max(1, len(facts) // 60))]
+    for prompt, answer in items + intermediate_drills(facts)[:50]:
+        protocol, state = identify(prompt)
+        (turn,) = state.turns
+        assert protocol.name == "stoprag_intermediate" and len(turn.passages) == 1
+        assert answer_from(turn.action.query, turn.passages) == answer
+
+
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
     import json
 
@@ -117,12 +134,15 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
 
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=2",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
-                   "generator.reading_layout=qa", "generator.drills=true")  # fmt: skip
+                   "generator.reading_layout=[qa,stoprag_intermediate]", "generator.drills=true")  # fmt: skip
     data = instantiate(cfg.data)
     instantiate(cfg.generator, data=data)
     (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
     stats = json.loads((checkpoint / "train.json").read_text())
     assert stats["reading"]["steps"] == 2 and stats["sft"]["steps"] >= 1
+    # Drills of both layouts in SFT: two per fact.
+    n_facts = sum(len(qas) for _, qas in page_facts(data))
+    assert stats["pairs"] >= 2 * n_facts
     kinds = page_kinds(page_facts(data))
     assert {"birthplace", "director", "capital"} <= set(kinds.values())
     rename = renamer(sorted(kinds), kinds)
@@ -137,5 +157,5 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
     from rag_lab.errors import RagLabError
     from rag_lab.generators.tiny_world import tiny_lm
 
-    with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa"):
-        tiny_lm(instantiate(tiny_cfg().data), str(tmp_path), reading_layout="page")
+    with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa, stop"):
+        tiny_lm(instantiate(tiny_cfg().data), str(tmp_path), reading_layout=["qa", "page"])

@@ -15,13 +15,14 @@ import logging
 import math
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from rag_lab.data.base import Passage
 from rag_lab.env.protocols.base import SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
+from rag_lab.env.protocols.stoprag import StopRAGIntermediate
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect, sample
@@ -142,6 +143,34 @@ def qa_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[
     return [(qa_prompt(question, [page]), answer) for page, qas in facts for question, answer in qas]
 
 
+def intermediate_prompt(question: str, page: Passage) -> str:
+    """Stop-RAG's intermediate-answer prompt (question first, then its one document), as the protocol
+    renders it."""
+    return StopRAGIntermediate().prompt(State(question, [Turn(Action(SEARCH, query=question), [page])]))
+
+
+def intermediate_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
+    """:func:`reading_drills` in Stop-RAG's intermediate-answer layout."""
+    return [(intermediate_prompt(q, page), answer) for page, qas in facts for q, answer in qas]
+
+
+def intermediate_reading_item(
+    facts: list[tuple[Passage, list[tuple[str, str]]]], i: int, rng: random.Random
+) -> tuple[str, str]:
+    """A reading item in Stop-RAG's intermediate-answer layout: one random question about page ``i``
+    and its answer. One question per item: the question comes before the page, so a second one would
+    need the page again."""
+    page, qas = facts[i]
+    question, answer = rng.choice(qas)
+    return intermediate_prompt(question, page), answer
+
+
+# generator.reading_layout's corpus layouts -> the SFT drills of that layout (``drills``); "demos" is the
+# teacher's demonstrations of every protocol, renamed afresh each time they are drawn.
+DRILLS = {"drill": reading_drills, "qa": qa_drills, "stoprag_intermediate": intermediate_drills}
+READING_LAYOUTS = (*DRILLS, "demos")
+
+
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
 KIND_RELATIONS = ("birthplace", "director", "founder", "capital", "origin", "country")
 
@@ -204,8 +233,10 @@ def tiny_lm(
     # a reading stage first: renamed pages with all their questions, answer-only loss (0: none)
     reading_steps: int = 0,
     reading_batch_size: int = 32,
-    # the reading items' layout: "drill" (reading_pages) or "qa" (qa_reading_item, up to reading_max_pages)
-    reading_layout: str = "drill",
+    # the reading items' layout, or a list of layouts taking turns batch by batch: "drill"
+    # (reading_pages), "qa" (qa_reading_item, up to reading_max_pages), "stoprag_intermediate" (one page,
+    # one question, Stop-RAG's question-first prompt), "demos" (every teacher demonstration, renamed)
+    reading_layout: str | Sequence[str] = "drill",
     reading_max_pages: int = 3,
     pretrain_steps: int = 500,
     pretrain_length: int = 256,
@@ -226,15 +257,19 @@ def tiny_lm(
     generate_batch_size: int = 64,
     seed: int = 0,
 ) -> HFGenerator:
-    if reading_layout not in ("drill", "qa"):
-        raise RagLabError(f"generator.reading_layout: {reading_layout!r} is not one of drill, qa")
+    layouts = [reading_layout] if isinstance(reading_layout, str) else list(reading_layout)
+    for layout in layouts:
+        if layout not in READING_LAYOUTS:
+            raise RagLabError(
+                f"generator.reading_layout: {layout!r} is not one of {', '.join(READING_LAYOUTS)}"
+            )
     texts = [p.contents for p in data.corpus]
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
     by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
     pairs = sample(by_protocol, words_per_protocol, protocols, seed=train_seed)
     facts = page_facts(data) if drills or rename_entities or reading_steps else []
     if drills:
-        pairs += qa_drills(facts) if reading_layout == "qa" else reading_drills(facts)
+        pairs += [pair for layout in layouts if layout in DRILLS for pair in DRILLS[layout](facts)]
     n_pairs = len(pairs)
     # Renaming keeps each entity's kind (a country becomes another country), as the world does.
     rename, rng = renamer(sorted(set(data.corpus.titles)), page_kinds(facts)), random.Random(train_seed)
@@ -242,18 +277,29 @@ def tiny_lm(
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
-    if reading_layout == "qa":
-        neighbours = page_neighbours(facts, retriever, 4) if reading_steps else []
+    neighbours = page_neighbours(facts, retriever, 4) if reading_steps and "qa" in layouts else []
+    pool = reading_pages(facts) if reading_steps and "drill" in layouts else []
+    # "demos": every demonstration the teacher gave (not only the SFT sample), one protocol per batch.
+    demo_pools = [
+        sorted(demos.items())
+        for name, demos in sorted(by_protocol.items())
+        if protocols is None or name in protocols
+    ]
+    draws: dict[str, Callable[[], tuple[str, ...]]] = {
+        "drill": lambda: shuffle_questions(rng.choice(pool), rng),
+        "qa": lambda: qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages),
+        "stoprag_intermediate": lambda: intermediate_reading_item(facts, rng.randrange(len(facts)), rng),
+    }
 
-        def draw() -> tuple[str, ...]:
-            return qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages)
-    else:
-        pool = reading_pages(facts) if reading_steps else []
+    def batch(layout: str) -> list[tuple[str, ...]]:
+        if layout == "demos":
+            demos = rng.choice(demo_pools)
+            return [rename(rng.choice(demos), rng) for _ in range(reading_batch_size)]
+        return [rename(draws[layout](), rng) for _ in range(reading_batch_size)]
 
-        def draw() -> tuple[str, ...]:
-            return shuffle_questions(rng.choice(pool), rng)
-
-    reading = [rename(draw(), rng) for _ in range(reading_steps * reading_batch_size)]
+    # Layouts take turns batch by batch; each batch is of one layout (and one protocol), since batches
+    # of short and long items would pad the short ones.
+    reading = [item for step in range(reading_steps) for item in batch(layouts[step % len(layouts)])]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for name, demos in sorted(by_protocol.items()):
