@@ -23,12 +23,9 @@ from pathlib import Path
 from benchlib import publish
 
 from rag_lab.data.synth import SynthDataset
-from rag_lab.env.protocols.base import SEARCH, Action, State, Turn
-from rag_lab.env.protocols.simple import QA
-from rag_lab.env.protocols.stoprag import StopRAGIntermediate
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.generators.tiny_world import page_facts
+from rag_lab.generators.tiny_world import intermediate_prompt, page_facts, qa_prompt
 from rag_lab.retrievers.bm25 import BM25Retriever
 
 
@@ -58,14 +55,11 @@ def main() -> None:
         "drill": [f"Document: {p.contents}\nQuestion: {q}\nAnswer:" for p, q, _ in facts],
         **{
             f"qa, {n} page{'s' * (n > 1)}": [
-                QA().prompt(State(q, [Turn(Action(SEARCH, query=q), with_neighbours(i, n))]))
-                for i, (_, q, _) in enumerate(facts)
+                qa_prompt(q, with_neighbours(i, n)) for i, (_, q, _) in enumerate(facts)
             ]
             for n in (1, 3, 5)
         },
-        "stoprag_intermediate, 1 page": [
-            StopRAGIntermediate().prompt(State(q, [Turn(Action(SEARCH, query=q), [p])])) for p, q, _ in facts
-        ],
+        "stoprag_intermediate, 1 page": [intermediate_prompt(q, p) for p, q, _ in facts],
     }
     rows = []
     for name, prompts in layouts.items():

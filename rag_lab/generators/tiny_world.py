@@ -135,7 +135,13 @@ def qa_reading_item(
 
 def qa_prompt(question: str, pages: list[Passage]) -> str:
     """The ``qa`` protocol's prompt (rendered by the protocol itself) for a question and its pages."""
-    return QA().prompt(State(question, [Turn(Action(SEARCH, query=question), pages)]))
+    return QA().prompt(searched(question, pages))
+
+
+def searched(question: str, pages: list[Passage]) -> State:
+    """The state after one search for ``question`` that returned ``pages``: what the reading layouts
+    render through the protocols themselves."""
+    return State(question, [Turn(Action(SEARCH, query=question), list(pages))])
 
 
 def qa_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
@@ -146,7 +152,7 @@ def qa_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[
 def intermediate_prompt(question: str, page: Passage) -> str:
     """Stop-RAG's intermediate-answer prompt (question first, then its one document), as the protocol
     renders it."""
-    return StopRAGIntermediate().prompt(State(question, [Turn(Action(SEARCH, query=question), [page])]))
+    return StopRAGIntermediate().prompt(searched(question, [page]))
 
 
 def intermediate_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
@@ -279,12 +285,11 @@ def tiny_lm(
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
     neighbours = page_neighbours(facts, retriever, 4) if reading_steps and "qa" in layouts else []
     pool = reading_pages(facts) if reading_steps and "drill" in layouts else []
+    chosen = {
+        name: demos for name, demos in sorted(by_protocol.items()) if protocols is None or name in protocols
+    }
     # "demos": every demonstration the teacher gave (not only the SFT sample), one protocol per batch.
-    demo_pools = [
-        sorted(demos.items())
-        for name, demos in sorted(by_protocol.items())
-        if protocols is None or name in protocols
-    ]
+    demo_pools = [sorted(d.items()) for d in chosen.values()] if reading_steps and "demos" in layouts else []
     draws: dict[str, Callable[[], tuple[str, ...]]] = {
         "drill": lambda: shuffle_questions(rng.choice(pool), rng),
         "qa": lambda: qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages),
@@ -302,9 +307,8 @@ def tiny_lm(
     reading = [item for step in range(reading_steps) for item in batch(layouts[step % len(layouts)])]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
-    for name, demos in sorted(by_protocol.items()):
-        if protocols is None or name in protocols:
-            texts += [p + c for p, c in sorted(demos.items()) if len((p + c).split()) <= pretrain_demo_words]
+    for demos in chosen.values():
+        texts += [p + c for p, c in sorted(demos.items()) if len((p + c).split()) <= pretrain_demo_words]
     config = TinyConfig(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
         max_length=max_length, copy_steps=copy_steps, reading_steps=reading_steps,
