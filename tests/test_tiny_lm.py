@@ -195,6 +195,24 @@ def test_a_reading_item_has_labels_on_its_answers_only():
     assert len(ids) == 5 and tok.decode(ids).endswith("Answer: yes") and labels[-1] == ids[-1]
 
 
+def test_an_entity_is_a_reading_target_only_where_it_repeats():
+    """A first mention cannot be read from anything; a repeat (also one in the answer) can."""
+    item = ("", "Glimmer Road: Zorbu directed Glimmer Road.\nAnswer:", "", " Zorbu")
+    tok = build_tokenizer([*TEXTS, *item], TAGS)
+    entities = {tok.convert_tokens_to_ids(name) for name in ("Glimmer", "Zorbu")}
+    ids, labels = reading_example(tok, item, 1024, entities)
+    targets = [
+        (tok.decode([t]), label != -100) for t, label in zip(ids, labels, strict=True) if t in entities
+    ]
+    assert targets == [("Glimmer", False), ("Zorbu", False), ("Glimmer", True), ("Zorbu", True)]
+    # Cut from the left so that the earlier mention is gone: the answer has nothing to copy from.
+    ids, labels = reading_example(tok, item, 6, entities)
+    assert tok.decode(ids) == ".\nAnswer: Zorbu" and labels[-1] == -100 and labels[:-1] == ids[:-1]
+    # Without entities every token of the two labelled pieces is a target.
+    ids, labels = reading_example(tok, item, 1024)
+    assert labels == ids
+
+
 def test_the_reading_stage_trains_on_its_own_items_with_the_answer_only_loss(tmp_path):
     page = "Document:\nGlimmer Road: Glimmer Road is a film by Zorbu Kaltane."
     reading = [(f"{page}\nQuestion: Who directed Glimmer Road?\nAnswer:", " Zorbu Kaltane")] * 6

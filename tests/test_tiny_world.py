@@ -132,14 +132,15 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
 
     from rag_lab.generators.tiny_world import page_facts, page_kinds, renamer
 
-    cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=2",
+    cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=3",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
-                   "generator.reading_layout=[qa,stoprag_intermediate]", "generator.drills=true")  # fmt: skip
+                   "generator.reading_layout=[qa,stoprag_intermediate,traces]",
+                   "generator.drills=true")  # fmt: skip
     data = instantiate(cfg.data)
     instantiate(cfg.generator, data=data)
     (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
     stats = json.loads((checkpoint / "train.json").read_text())
-    assert stats["reading"]["steps"] == 2 and stats["sft"]["steps"] >= 1
+    assert stats["reading"]["steps"] == 3 and stats["sft"]["steps"] >= 1
     # Drills of both layouts in SFT: two per fact.
     n_facts = sum(len(qas) for _, qas in page_facts(data))
     assert stats["pairs"] >= 2 * n_facts
@@ -159,3 +160,17 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
 
     with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa, stop"):
         tiny_lm(instantiate(tiny_cfg().data), str(tmp_path), reading_layout=["qa", "page"])
+
+
+def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tiny_cfg, tmp_path):
+    """``traces``: prompt and completion both labelled, each tokenized alone (a prompt, then what the
+    model generates), so the ids are the ones the model sees when it writes the completion."""
+    from rag_lab.generators.tiny import build_tokenizer, reading_example
+    from rag_lab.generators.tiny_world import TAGS, trace_item
+
+    prompt = "Main question: Who directed The Guma?\nFollow up: Who directed The Guma?\n[stoprag_query]\n"
+    completion = "Who directed The Guma?"
+    tok = build_tokenizer([prompt, completion], TAGS)
+    ids, labels = reading_example(tok, trace_item(prompt, completion), 1024)
+    alone = tok([prompt, completion], add_special_tokens=False).input_ids
+    assert ids == labels == alone[0] + alone[1]

@@ -56,7 +56,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -277,16 +277,29 @@ def pretrain(
 
 
 def reading_example(
-    tokenizer: "PreTrainedTokenizerFast", item: Sequence[str], max_length: int
+    tokenizer: "PreTrainedTokenizerFast",
+    item: Sequence[str],
+    max_length: int,
+    entities: Collection[int] = frozenset(),
 ) -> tuple[list[int], list[int]]:
     """A reading item's token ids and labels: its pieces tokenized apart (as at inference: a prompt,
     then what the model generates), labels on the answer pieces (odd positions) only, -100 elsewhere;
-    cut to ``max_length`` from the left."""
+    cut to ``max_length`` from the left. An entity token (``entities``: the ids of the world's names)
+    is a target only where it repeats one earlier in the (cut) item: with renamed entities a first
+    mention cannot be read or predicted from anything. This matters only for items with the loss on
+    their context too (``traces``); every other layout's answers are in its context. (It was meant to
+    keep such items from teaching name guessing; it did not bring copying back:
+    experiments/results/probe_tiny_reading_plateau.md, t11 and t12.)"""
     ids, labels = [], []
     for i, piece in enumerate(tokenizer(list(item), add_special_tokens=False).input_ids):
         ids += piece
         labels += piece if i % 2 else [-100] * len(piece)
-    return ids[-max_length:], labels[-max_length:]
+    ids, labels, seen = ids[-max_length:], labels[-max_length:], set()
+    for j, token in enumerate(ids):
+        if token in entities and token not in seen:
+            labels[j] = -100
+        seen.add(token)
+    return ids, labels
 
 
 def read(
@@ -294,10 +307,12 @@ def read(
     tokenizer: "PreTrainedTokenizerFast",
     items: Sequence[tuple[str, ...]],
     config: TinyConfig,
+    entities: Collection[int] = frozenset(),
 ) -> dict:
     """Stage 0b: reading items in order, ``reading_batch_size`` per step. An item alternates context
     and answer pieces (``page + question 1``, ``answer 1``, ``question 2``, ``answer 2``, ...); the loss
-    is on the answers only (right-padded batches, cut to max_length on the left; the same optimiser
+    is on the answers only (and on ``entities`` only where they repeat: :func:`reading_example`;
+    right-padded batches, cut to max_length on the left; the same optimiser
     and schedule as ``pretrain``). A plain loop, not TRL: the probe that measured reading
     (experiments/probe_tiny_reading.py) trains this way, and TRL's length-grouped batches and
     per-step extras measured slower to learn and to run here."""
@@ -310,7 +325,7 @@ def read(
     def batches() -> Iterator[dict]:
         for step in range(steps):
             batch = items[step * size : (step + 1) * size]
-            rows = [reading_example(tokenizer, item, config.max_length) for item in batch]
+            rows = [reading_example(tokenizer, item, config.max_length, entities) for item in batch]
             width = max(len(ids) for ids, _ in rows)
             ids = torch.full((len(rows), width), pad)
             labels = torch.full((len(rows), width), -100)
@@ -428,18 +443,22 @@ def train_tiny_lm(
     special_tokens: Sequence[str] = (),
     names: Sequence[str] = (),
     reading: Sequence[tuple[str, ...]] = (),
+    entities: Sequence[str] = (),
 ) -> Path:
     """Train the tiny LM into ``out_dir`` (model, ``tokenizer/``, ``train.json``), or reuse it.
 
-    Stages, each skipped at 0 steps: copy warm-up, reading (one pass over ``reading``),
-    pretraining on ``texts``, SFT on ``pairs``. The vocabulary is every piece of ``texts``, ``pairs``
-    and ``reading`` plus ``special_tokens``. ``out_dir``
+    Stages, each skipped at 0 steps: copy warm-up, reading (one pass over ``reading``; ``entities``,
+    the world's names, are reading targets only where they repeat), pretraining on ``texts``, SFT on
+    ``pairs``. The vocabulary is every piece of ``texts``, ``pairs`` and ``reading`` plus
+    ``special_tokens``. ``out_dir``
     appears in one rename when training has finished (a killed run leaves only a ``.name.*`` temp
     dir beside it); one that exists is returned as is, after checking that ``train.json`` names the
     same config and data (else ``RagLabError``: a stale model is never served).
     """
     out_dir = Path(out_dir)
-    data = fingerprint(texts, [*pairs, *reading], special_tokens, names)
+    # The entities change the reading labels, so they are part of the data when there is reading.
+    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
+    data = fingerprint(texts, held, special_tokens, names)
     if out_dir.exists():
         _check_reuse(out_dir, config, data)
         return out_dir
@@ -472,7 +491,10 @@ def train_tiny_lm(
                 model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
             )
         if config.reading_steps:
-            stats["reading"] = read(model, tokenizer, reading, config)
+            # The world's names that are one token: in reading, targets only where they repeat.
+            ids = tokenizer(list(entities), add_special_tokens=False).input_ids
+            known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
+            stats["reading"] = read(model, tokenizer, reading, config, known)
         if config.pretrain_steps:
             stats["pretrain"] = pretrain(model, tokenizer, texts, config)
         if config.sft_steps:

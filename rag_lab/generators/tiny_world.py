@@ -172,9 +172,21 @@ def intermediate_reading_item(
 
 
 # generator.reading_layout's corpus layouts -> the SFT drills of that layout (``drills``); "demos" is the
-# teacher's demonstrations of every protocol, renamed afresh each time they are drawn.
+# teacher's demonstrations of every protocol, renamed afresh each time they are drawn, loss on the
+# completion; "traces" the same with the loss on every token (see :func:`trace_item`).
 DRILLS = {"drill": reading_drills, "qa": qa_drills, "stoprag_intermediate": intermediate_drills}
-READING_LAYOUTS = (*DRILLS, "demos")
+READING_LAYOUTS = (*DRILLS, "demos", "traces")
+
+
+def trace_item(prompt: str, completion: str) -> tuple[str, ...]:
+    """A demonstration as a reading item with the loss on every token, prompt included (pieces
+    alternate context and answer, so the prompt is an answer piece after an empty context). A trace's
+    prompt holds the protocol's own earlier steps: in a Stop-RAG trace every follow-up query (copy the
+    last intermediate answer, take the next relation of the question) and every intermediate answer
+    (copy from the document above it) is a target in its own place, so one trace trains each step
+    several times, where the completion-only loss trains the last one. The two pieces stay apart, as
+    prompt and generation are tokenized at inference."""
+    return ("", prompt, "", completion)
 
 
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
@@ -241,7 +253,8 @@ def tiny_lm(
     reading_batch_size: int = 32,
     # the reading items' layout, or a list of layouts taking turns batch by batch: "drill"
     # (reading_pages), "qa" (qa_reading_item, up to reading_max_pages), "stoprag_intermediate" (one page,
-    # one question, Stop-RAG's question-first prompt), "demos" (every teacher demonstration, renamed)
+    # one question, Stop-RAG's question-first prompt), "demos" (every teacher demonstration, renamed),
+    # "traces" (the same, loss on every token: trace_item)
     reading_layout: str | Sequence[str] = "drill",
     reading_max_pages: int = 3,
     pretrain_steps: int = 500,
@@ -288,8 +301,13 @@ def tiny_lm(
     chosen = {
         name: demos for name, demos in sorted(by_protocol.items()) if protocols is None or name in protocols
     }
-    # "demos": every demonstration the teacher gave (not only the SFT sample), one protocol per batch.
-    demo_pools = [sorted(d.items()) for d in chosen.values()] if reading_steps and "demos" in layouts else []
+    # "demos"/"traces": every demonstration the teacher gave (not only the SFT sample), one protocol per
+    # batch.
+    demo_pools = (
+        [sorted(d.items()) for d in chosen.values()]
+        if reading_steps and {"demos", "traces"} & set(layouts)
+        else []
+    )
     draws: dict[str, Callable[[], tuple[str, ...]]] = {
         "drill": lambda: shuffle_questions(rng.choice(pool), rng),
         "qa": lambda: qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages),
@@ -297,9 +315,10 @@ def tiny_lm(
     }
 
     def batch(layout: str) -> list[tuple[str, ...]]:
-        if layout == "demos":
+        if layout in ("demos", "traces"):
             demos = rng.choice(demo_pools)
-            return [rename(rng.choice(demos), rng) for _ in range(reading_batch_size)]
+            picked = [rename(rng.choice(demos), rng) for _ in range(reading_batch_size)]
+            return [trace_item(*pair) for pair in picked] if layout == "traces" else picked
         return [rename(draws[layout](), rng) for _ in range(reading_batch_size)]
 
     # Layouts take turns batch by batch; each batch is of one layout (and one protocol), since batches
@@ -319,11 +338,13 @@ def tiny_lm(
     )  # fmt: skip
     # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
     names = sorted({title for title in data.corpus.titles if " " in title})
-    key = json.dumps([asdict(config), fingerprint(texts, [*pairs, *reading], TAGS, names)])
+    entities = sorted(set(data.corpus.titles))
+    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
+    key = json.dumps([asdict(config), fingerprint(texts, held, TAGS, names)])
     out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
-    path = train_tiny_lm(texts, pairs, config, out, TAGS, names, reading)
+    path = train_tiny_lm(texts, pairs, config, out, TAGS, names, reading, entities)
     tokenizer = str(path / "tokenizer")
     return HFGenerator(
         str(path), tokenizer, batch_size=generate_batch_size, seed=seed, chat=False, dtype="float32"
