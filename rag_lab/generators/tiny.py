@@ -492,7 +492,7 @@ def train_tiny_lm(
             )
         if config.reading_steps:
             # The world's names that are one token: in reading, targets only where they repeat.
-            ids = tokenizer(list(entities), add_special_tokens=False).input_ids
+            ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
             known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
             stats["reading"] = read(model, tokenizer, reading, config, known)
         if config.pretrain_steps:
