@@ -420,8 +420,13 @@ def fingerprint(
     pairs: Sequence[tuple[str, ...]],
     special_tokens: Sequence[str],
     names: Sequence[str] = (),
+    reading: Sequence[tuple[str, ...]] = (),
+    entities: Sequence[str] = (),
 ) -> str:
-    payload = json.dumps([list(texts), [list(p) for p in pairs], list(special_tokens), list(names)])
+    """The training data's hash. The entities change the reading labels, so they count only when there
+    is reading (a model without a reading stage keeps its hash)."""
+    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
+    payload = json.dumps([list(texts), [list(p) for p in held], list(special_tokens), list(names)])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -456,9 +461,7 @@ def train_tiny_lm(
     same config and data (else ``RagLabError``: a stale model is never served).
     """
     out_dir = Path(out_dir)
-    # The entities change the reading labels, so they are part of the data when there is reading.
-    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
-    data = fingerprint(texts, held, special_tokens, names)
+    data = fingerprint(texts, pairs, special_tokens, names, reading, entities)
     if out_dir.exists():
         _check_reuse(out_dir, config, data)
         return out_dir

@@ -291,7 +291,8 @@ def tiny_lm(
         pairs += [pair for layout in layouts if layout in DRILLS for pair in DRILLS[layout](facts)]
     n_pairs = len(pairs)
     # Renaming keeps each entity's kind (a country becomes another country), as the world does.
-    rename, rng = renamer(sorted(set(data.corpus.titles)), page_kinds(facts)), random.Random(train_seed)
+    entities = sorted(set(data.corpus.titles))
+    rename, rng = renamer(entities, page_kinds(facts)), random.Random(train_seed)
     if rename_entities:
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
@@ -338,9 +339,7 @@ def tiny_lm(
     )  # fmt: skip
     # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
     names = sorted({title for title in data.corpus.titles if " " in title})
-    entities = sorted(set(data.corpus.titles))
-    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
-    key = json.dumps([asdict(config), fingerprint(texts, held, TAGS, names)])
+    key = json.dumps([asdict(config), fingerprint(texts, pairs, TAGS, names, reading, entities)])
     out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
