@@ -228,3 +228,27 @@ def test_the_reading_stage_trains_on_its_own_items_with_the_answer_only_loss(tmp
     # the reading items are part of the data a cached model is checked against
     with pytest.raises(RagLabError, match="another config or data"):
         train_tiny_lm(TEXTS, PAIRS, config, out, special_tokens=TAGS, reading=reading[:2])
+
+
+def test_anchored_names_are_drawn_apart_and_stay_frozen_through_training(tok):
+    """``name_std`` draws the names' embeddings (seeded) at that scale; ``freeze_names`` keeps them
+    through an optimiser step while every other row of the tied matrix trains."""
+    config = replace(TINY, name_std=0.5, freeze_names=True)
+    names = sorted({tok.convert_tokens_to_ids(w) for w in ("Zorbu", "Kaltane", "Velmora", "Dravia")})
+    model = build_model(tok, config)
+    tiny.anchor_names(model, names, config)
+    weight = model.get_input_embeddings().weight
+    drawn = weight.detach().clone()
+    rest = [i for i in range(len(drawn)) if i not in names]
+    assert 0.3 < drawn[names].std().item() < 0.7 and drawn[rest].std().item() < 0.05
+    other = build_model(tok, config)
+    tiny.anchor_names(other, names, config)
+    assert torch.equal(other.get_input_embeddings().weight[names], drawn[names])  # seeded
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    sentence = "Zorbu Kaltane was born in Velmora, Dravia."
+    ids = torch.tensor([tok(sentence, add_special_tokens=False).input_ids])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert torch.equal(weight[names], drawn[names])
+    moved = [i for i in set(ids[0].tolist()) - set(names) if not torch.equal(weight[i], drawn[i])]
+    assert moved, "the other tokens of the sentence train"

@@ -116,6 +116,18 @@ class TinyConfig:
     # False: the SFT loss covers the prompt too (the traces' own follow-ups and answers are the same
     # copying skill, so a dense loss teaches it with far fewer steps).
     completion_only_loss: bool = True
+    # The world's names (``entities``) get embeddings drawn at this std (0: the model's own init, 0.02)
+    # and, with freeze_names, keep them through every stage. At 0.02 the names of one kind end up
+    # nearly one vector, so the model can tell which kind to write but not which name: reading renamed
+    # pages, held-out 0.375 after 1,000 steps at 0.02 and 0.645 at std 1.0 (frozen),
+    # experiments/results/probe_tiny_reading_plateau.md.
+    name_std: float = 0.0
+    freeze_names: bool = False
+
+    @property
+    def anchored(self) -> bool:
+        """Whether the name embeddings are set apart (``name_std`` / ``freeze_names``)."""
+        return bool(self.name_std or self.freeze_names)
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
@@ -203,6 +215,21 @@ def build_model(tokenizer: "PreTrainedTokenizerFast", config: TinyConfig) -> "Qw
             pad_token_id=tokenizer.pad_token_id,
         )
     )
+
+
+def anchor_names(model: "Qwen2ForCausalLM", ids: Sequence[int], config: TinyConfig) -> None:
+    """Draw the embeddings of the name tokens ``ids`` at ``config.name_std`` (seeded), and with
+    ``config.freeze_names`` zero their gradient (a hook on the tied embedding matrix: no optimiser or
+    trainer needs to know; with no weight decay AdamW then leaves them as drawn)."""
+    weight, rows = model.get_input_embeddings().weight, torch.tensor(sorted(ids), dtype=torch.long)
+    if config.name_std and len(rows):
+        draw = torch.Generator().manual_seed(config.seed + 1)
+        with torch.no_grad():
+            weight[rows] = torch.randn(len(rows), weight.shape[1], generator=draw) * config.name_std
+    if config.freeze_names and len(rows):
+        keep = torch.ones(weight.shape[0], 1)
+        keep[rows] = 0.0
+        weight.register_hook(lambda grad: grad * keep)
 
 
 def _log_every(steps: int) -> int:
@@ -422,10 +449,12 @@ def fingerprint(
     names: Sequence[str] = (),
     reading: Sequence[tuple[str, ...]] = (),
     entities: Sequence[str] = (),
+    anchored: bool = False,
 ) -> str:
-    """The training data's hash. The entities change the reading labels, so they count only when there
-    is reading (a model without a reading stage keeps its hash)."""
-    held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
+    """The training data's hash. The entities change the reading labels and the ``anchored`` name
+    embeddings (``TinyConfig.name_std`` / ``freeze_names``), so they count only then (a model with
+    neither keeps its hash)."""
+    held = [*pairs, *reading, *([tuple(entities)] if reading or anchored else [])]
     payload = json.dumps([list(texts), [list(p) for p in held], list(special_tokens), list(names)])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -461,7 +490,7 @@ def train_tiny_lm(
     same config and data (else ``RagLabError``: a stale model is never served).
     """
     out_dir = Path(out_dir)
-    data = fingerprint(texts, pairs, special_tokens, names, reading, entities)
+    data = fingerprint(texts, pairs, special_tokens, names, reading, entities, config.anchored)
     if out_dir.exists():
         _check_reuse(out_dir, config, data)
         return out_dir
@@ -493,10 +522,11 @@ def train_tiny_lm(
             stats["copy"] = pretrain(
                 model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
             )
+        # The world's names that are one token: in reading, targets only where they repeat.
+        ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
+        known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
+        anchor_names(model, known, config)
         if config.reading_steps:
-            # The world's names that are one token: in reading, targets only where they repeat.
-            ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
-            known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
             stats["reading"] = read(model, tokenizer, reading, config, known)
         if config.pretrain_steps:
             stats["pretrain"] = pretrain(model, tokenizer, texts, config)

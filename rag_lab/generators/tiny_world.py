@@ -267,6 +267,9 @@ def tiny_lm(
     lr: float = 1e-3,
     warmup_steps: int = 50,
     completion_only_loss: bool = False,
+    # the names' embeddings: drawn at this std (0: the model's init) and kept frozen (TinyConfig)
+    name_std: float = 0.0,
+    freeze_names: bool = False,
     # SFT also on single-page reading drills from the corpus (reading_drills)
     drills: bool = False,
     # each SFT example gets its entities renamed at random (renamer), a fresh renaming per epoch
@@ -336,10 +339,12 @@ def tiny_lm(
         pretrain_length=pretrain_length,
         sft_steps=math.ceil(epochs * n_pairs / batch_size), batch_size=batch_size, lr=lr,
         warmup_steps=warmup_steps, seed=train_seed, completion_only_loss=completion_only_loss,
+        name_std=name_std, freeze_names=freeze_names,
     )  # fmt: skip
     # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
     names = sorted({title for title in data.corpus.titles if " " in title})
-    key = json.dumps([asdict(config), fingerprint(texts, pairs, TAGS, names, reading, entities)])
+    data_hash = fingerprint(texts, pairs, TAGS, names, reading, entities, config.anchored)
+    key = json.dumps([asdict(config), data_hash])
     out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
