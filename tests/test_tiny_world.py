@@ -3,6 +3,7 @@
 import random
 
 from hydra.utils import instantiate
+from transformers import AutoTokenizer
 
 from rag_lab.run import run
 
@@ -19,6 +20,8 @@ def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, tmp_path):
     generator = instantiate(cfg.generator, data=data)  # same sizes and world: reused, not retrained
     assert (checkpoint / "model.safetensors").stat().st_mtime_ns == stamp
     assert generator.chat is False and len(list((tmp_path / "cache" / "tiny_lm").iterdir())) == 1
+    name = next(t for t in data.corpus.titles if " " in t)
+    assert AutoTokenizer.from_pretrained(checkpoint / "tokenizer").tokenize(name) == [name]
 
 
 def test_reading_drills_and_renaming(tiny_cfg):
@@ -135,11 +138,15 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=3",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
                    "generator.reading_layout=[qa,stoprag_intermediate,traces]",
-                   "generator.drills=true")  # fmt: skip
+                   "generator.drills=true", "generator.whole_names=false")  # fmt: skip
     data = instantiate(cfg.data)
     instantiate(cfg.generator, data=data)
     (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
     stats = json.loads((checkpoint / "train.json").read_text())
+    # whole_names=false: a multi-word name is its words (whole_names=true: one token, tested below)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
+    name = next(t for t in data.corpus.titles if " " in t)
+    assert tokenizer.tokenize(name) == name.split()
     assert stats["reading"]["steps"] == 3 and stats["sft"]["steps"] >= 1
     # Drills of both layouts in SFT: two per fact.
     n_facts = sum(len(qas) for _, qas in page_facts(data))

@@ -267,6 +267,9 @@ def tiny_lm(
     lr: float = 1e-3,
     warmup_steps: int = 50,
     completion_only_loss: bool = False,
+    # multi-word entity names (titles) as one token each (true), or as their words (false: each name part
+    # is a frequent word; copied far sooner, experiments/results/probe_tiny_names.md)
+    whole_names: bool = True,
     # the names' embeddings: drawn at this std (0: the model's init) and kept frozen (TinyConfig)
     name_std: float = 0.0,
     freeze_names: bool = False,
@@ -341,8 +344,9 @@ def tiny_lm(
         warmup_steps=warmup_steps, seed=train_seed, completion_only_loss=completion_only_loss,
         name_std=name_std, freeze_names=freeze_names,
     )  # fmt: skip
-    # Entity names (multi-word titles) become single tokens: copying one is a one-token act.
-    names = sorted({title for title in data.corpus.titles if " " in title})
+    # whole_names: entity names (multi-word titles) become single tokens, so copying one is a one-token
+    # act; but each is then a rare token, and under renaming the names of a kind are interchangeable.
+    names = sorted({title for title in data.corpus.titles if " " in title}) if whole_names else []
     data_hash = fingerprint(texts, pairs, TAGS, names, reading, entities, config.anchored)
     key = json.dumps([asdict(config), data_hash])
     out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
