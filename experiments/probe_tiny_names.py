@@ -30,7 +30,6 @@ import time
 
 import torch
 from benchlib import publish
-from transformers import get_cosine_schedule_with_warmup
 
 from rag_lab.data.synth import SynthDataset
 from rag_lab.env.protocols.base import PROTOCOLS
@@ -38,7 +37,14 @@ from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect
 from rag_lab.generators.teacher.generator import TeacherGenerator
-from rag_lab.generators.tiny import TinyConfig, anchor_names, build_model, build_tokenizer, reading_example
+from rag_lab.generators.tiny import (
+    TinyConfig,
+    anchor_names,
+    build_model,
+    build_tokenizer,
+    reading_batch,
+    train_loop,
+)
 from rag_lab.generators.tiny_world import TAGS, page_facts, page_kinds, renamer
 from rag_lab.retrievers.bm25 import BM25Retriever
 
@@ -54,19 +60,6 @@ def share_kind_gradients(model, groups: list[list[int]]) -> None:
         return grad
 
     model.get_input_embeddings().weight.register_hook(hook)
-
-
-def batch_tensors(tok, items: list[tuple[str, ...]]) -> dict:
-    enc = [reading_example(tok, item, 1024) for item in items]
-    width = max(len(ids) for ids, _ in enc)
-    ids = torch.full((len(enc), width), tok.pad_token_id)
-    labels = torch.full((len(enc), width), -100)
-    mask = torch.zeros((len(enc), width), dtype=torch.long)
-    for i, (row, target) in enumerate(enc):
-        ids[i, : len(row)], labels[i, : len(row)], mask[i, : len(row)] = (
-            torch.tensor(row), torch.tensor(target), 1
-        )  # fmt: skip
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def main() -> None:
@@ -145,30 +138,28 @@ def main() -> None:
         model.train()
         return scores
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    schedule = get_cosine_schedule_with_warmup(optimizer, 50, args.steps)
-    rng, rows, losses, start = random.Random(0), [], [], time.perf_counter()
-    model.train()
-    for step in range(1, args.steps + 1):
-        demos = [rng.choice(pools[protocols[step % len(protocols)]]) for _ in range(args.batch_size)]
-        if not args.no_rename:
-            demos = [rename(d, rng) for d in demos]
-        loss = model(**batch_tensors(tok, [(p, c + tok.eos_token) for p, c in demos])).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    rng, rows, start = random.Random(0), [], time.perf_counter()
+
+    def batches():
+        for step in range(1, args.steps + 1):
+            demos = [rng.choice(pools[protocols[step % len(protocols)]]) for _ in range(args.batch_size)]
+            if not args.no_rename:
+                demos = [rename(d, rng) for d in demos]
+            yield reading_batch(tok, [(p, c + tok.eos_token) for p, c in demos], 1024)
+
+    def on_step(step: int) -> None:
         if step % args.eval_every == 0 or step == args.steps:
-            seconds, loss_avg = time.perf_counter() - start, sum(losses[-50:]) / len(losses[-50:])
-            print(f"step {step}  {seconds:.0f} s  loss {loss_avg:.3f}", flush=True)
-            rows += [(step, seconds, loss_avg, name, *score) for name, score in evaluate().items()]
-    body = (f"{vars(args)}\n\n| step | seconds | loss | protocol | EM vs teacher "
+            seconds = time.perf_counter() - start
+            print(f"step {step}  {seconds:.0f} s", flush=True)
+            rows.extend((step, seconds, name, *score) for name, score in evaluate().items())
+
+    stats = train_loop(model, batches(), args.steps, config, "demos", on_step)
+    body = (f"{vars(args)}; final loss {stats['final_loss']:.3f}\n\n"
+            "| step | seconds | protocol | EM vs teacher "
             "| completions naming an entity | the teacher's entity | an entity of the prompt |\n"
-            "|---|---|---|---|---|---|---|---|\n"
-            + "".join(f"| {s} | {t:.0f} | {lo:.3f} | {p} | {em:.2f} | {n} | {same} | {inp} |\n"
-                      for s, t, lo, p, em, n, same, inp in rows))  # fmt: skip
+            "|---|---|---|---|---|---|---|\n"
+            + "".join(f"| {s} | {t:.0f} | {p} | {em:.2f} | {n} | {same} | {inp} |\n"
+                      for s, t, p, em, n, same, inp in rows))  # fmt: skip
     publish("_".join(filter(None, ["probe_tiny_names", args.name])), body)
 
 

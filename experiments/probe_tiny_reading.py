@@ -39,7 +39,7 @@ from rag_lab.generators.tiny import (
     build_tokenizer,
     copy_texts,
     pretrain,
-    reading_example,
+    reading_batch,
 )
 from rag_lab.generators.tiny_world import (
     TAGS,
@@ -156,15 +156,10 @@ def main() -> None:
         if args.pages:
             batch = [shuffle_questions(item, rng) for item in rng.sample(pages, args.batch_size)]
             batch = [rename(item, rng) if args.rename else item for item in batch]
-        enc = [reading_example(tok, item, 1024) for item in batch]  # the loss on the answers only
-        width = max(len(ids) for ids, _ in enc)
-        ids = torch.full((len(enc), width), tok.pad_token_id)
-        labels = torch.full((len(enc), width), -100)
-        mask = torch.zeros((len(enc), width), dtype=torch.long)
-        for i, (row, target) in enumerate(enc):
-            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-            labels[i, : len(row)] = torch.tensor(row if args.dense else target)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        inputs = reading_batch(tok, batch, 1024)  # the loss on the answers only ...
+        if args.dense:  # ... or on every token
+            inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+        loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -56,7 +56,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -249,12 +249,18 @@ def _blocks(docs: list[list[int]], length: int, batch_size: int, seed: int) -> I
             yield blocks[order[start : start + batch_size]]
 
 
-def _train(
-    model: "Qwen2ForCausalLM", batches: Iterable[dict], steps: int, config: TinyConfig, stage: str
+def train_loop(
+    model: "Qwen2ForCausalLM",
+    batches: Iterable[dict],
+    steps: int,
+    config: TinyConfig,
+    stage: str,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict:
     """The plain loop of the hand-written stages: AdamW without weight decay, grad-norm clip 1.0,
     linear warm-up then cosine (the Trainer's defaults, so every stage trains alike). ``batches``
-    yields model inputs (with ``labels``); returns the stats for train.json."""
+    yields model inputs (with ``labels``); ``on_step(step)`` runs after each step (a probe's
+    evaluation); returns the stats for train.json."""
     from transformers import get_cosine_schedule_with_warmup
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
@@ -271,6 +277,8 @@ def _train(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step + 1)
         tokens += (
             int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
         )
@@ -300,7 +308,7 @@ def pretrain(
     docs = [ids + [eos] for ids in tokenizer(list(texts), add_special_tokens=False).input_ids]
     length = min(config.pretrain_length, config.max_length, sum(map(len, docs)))
     blocks = ({"input_ids": b, "labels": b} for b in _blocks(docs, length, config.batch_size, config.seed))
-    return {"block_length": length, **_train(model, blocks, config.pretrain_steps, config, "pretrain")}
+    return {"block_length": length, **train_loop(model, blocks, config.pretrain_steps, config, "pretrain")}
 
 
 def reading_example(
@@ -343,27 +351,36 @@ def read(
     and schedule as ``pretrain``). A plain loop, not TRL: the probe that measured reading
     (experiments/probe_tiny_reading.py) trains this way, and TRL's length-grouped batches and
     per-step extras measured slower to learn and to run here."""
-    steps, size, pad = config.reading_steps, config.reading_batch_size, tokenizer.pad_token_id
+    steps, size = config.reading_steps, config.reading_batch_size
     if len(items) < steps * size:
         raise RagLabError(
             f"tiny LM: {steps} reading steps of {size} need {steps * size} items, got {len(items)}"
         )
 
-    def batches() -> Iterator[dict]:
-        for step in range(steps):
-            batch = items[step * size : (step + 1) * size]
-            rows = [reading_example(tokenizer, item, config.max_length, entities) for item in batch]
-            width = max(len(ids) for ids, _ in rows)
-            ids = torch.full((len(rows), width), pad)
-            labels = torch.full((len(rows), width), -100)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, (row, target) in enumerate(rows):
-                ids[i, : len(row)], labels[i, : len(row)], mask[i, : len(row)] = (
-                    torch.tensor(row), torch.tensor(target), 1
-                )  # fmt: skip
-            yield {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    batches = (
+        reading_batch(tokenizer, items[step * size : (step + 1) * size], config.max_length, entities)
+        for step in range(steps)
+    )
+    return train_loop(model, batches, steps, config, "reading")
 
-    return _train(model, batches(), steps, config, "reading")
+
+def reading_batch(
+    tokenizer: "PreTrainedTokenizerFast",
+    items: Sequence[tuple[str, ...]],
+    max_length: int,
+    entities: Collection[int] = frozenset(),
+) -> dict[str, torch.Tensor]:
+    """Reading items (:func:`reading_example`) as one right-padded batch of model inputs with labels."""
+    rows = [reading_example(tokenizer, item, max_length, entities) for item in items]
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, target) in enumerate(rows):
+        ids[i, : len(row)], labels[i, : len(row)], mask[i, : len(row)] = (
+            torch.tensor(row), torch.tensor(target), 1
+        )  # fmt: skip
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def sft_dataset(
