@@ -252,3 +252,25 @@ def test_anchored_names_are_drawn_apart_and_stay_frozen_through_training(tok):
     assert torch.equal(weight[names], drawn[names])
     moved = [i for i in set(ids[0].tolist()) - set(names) if not torch.equal(weight[i], drawn[i])]
     assert moved, "the other tokens of the sentence train"
+
+
+def test_the_loss_on_labelled_positions_only_equals_the_models_own_loss_and_gradient(tok):
+    """``tiny.target_loss`` applies the LM head where there are labels only; loss and gradients are the
+    model's own (``model(**batch).loss``) on a padded reading batch with answer-only labels."""
+    items = [
+        ("Document: Zorbu Kaltane was born in Velmora.\nQuestion: Where?\nAnswer:", " Velmora"),
+        ("Kessa Tolvane directed Glimmer Road.\nQ:", " Kessa Tolvane", "\nQ:", " Glimmer Road"),
+    ]
+    tok = build_tokenizer([*TEXTS, *chain.from_iterable(items)], TAGS)
+    batch = tiny.reading_batch(tok, items, 1024)
+    assert (batch["labels"] != -100).sum() == 8 and (batch["attention_mask"] == 0).any()
+    grads = []
+    for loss_of in (lambda m: m(**batch).loss, lambda m: tiny.target_loss(m, batch)):
+        model = build_model(tok, TINY)
+        loss = loss_of(model)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (expected, want), (got, have) = grads
+    torch.testing.assert_close(got, expected)
+    for a, b in zip(have, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)

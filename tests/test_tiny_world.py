@@ -181,3 +181,24 @@ def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tin
     ids, labels = reading_example(tok, trace_item(prompt, completion), 1024)
     alone = tok([prompt, completion], add_special_tokens=False).input_ids
     assert ids == labels == alone[0] + alone[1]
+
+
+def test_reading_batches_are_regrouped_by_length_within_their_kind():
+    """group_by_length keeps every batch's kind and size and each kind's items; within a window of
+    one kind the batches are length-sorted slices of the window's items, handed out in random order."""
+    from rag_lab.generators.tiny_world import group_by_length
+
+    rng = random.Random(0)
+    kinds = ["qa", "demos:0", "qa", "demos:1"] * 5
+    batches = [(k, [(k, "x" * rng.randrange(1, 400)) for _ in range(4)]) for k in kinds]
+    out = group_by_length(batches, random.Random(0), window=3)
+    assert [len(items) for items in out] == [4] * len(kinds)
+    for kind in set(kinds):
+        steps = [s for s, k in enumerate(kinds) if k == kind]
+        assert sorted(x for s in steps for x in out[s]) == sorted(x for s in steps for x in batches[s][1])
+        for start in range(0, len(steps), 3):
+            groups = sorted(sorted(len(x[1]) for x in out[s]) for s in steps[start : start + 3])
+            assert all(a[-1] <= b[0] for a, b in zip(groups, groups[1:], strict=False))
+    lengths = [max(len(x[1]) for x in items) for items in out]
+    assert sum(lengths) < sum(max(len(x[1]) for x in items) for _, items in batches)
+    assert out == group_by_length(batches, random.Random(0), window=3)  # seeded
