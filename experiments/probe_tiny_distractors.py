@@ -20,10 +20,8 @@ import re
 import tempfile
 import time
 
-import torch
-from benchlib import publish
+from benchlib import probe_world, publish
 
-from rag_lab.data.synth import SynthDataset
 from rag_lab.env.protocols.simple import QA
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
@@ -37,7 +35,6 @@ from rag_lab.generators.tiny_world import (
     qa_reading_item,
     renamer,
 )
-from rag_lab.retrievers.bm25 import BM25Retriever
 
 PAGES = (1, 3, 5)
 
@@ -53,13 +50,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--whole-names", action="store_true", help="names as one token each")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="", help="suffix of the results file")
-    parser.add_argument("--cache", default="~/.cache/rag_lab")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = SynthDataset(args.cache)
-    retriever = BM25Retriever(data.corpus, cache_dir=args.cache)
+    args, data, retriever = probe_world(parser)
     facts = page_facts(data)
     neighbours = page_neighbours(facts, retriever, 4)
     rename, rng = renamer(sorted(set(data.corpus.titles)), page_kinds(facts)), random.Random(0)

@@ -29,9 +29,8 @@ import tempfile
 import time
 
 import torch
-from benchlib import publish
+from benchlib import probe_world, publish
 
-from rag_lab.data.synth import SynthDataset
 from rag_lab.env.protocols.base import PROTOCOLS
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
@@ -46,7 +45,6 @@ from rag_lab.generators.tiny import (
     train_loop,
 )
 from rag_lab.generators.tiny_world import TAGS, page_facts, page_kinds, renamer
-from rag_lab.retrievers.bm25 import BM25Retriever
 
 
 def share_kind_gradients(model, groups: list[list[int]]) -> None:
@@ -77,13 +75,7 @@ def main() -> None:
     parser.add_argument("--name-std", type=float, default=0.0)
     parser.add_argument("--freeze", action="store_true")
     parser.add_argument("--shared", action="store_true")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="", help="suffix of the results file")
-    parser.add_argument("--cache", default="~/.cache/rag_lab")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = SynthDataset(args.cache)
-    retriever = BM25Retriever(data.corpus, cache_dir=args.cache)
+    args, data, retriever = probe_world(parser)
     teacher = TeacherGenerator(data)
     train = collect(teacher, data.corpus, retriever, data.split("train"), 3, 6)
     dev = collect(teacher, data.corpus, retriever, data.split("dev"), 3, 6)
