@@ -6,17 +6,13 @@ model on ``qa`` reading items only (``tiny_world.qa_reading_item``: a page, 0 to
 of its BM25 neighbours, up to 6 questions, renamed afresh; batches regrouped by length as the reading
 stage does) through ``tiny.train_loop``, and every ``--eval-every`` steps scores greedy answers to
 200 corpus facts (real names) as ``qa`` prompts with the fact's page and 0, 2 or 4 BM25 neighbours
-of the question, shuffled: right when the completion starts with the answer as whole words. (A
-reading item's answer is followed by the next question's newline, which is context, not a target,
-so a model trained on reading items alone does not learn to stop after its answer; the full
-recipe's SFT teaches the stop.)
+of the question, shuffled: right when the answer (up to the protocol's stop) equals the fact's value.
 
     .venv/bin/python experiments/probe_tiny_distractors.py --steps 3000 --name h64
 """
 
 import argparse
 import random
-import re
 import tempfile
 import time
 
@@ -25,9 +21,17 @@ from benchlib import probe_world, publish
 from rag_lab.env.protocols.simple import QA
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.generators.tiny import TinyConfig, build_model, build_tokenizer, reading_batch, train_loop
+from rag_lab.generators.tiny import (
+    TinyConfig,
+    anchor_names,
+    build_model,
+    build_tokenizer,
+    reading_batch,
+    train_loop,
+)
 from rag_lab.generators.tiny_world import (
     group_by_length,
+    name_words,
     page_facts,
     page_kinds,
     page_neighbours,
@@ -45,11 +49,20 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-pages", type=int, default=5, help="pages per training item, at most")
+    parser.add_argument("--max-questions", type=int, default=6, help="questions per training item, at most")
+    parser.add_argument("--contrast", action="store_true", help="ask one relation of every page first")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--whole-names", action="store_true", help="names as one token each")
+    parser.add_argument(
+        "--name-pieces", action="store_true", help="names as their syllables (Lia ##kria ##burg)"
+    )
+    parser.add_argument(
+        "--name-std", type=float, default=0.0, help="one-token names' embeddings drawn at this std"
+    )
+    parser.add_argument("--freeze-names", action="store_true", help="and kept as drawn")
     args, data, retriever = probe_world(parser)
     facts = page_facts(data)
     neighbours = page_neighbours(facts, retriever, 4)
@@ -70,16 +83,31 @@ def main() -> None:
     prompts = {n: [qa_prompt(q, with_neighbours(i, n)) for i, (_, q, _) in enumerate(held)] for n in PAGES}
 
     def draw() -> tuple[str, ...]:
-        return rename(qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, args.max_pages), rng)
+        return rename(
+            qa_reading_item(
+                facts,
+                rng.randrange(len(facts)),
+                neighbours,
+                rng,
+                args.max_pages,
+                args.max_questions,
+                args.contrast,
+            ),
+            rng,
+        )
 
     drawn = [("qa", [draw() for _ in range(args.batch_size)]) for _ in range(args.steps)]
     items = group_by_length(drawn, random.Random(0))
     names = sorted({t for t in data.corpus.titles if " " in t}) if args.whole_names else []
     texts = [p.contents for p in data.corpus] + [x for batch in items for item in batch for x in item]
-    tok = build_tokenizer([*texts, *prompts[5]], names=names)
+    pieces = name_words(data.corpus.titles, texts) if args.name_pieces else ()
+    tok = build_tokenizer([*texts, *prompts[5]], names=names, pieces=pieces)
     config = TinyConfig(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads // 2,
-                        intermediate=4 * args.hidden, lr=args.lr)  # fmt: skip
+                        intermediate=4 * args.hidden, lr=args.lr, name_std=args.name_std,
+                        freeze_names=args.freeze_names)  # fmt: skip
     model = build_model(tok, config)
+    ids = tok(sorted(set(data.corpus.titles)), add_special_tokens=False).input_ids
+    anchor_names(model, {i[0] for i in ids if len(i) == 1 and i[0] != tok.unk_token_id}, config)
     out_dir, rows, start = tempfile.mkdtemp(prefix="probe_tiny_distractors_"), [], time.perf_counter()
     protocol = QA()
 
@@ -95,8 +123,7 @@ def main() -> None:
         row = [step, seconds]
         for n in PAGES:
             said = [o[0].text.strip() for o in generator.generate(prompts[n], sampling)]
-            right = [re.match(re.escape(a) + r"(\W|$)", s) for s, (_, _, a) in zip(said, held, strict=True)]
-            row.append(sum(map(bool, right)) / len(held))
+            row.append(sum(s == a for s, (_, _, a) in zip(said, held, strict=True)) / len(held))
         rows.append(row)
         print("step {}  {:.0f} s  1 page {:.3f}  3 pages {:.3f}  5 pages {:.3f}".format(*row), flush=True)
         model.train()

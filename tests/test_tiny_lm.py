@@ -79,6 +79,24 @@ def test_words_tags_punctuation_and_whitespace_are_single_tokens(tok):
         build_tokenizer(["a\ue000b"])
 
 
+def test_name_pieces_cut_names_into_syllables_and_still_round_trip(tmp_path):
+    names = {"Zorbu", "Kaltane", "Velmora", "Dravia", "Kessa", "Tolvane"}
+    tok = build_tokenizer([*TEXTS, *chain.from_iterable(PAIRS)], TAGS, pieces=names)
+    tok.save_pretrained(tmp_path / "tokenizer")
+    for t in (tok, AutoTokenizer.from_pretrained(tmp_path / "tokenizer")):
+        ids = t("<search>Zorbu Kaltane</search> was born in Velmora, Dravia.\n").input_ids
+        assert t.convert_ids_to_tokens(ids) == [
+            "<search>", "Zo", "##rbu", "Ka", "##lta", "##ne", "</search>", " ", "was", "born", "in",
+            "Ve", "##lmo", "##ra", ",", " ", "Dra", "##via", ".", "\n",
+        ]  # fmt: skip
+        for text in [*TEXTS, *(prompt + completion for prompt, completion in PAIRS)]:
+            assert t.decode(t(text).input_ids) == text
+        # A name never seen is cut into letters, not <unk>; a word that is not a name stays whole.
+        assert t.tokenize("Tolvessa") == ["To", "##l", "##v", "##e", "##ssa"]
+        assert t.decode(t("Tolvessa").input_ids) == "Tolvessa" and t.tokenize("directed") == ["directed"]
+    assert "Zorbu" not in tok.get_vocab()
+
+
 def test_a_text_tokenizes_as_its_parts_except_inside_a_word_space_word_run(tok):
     for prompt, completion in PAIRS:
         assert tok(prompt + completion).input_ids == tok(prompt).input_ids + tok(completion).input_ids

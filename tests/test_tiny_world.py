@@ -68,8 +68,9 @@ def test_reading_pages_ask_every_question_of_a_page_and_shuffle_keeps_them(tiny_
 
     def qas(item):
         head, first = item[0].split("\nQuestion: ", 1)
-        questions = [first, *(q.removeprefix("\nQuestion: ") for q in item[2::2])]
+        questions = [first, *(q.removeprefix("Question: ") for q in item[2::2])]
         pairs = zip(questions, item[1::2], strict=True)
+        assert all(a.endswith("\n") for a in item[1::2])
         return head, sorted((q.removesuffix("\nAnswer:"), a.strip()) for q, a in pairs)
 
     rng = random.Random(0)
@@ -101,11 +102,11 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
         pages = [p for turn in state.turns for p in turn.passages]
         sizes.add(len(pages))
         assert protocol.name == "qa" and facts[i][0].title in [p.title for p in pages]
-        later = [q.removeprefix("\nQuestion: ").removesuffix(protocol.tag) for q in item[2::2]]
+        later = [q.removeprefix("Question: ").removesuffix(protocol.tag) for q in item[2::2]]
         questions = [state.question, *later]
         assert 1 <= len(questions) <= 6 and len(item) == 2 * len(questions)
         for question, answer in zip(questions, item[1::2], strict=True):
-            assert answer_from(question, pages) == answer
+            assert answer_from(question, pages) + protocol.stop[0] == answer
     assert sizes == {1, 2, 3}
     for prompt, answer in qa_drills(facts)[:50]:
         protocol, state = identify(prompt)
@@ -113,21 +114,53 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
         assert protocol.name == "qa" and answer_from(state.question, turn.passages) == answer
 
 
+def test_contrast_items_ask_one_relation_of_several_pages_first(tiny_cfg):
+    """``contrast``: the first questions ask one relation of every page that states it, so copying the
+    asked relation's value from any page is not enough; the rest as without it."""
+    from rag_lab.env.protocols.base import identify
+    from rag_lab.generators.teacher.reader import answer_from, parse_question
+    from rag_lab.generators.tiny_world import page_facts, page_neighbours, qa_reading_item
+    from rag_lab.retrievers.bm25 import BM25Retriever
+
+    data = instantiate(tiny_cfg().data)
+    facts = page_facts(data)
+    neighbours = page_neighbours(facts, BM25Retriever(data.corpus), 4)
+    rng, contrasted = random.Random(0), 0
+    for i in range(0, len(facts), max(1, len(facts) // 60)):
+        item = qa_reading_item(facts, i, neighbours, rng, max_pages=5, max_questions=6, contrast=True)
+        protocol, state = identify(item[0])
+        pages = [p for turn in state.turns for p in turn.passages]
+        questions = [
+            state.question,
+            *(q.removeprefix("Question: ").removesuffix(protocol.tag) for q in item[2::2]),
+        ]
+        for question, answer in zip(questions, item[1::2], strict=True):
+            assert answer_from(question, pages) + protocol.stop[0] == answer
+        relations = [parse_question(q).relation for q in questions]
+        subjects = [parse_question(q).subject for q in questions]
+        if relations[1:2] == relations[:1]:
+            contrasted += 1
+            n = next((k for k, r in enumerate(relations) if r != relations[0]), len(relations))
+            assert len(set(subjects[:n])) == n
+    assert contrasted > 20
+
+
 def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     """Stop-RAG's question-first layout: each item parses as that protocol, its one document is the
     page asked about, and the answer is what the page states."""
     from rag_lab.env.protocols.base import identify
     from rag_lab.generators.teacher.reader import answer_from
-    from rag_lab.generators.tiny_world import intermediate_drills, intermediate_reading_item, page_facts
+    from rag_lab.generators.tiny_world import STOP, intermediate_drills, intermediate_reading_item, page_facts
 
     facts = page_facts(instantiate(tiny_cfg().data))
     rng = random.Random(0)
     items = [intermediate_reading_item(facts, i, rng) for i in range(0, len(facts), max(1, len(facts) // 60))]
+    assert all(answer.endswith(STOP) for _, answer in items)
     for prompt, answer in items + intermediate_drills(facts)[:50]:
         protocol, state = identify(prompt)
         (turn,) = state.turns
         assert protocol.name == "stoprag_intermediate" and len(turn.passages) == 1
-        assert answer_from(turn.action.query, turn.passages) == answer
+        assert answer_from(turn.action.query, turn.passages) == answer.removesuffix(STOP)
 
 
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):

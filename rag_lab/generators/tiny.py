@@ -21,7 +21,9 @@ Hand-written, and why:
   synth world's passages). The one seam: ``encode(a + b) == encode(a) + encode(b)`` except where ``a``
   ends in a word and ``b`` starts with a word or with a space and a word. Tags (``special_tokens``)
   are normal added tokens, so ``skip_special_tokens`` keeps them; only ``<pad>``, ``<eos>``, ``<unk>``
-  are special. There is no BOS.
+  are special. There is no BOS. With ``pieces`` (the world's names) the model is ``tokenizers``'
+  WordPiece over the same vocabulary plus each name's syllables (``Lia ##kria ##burg``), and the
+  decoder joins a ``##`` piece to the token before it with no space.
 - ``read``: a plain loop over padded reading batches with the loss on the answers, as the probe that
   measured reading trains (TRL's length-grouped batches differ, and its per-step extras cost time).
 - ``target_loss``: the causal-LM loss with the LM head applied at the labelled positions only (a
@@ -83,8 +85,19 @@ SPECIAL = ("<pad>", "<eos>", "<unk>")
 PIECES = r"\w+|[^\w\s]|\s"
 # ... except a single space between two words, which the decoder puts back.
 WORD_SPACE = r"(?<=\w) (?=\w)"
-# Private-use characters that mark word tokens while decoding; a text must not contain them.
-WORD_START, WORD_END = "\ue000", "\ue001"
+# Private-use characters that mark word tokens (and a name's later pieces) while decoding; a text must not
+# contain them.
+WORD_START, WORD_END, WORD_GOES_ON = "\ue000", "\ue001", "\ue002"
+# A name's pieces (build_tokenizer's ``pieces``): each run of consonants with the vowels after it, the last
+# with the consonants that end the word ("Liakriaburg" -> Lia, kria, burg).
+SYLLABLE = re.compile(r"[^aeiouy]*[aeiouy]+(?:[^aeiouy]+$)?|[^aeiouy]+$", re.IGNORECASE)
+# The mark of a piece that continues a word (WordPiece's): "Lia", "##kria", "##burg".
+GOES_ON = "##"
+
+
+def syllables(word: str) -> list[str]:
+    """``word`` cut into its :data:`SYLLABLE` pieces, the later ones marked as going on (``##``)."""
+    return [p if i == 0 else GOES_ON + p for i, p in enumerate(SYLLABLE.findall(word))]
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,10 @@ class TinyConfig:
 
 
 def build_tokenizer(
-    texts: Iterable[str], special_tokens: Sequence[str] = (), names: Sequence[str] = ()
+    texts: Iterable[str],
+    special_tokens: Sequence[str] = (),
+    names: Sequence[str] = (),
+    pieces: Collection[str] = (),
 ) -> "PreTrainedTokenizerFast":
     """A word-level ``PreTrainedTokenizerFast`` over every piece of ``texts``; unseen words -> ``<unk>``.
 
@@ -149,6 +165,13 @@ def build_tokenizer(
     stand, kept by ``skip_special_tokens``), then ``names`` (multi-word entity names, one token each
     where they stand as whole words: copying "Ada Lovelace" is then one token, not three), then the
     pieces by frequency.
+
+    ``pieces``: words (the world's names) that are never tokens of their own but their syllables
+    (:func:`syllables`: Lia ##kria ##burg), WordPiece-style: a word in the vocabulary is one token, any
+    other is cut greedily into the longest pieces the vocabulary has (every letter is one, so no name
+    becomes ``<unk>``). A name is then a few frequent tokens, each trained in many names, and copying
+    it is copying a short sequence, where a rare one-token name's embedding is trained in a few
+    contexts only (see tiny_world.tiny_lm's ``name_pieces``).
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -165,24 +188,40 @@ def build_tokenizer(
     added = re.compile("|".join(re.escape(t) for t in sorted([*SPECIAL, *tags], key=len, reverse=True)))
     counts: Counter[str] = Counter()
     for text in texts:
-        if WORD_START in text or WORD_END in text:
-            raise RagLabError(f"tiny LM: a text holds U+E000 or U+E001, which the decoder reserves: {text!r}")
+        if WORD_START in text or WORD_END in text or WORD_GOES_ON in text:
+            raise RagLabError(
+                f"tiny LM: a text holds U+E000, U+E001 or U+E002, which the decoder reserves: {text!r}"
+            )
         counts.update(piece for part in added.split(text) for piece, _ in split.pre_tokenize_str(part))
+    letters: Counter[str] = Counter()
+    for word in [w for w in counts if w in pieces]:
+        n = counts.pop(word)
+        counts.update({p: n for p in syllables(word)})
+        letters.update(word[:1])
+        letters.update(GOES_ON + c for c in word[1:])
     vocab = {token: i for i, token in enumerate([*SPECIAL, *tags, *names])}
-    for piece, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+    for piece, _ in sorted((counts + letters).items(), key=lambda kv: (-kv[1], kv[0])):
         vocab.setdefault(piece, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    if pieces:
+        model = models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix=GOES_ON)
+    else:
+        model = models.WordLevel(vocab, unk_token="<unk>")
+    tok = Tokenizer(model)
     tok.pre_tokenizer = split
-    # Mark where word tokens start and end, join every token as it is, then turn "end, start"
-    # (two words in a row) back into the space the split removed.
+    # Mark where word tokens start and end (a name's later piece: that it goes on a word), join every
+    # token as it is, then turn "end, start" (two words in a row) back into the space the split
+    # removed, and "end, goes on" into nothing.
     tok.decoder = decoders.Sequence(
         [
+            decoders.Replace(Regex("^" + re.escape(GOES_ON)), WORD_GOES_ON),
             decoders.Replace(Regex(r"^(?=\w)"), WORD_START),
             decoders.Replace(Regex(r"(?<=\w)$"), WORD_END),
             decoders.Fuse(),
             decoders.Replace(WORD_END + WORD_START, " "),
+            decoders.Replace(WORD_END + WORD_GOES_ON, ""),
             decoders.Replace(WORD_END, ""),
             decoders.Replace(WORD_START, ""),
+            decoders.Replace(WORD_GOES_ON, ""),
         ]
     )
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
@@ -484,12 +523,14 @@ def fingerprint(
     reading: Sequence[tuple[str, ...]] = (),
     entities: Sequence[str] = (),
     anchored: bool = False,
+    pieces: Collection[str] = (),
 ) -> str:
     """The training data's hash. The entities change the reading labels and the ``anchored`` name
     embeddings (``TinyConfig.name_std`` / ``freeze_names``), so they count only then (a model with
-    neither keeps its hash)."""
+    neither keeps its hash); ``pieces`` (build_tokenizer's) likewise only when there are some."""
     held = [*pairs, *reading, *([tuple(entities)] if reading or anchored else [])]
-    payload = json.dumps([list(texts), [list(p) for p in held], list(special_tokens), list(names)])
+    tokenizer = [list(special_tokens), list(names), *([sorted(pieces)] if pieces else [])]
+    payload = json.dumps([list(texts), [list(p) for p in held], *tokenizer])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -512,19 +553,20 @@ def train_tiny_lm(
     names: Sequence[str] = (),
     reading: Sequence[tuple[str, ...]] = (),
     entities: Sequence[str] = (),
+    pieces: Collection[str] = (),
 ) -> Path:
     """Train the tiny LM into ``out_dir`` (model, ``tokenizer/``, ``train.json``), or reuse it.
 
     Stages, each skipped at 0 steps: copy warm-up, reading (one pass over ``reading``; ``entities``,
     the world's names, are reading targets only where they repeat), pretraining on ``texts``, SFT on
     ``pairs``. The vocabulary is every piece of ``texts``, ``pairs`` and ``reading`` plus
-    ``special_tokens``. ``out_dir``
+    ``special_tokens`` (``names`` one token each, ``pieces`` cut into syllables). ``out_dir``
     appears in one rename when training has finished (a killed run leaves only a ``.name.*`` temp
     dir beside it); one that exists is returned as is, after checking that ``train.json`` names the
     same config and data (else ``RagLabError``: a stale model is never served).
     """
     out_dir = Path(out_dir)
-    data = fingerprint(texts, pairs, special_tokens, names, reading, entities, config.anchored)
+    data = fingerprint(texts, pairs, special_tokens, names, reading, entities, config.anchored, pieces)
     if out_dir.exists():
         _check_reuse(out_dir, config, data)
         return out_dir
@@ -540,6 +582,7 @@ def train_tiny_lm(
             chain(texts, chain.from_iterable(pairs), chain.from_iterable(reading), copies[:1]),
             special_tokens,
             names,
+            pieces,
         )
         tokenizer.save_pretrained(tmp / "tokenizer")
         model = build_model(tokenizer, config)

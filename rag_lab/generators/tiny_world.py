@@ -15,7 +15,7 @@ import logging
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,6 +32,12 @@ from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm
 from rag_lab.retrievers.bm25 import BM25Retriever
 
 log = logging.getLogger(__name__)
+
+# The stop that ends an answer in the reading layouts (qa, stoprag_intermediate and the drills all stop
+# at a newline). A reading item's answer piece ends with it, so it is a target: without it a model
+# trained on reading items answers and goes on ("Peport Seoholm Seoholm ...").
+STOP = "\n"
+assert QA.stop == StopRAGIntermediate.stop == (STOP,)
 
 # The protocols' tags: one token each.
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
@@ -81,10 +87,10 @@ def reading_pages(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tu
     held-out reading reached 0.375 at 1,000 steps this way against 0.19 with one question per page."""
     out = []
     for page, qas in facts:
-        pieces = [f"Document: {page.contents}"]
+        pieces = [f"Document: {page.contents}\n"]
         for question, answer in qas:
-            pieces[-1] += f"\nQuestion: {question}\nAnswer:"
-            pieces += [f" {answer}", ""]
+            pieces[-1] += f"Question: {question}\nAnswer:"
+            pieces += [f" {answer}{STOP}", ""]
         out.append(tuple(pieces[:-1]))
     return out
 
@@ -92,9 +98,9 @@ def reading_pages(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tu
 def shuffle_questions(item: tuple[str, ...], rng: random.Random) -> tuple[str, ...]:
     """A :func:`reading_pages` item with its questions in a random order (the page stays first)."""
     head, first = item[0].split("\nQuestion: ", 1)
-    qas = [("\nQuestion: " + first, item[1])] + [(item[i], item[i + 1]) for i in range(2, len(item), 2)]
+    qas = [("Question: " + first, item[1])] + [(item[i], item[i + 1]) for i in range(2, len(item), 2)]
     rng.shuffle(qas)
-    return (head + qas[0][0], qas[0][1], *[x for qa in qas[1:] for x in qa])
+    return (f"{head}\n{qas[0][0]}", qas[0][1], *[x for qa in qas[1:] for x in qa])
 
 
 def page_neighbours(facts: list[tuple[Passage, list[tuple[str, str]]]], retriever, k: int) -> list[list[int]]:
@@ -114,22 +120,36 @@ def qa_reading_item(
     rng: random.Random,
     max_pages: int = 3,
     max_questions: int = 6,
+    contrast: bool = False,
 ) -> tuple[str, ...]:
     """A reading item in the ``qa`` protocol's own layout: ``Documents:`` with page ``i`` and 0 to
     ``max_pages - 1`` of its neighbours in random order, then up to ``max_questions`` questions about
-    any of those pages, each as ``Question: q`` + the protocol's tag, followed by its answer. The
-    first question is exactly a ``qa`` prompt; later ones repeat the layout after the answer's
-    newline (the protocol's stop). Reading learned in one layout does not carry to another: a model
+    any of those pages, each as ``Question: q`` + the protocol's tag, followed by its answer and the
+    protocol's stop (:data:`STOP`, a target too). The first question is exactly a ``qa`` prompt; later
+    ones repeat its last line. ``contrast``: the first questions ask one relation of every page that
+    states it (the item's other pages are BM25 neighbours of page ``i``: the same kind of entity).
+    Reading learned in one layout does not carry to another: a model
     at 0.59 on drill-layout pages scored 0.03 on the same pages as ``qa`` prompts."""
     others = rng.sample(neighbours[i], min(rng.randint(0, max_pages - 1), len(neighbours[i])))
     chosen = [i, *others]
     rng.shuffle(chosen)
     qas = [qa for j in chosen for qa in facts[j][1]]
-    qas = rng.sample(qas, min(max_questions, len(qas)))
+    first: list[tuple[str, str]] = []
+    if contrast:
+        # One relation asked of every page that states it, first: copying the value of the asked
+        # relation from any page then answers one of them only, so the loss pays for matching the
+        # question's entity to its page.
+        by_relation: dict[str, list[tuple[str, str]]] = {}
+        for qa in qas:
+            by_relation.setdefault(getattr(parse_question(qa[0]), "relation", ""), []).append(qa)
+        shared = [group for relation, group in sorted(by_relation.items()) if relation and len(group) > 1]
+        first = rng.sample(group := rng.choice(shared), min(max_questions, len(group))) if shared else []
+    rest = [qa for qa in qas if qa not in first]
+    qas = first + rng.sample(rest, min(max_questions - len(first), len(rest)))
     pages, tag = [facts[j][0] for j in chosen], QA().tag
-    pieces = [qa_prompt(qas[0][0], pages), qas[0][1]]
+    pieces = [qa_prompt(qas[0][0], pages), qas[0][1] + STOP]
     for question, answer in qas[1:]:
-        pieces += [f"\nQuestion: {question}{tag}", answer]
+        pieces += [f"Question: {question}{tag}", answer + STOP]
     return tuple(pieces)
 
 
@@ -168,7 +188,7 @@ def intermediate_reading_item(
     need the page again."""
     page, qas = facts[i]
     question, answer = rng.choice(qas)
-    return intermediate_prompt(question, page), answer
+    return intermediate_prompt(question, page), answer + STOP
 
 
 # generator.reading_layout's corpus layouts -> the SFT drills of that layout (``drills``); "demos" is the
@@ -232,6 +252,14 @@ def renamer(
     return rename
 
 
+def name_words(titles: Iterable[str], texts: Iterable[str]) -> set[str]:
+    """The words of the world's names: every word of a title that ``texts`` never write in lower case
+    ("Liakriaburg", "Naelle"; not "The" or "Works")."""
+    lower = {w for text in texts for w in re.findall(r"\w+", text) if w.islower()}
+    words = {w for title in titles for w in re.findall(r"\w+", title) if w.isalpha()}
+    return {w for w in words if w.lower() not in lower}
+
+
 def group_by_length(
     batches: Sequence[tuple[str, list[tuple[str, ...]]]], rng: random.Random, window: int = 8
 ) -> list[list[tuple[str, ...]]]:
@@ -281,6 +309,10 @@ def tiny_lm(
     # "traces" (the same, loss on every token: trace_item)
     reading_layout: str | Sequence[str] = "drill",
     reading_max_pages: int = 3,
+    # questions per qa reading item, at most (about any of its pages)
+    reading_max_questions: int = 6,
+    # qa reading items ask one relation of every page that states it first (qa_reading_item's contrast)
+    reading_contrast: bool = False,
     pretrain_steps: int = 500,
     pretrain_length: int = 256,
     # demonstrations up to this many words also go into pretraining (0: the corpus only)
@@ -297,6 +329,8 @@ def tiny_lm(
     # the names' embeddings: drawn at this std (0: the model's init) and kept frozen (TinyConfig)
     name_std: float = 0.0,
     freeze_names: bool = False,
+    # the names' words as their syllables (Lia ##kria ##burg: build_tokenizer's pieces), not one token each
+    name_pieces: bool = False,
     # SFT also on single-page reading drills from the corpus (reading_drills)
     drills: bool = False,
     # each SFT example gets its entities renamed at random (renamer), a fresh renaming per epoch
@@ -341,7 +375,15 @@ def tiny_lm(
     )
     draws: dict[str, Callable[[], tuple[str, ...]]] = {
         "drill": lambda: shuffle_questions(rng.choice(pool), rng),
-        "qa": lambda: qa_reading_item(facts, rng.randrange(len(facts)), neighbours, rng, reading_max_pages),
+        "qa": lambda: qa_reading_item(
+            facts,
+            rng.randrange(len(facts)),
+            neighbours,
+            rng,
+            reading_max_pages,
+            reading_max_questions,
+            reading_contrast,
+        ),
         "stoprag_intermediate": lambda: intermediate_reading_item(facts, rng.randrange(len(facts)), rng),
     }
 
@@ -373,12 +415,13 @@ def tiny_lm(
     # whole_names: entity names (multi-word titles) become single tokens, so copying one is a one-token
     # act; but each is then a rare token, and under renaming the names of a kind are interchangeable.
     names = sorted({title for title in data.corpus.titles if " " in title}) if whole_names else []
-    data_hash = fingerprint(texts, pairs, TAGS, names, reading, entities, config.anchored)
+    pieces = name_words(entities, texts) if name_pieces else set()
+    data_hash = fingerprint(texts, pairs, TAGS, names, reading, entities, config.anchored, pieces)
     key = json.dumps([asdict(config), data_hash])
     out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
-    path = train_tiny_lm(texts, pairs, config, out, TAGS, names, reading, entities)
+    path = train_tiny_lm(texts, pairs, config, out, TAGS, names, reading, entities, pieces)
     tokenizer = str(path / "tokenizer")
     return HFGenerator(
         str(path), tokenizer, batch_size=generate_batch_size, seed=seed, chat=False, dtype="float32"
