@@ -149,12 +149,15 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     """Stop-RAG's question-first layout: each item parses as that protocol, its one document is the
     page asked about, and the answer is what the page states."""
     from rag_lab.env.protocols.base import identify
+    from rag_lab.env.protocols.simple import QA
+    from rag_lab.env.protocols.stoprag import StopRAGIntermediate
     from rag_lab.generators.teacher.reader import answer_from
     from rag_lab.generators.tiny_world import STOP, intermediate_drills, intermediate_reading_item, page_facts
 
     facts = page_facts(instantiate(tiny_cfg().data))
     rng = random.Random(0)
     items = [intermediate_reading_item(facts, i, rng) for i in range(0, len(facts), max(1, len(facts) // 60))]
+    assert QA.stop == StopRAGIntermediate.stop == (STOP,)  # the stop every reading layout ends with
     assert all(answer.endswith(STOP) for _, answer in items)
     for prompt, answer in items + intermediate_drills(facts)[:50]:
         protocol, state = identify(prompt)

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 # at a newline). A reading item's answer piece ends with it, so it is a target: without it a model
 # trained on reading items answers and goes on ("Peport Seoholm Seoholm ...").
 STOP = "\n"
-assert QA.stop == StopRAGIntermediate.stop == (STOP,)
 
 # The protocols' tags: one token each.
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
