@@ -9,6 +9,8 @@ stage does) through ``tiny.train_loop``, and every ``--eval-every`` steps scores
 of the question, shuffled: right when the answer (up to the protocol's stop) equals the fact's value.
 
     .venv/bin/python experiments/probe_tiny_distractors.py --steps 3000 --name h64
+
+``--device cuda`` runs it on a GPU (sweeps of model shapes: results/probe_tiny_distractors_gpu_depth.md).
 """
 
 import argparse
@@ -63,6 +65,7 @@ def main() -> None:
         "--name-std", type=float, default=0.0, help="one-token names' embeddings drawn at this std"
     )
     parser.add_argument("--freeze-names", action="store_true", help="and kept as drawn")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (experiments only)")
     args, data, retriever = probe_world(parser)
     facts = page_facts(data)
     neighbours = page_neighbours(facts, retriever, 4)
@@ -99,13 +102,14 @@ def main() -> None:
     drawn = [("qa", [draw() for _ in range(args.batch_size)]) for _ in range(args.steps)]
     items = group_by_length(drawn, random.Random(0))
     names = sorted({t for t in data.corpus.titles if " " in t}) if args.whole_names else []
-    texts = [p.contents for p in data.corpus] + [x for batch in items for item in batch for x in item]
+    # the vocabulary from the corpus and the first 1,000 batches (the templates' words all occur by then)
+    texts = [p.contents for p in data.corpus] + [x for batch in items[:1000] for item in batch for x in item]
     pieces = name_words(data.corpus.titles, texts) if args.name_pieces else ()
     tok = build_tokenizer([*texts, *prompts[5]], names=names, pieces=pieces)
     config = TinyConfig(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads // 2,
                         intermediate=4 * args.hidden, lr=args.lr, name_std=args.name_std,
                         freeze_names=args.freeze_names)  # fmt: skip
-    model = build_model(tok, config)
+    model = build_model(tok, config).to(args.device)
     ids = tok(sorted(set(data.corpus.titles)), add_special_tokens=False).input_ids
     anchor_names(model, {i[0] for i in ids if len(i) == 1 and i[0] != tok.unk_token_id}, config)
     out_dir, rows, start = tempfile.mkdtemp(prefix="probe_tiny_distractors_"), [], time.perf_counter()
@@ -118,7 +122,7 @@ def main() -> None:
         model.save_pretrained(out_dir)
         tok.save_pretrained(out_dir + "/tokenizer")
         generator = HFGenerator(out_dir, out_dir + "/tokenizer", batch_size=64, chat=False, dtype="float32",
-                                logprobs=False)  # fmt: skip
+                                logprobs=False, device=args.device)  # fmt: skip
         sampling = Sampling(max_new_tokens=12, stop=protocol.stop, include_stop=protocol.include_stop)
         row = [step, seconds]
         for n in PAGES:
