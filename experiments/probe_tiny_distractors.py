@@ -102,7 +102,7 @@ def main() -> None:
     drawn = [("qa", [draw() for _ in range(args.batch_size)]) for _ in range(args.steps)]
     items = group_by_length(drawn, random.Random(0))
     names = sorted({t for t in data.corpus.titles if " " in t}) if args.whole_names else []
-    # the vocabulary from the corpus and the first 1,000 batches (the templates' words all occur by then)
+    # vocabulary: the corpus and the first 1,000 batches (32,000 items: every question template many times)
     texts = [p.contents for p in data.corpus] + [x for batch in items[:1000] for item in batch for x in item]
     pieces = name_words(data.corpus.titles, texts) if args.name_pieces else ()
     tok = build_tokenizer([*texts, *prompts[5]], names=names, pieces=pieces)

@@ -263,13 +263,15 @@ def anchor_names(model: "Qwen2ForCausalLM", ids: Sequence[int], config: TinyConf
     """Draw the embeddings of the name tokens ``ids`` at ``config.name_std`` (seeded), and with
     ``config.freeze_names`` zero their gradient (a hook on the tied embedding matrix: no optimiser or
     trainer needs to know; with no weight decay AdamW then leaves them as drawn)."""
-    weight, rows = model.get_input_embeddings().weight, torch.tensor(sorted(ids), dtype=torch.long)
+    weight = model.get_input_embeddings().weight
+    rows = torch.tensor(sorted(ids), dtype=torch.long, device=weight.device)
     if config.name_std and len(rows):
         draw = torch.Generator().manual_seed(config.seed + 1)
         with torch.no_grad():
-            weight[rows] = torch.randn(len(rows), weight.shape[1], generator=draw) * config.name_std
+            drawn = torch.randn(len(rows), weight.shape[1], generator=draw) * config.name_std
+            weight[rows] = drawn.to(weight)
     if config.freeze_names and len(rows):
-        keep = torch.ones(weight.shape[0], 1)
+        keep = torch.ones(weight.shape[0], 1, device=weight.device)
         keep[rows] = 0.0
         weight.register_hook(lambda grad: grad * keep)
 
