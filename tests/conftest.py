@@ -59,8 +59,10 @@ def tiny_cfg():
         other_data = any(o.startswith("data=") and o != "data=synth" for o in overrides)
         cfg = compose([*([] if other_data else TINY_DATA), *overrides])
         if cfg.generator and cfg.generator._target_.endswith("tiny_world.tiny_lm"):
-            # A preset's reading stage (generator=tiny_reading) shrinks too; what the test sets wins.
-            toy = [*TINY_LM, *(["generator.reading_steps=4"] if cfg.generator.reading_steps else [])]
+            # A preset's reading and protocol stages (generator=tiny_reading) shrink too; what the test
+            # sets wins.
+            toy = [*TINY_LM, *(["generator.reading_steps=4"] if cfg.generator.reading_steps else []),
+                   *(["generator.tune_steps=2"] if cfg.generator.get("tune_steps") else [])]  # fmt: skip
             keys = {o.split("=", 1)[0] for o in overrides}
             toy = [o for o in toy if o.split("=", 1)[0] not in keys]
             cfg = compose([*([] if other_data else TINY_DATA), *toy, *overrides])

@@ -1,6 +1,7 @@
 """generator=tiny end to end on the tiny world with toy sizes: trains once, then reuses."""
 
 import random
+from pathlib import Path
 
 from hydra.utils import instantiate
 from transformers import AutoTokenizer
@@ -203,6 +204,73 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
 
     with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa, stop"):
         tiny_lm(instantiate(tiny_cfg().data), str(tmp_path), reading_layout=["qa", "page"])
+
+
+def test_a_named_demos_layout_draws_that_protocols_demonstrations_only():
+    """``demos:<protocol>`` weights a protocol in the reading stage; plain ``demos`` takes a random one
+    per batch; every batch holds one protocol's items."""
+    from rag_lab.generators.tiny_world import draw_reading
+
+    pools = {"a": [(f"a{i} ", "x") for i in range(5)], "b": [(f"b{i} ", "y") for i in range(5)]}
+
+    def keep(item, rng):
+        return item
+
+    def protocols_of(layouts, steps):
+        items = draw_reading(layouts, steps, 4, {}, pools, keep, random.Random(0), 0)
+        batches = [items[i : i + 4] for i in range(0, len(items), 4)]
+        return [{prompt[0] for prompt, _ in batch} for batch in batches]
+
+    assert protocols_of(["demos:b"], 6) == [{"b"}] * 6
+    mixed = protocols_of(["demos:a", "demos"], 40)
+    assert all(len(kinds) == 1 for kinds in mixed)
+    assert sum(kinds == {"a"} for kinds in mixed) > 20 and {"b"} in mixed
+
+
+def test_the_protocol_stage_trains_on_the_cached_model_and_is_cached_apart(tiny_cfg, tmp_path):
+    """tune_steps: the model before the stage is trained (or reused) under its own hash, the stage's
+    model under another; a second run reuses both, and a changed stage reuses the base."""
+    import json
+
+    base = ("generator=tiny", f"cache_dir={tmp_path}", "generator.protocols=[qa,stoprag_query]")
+    stage = ("generator.tune_steps=2", "generator.reading_batch_size=2",
+             "generator.tune_layout=[demos:stoprag_query,qa]")  # fmt: skip
+    data = instantiate(tiny_cfg(*base).data)
+    first = instantiate(tiny_cfg(*base, *stage).generator, data=data)
+    models = {p.name: p for p in (tmp_path / "tiny_lm").iterdir()}
+    assert len(models) == 2
+    tuned = json.loads((Path(first.model.name_or_path) / "train.json").read_text())
+    assert tuned["base"] in models and tuned["tune"]["steps"] == 2
+    assert tuned["total_wall_s"] == tuned["base_wall_s"] + tuned["wall_s"]
+    again = instantiate(tiny_cfg(*base, *stage).generator, data=data)
+    assert again.model.name_or_path == first.model.name_or_path
+    instantiate(tiny_cfg(*base, *stage, "generator.tune_lr=0.01").generator, data=data)
+    assert len(list((tmp_path / "tiny_lm").iterdir())) == 3  # the base was reused
+
+
+def test_protocol_stage_demonstrations_end_with_their_protocols_stop():
+    from rag_lab.generators.tiny_world import draw_reading
+
+    pools = {"stoprag_query": [("Main question: q\n[stoprag_query]\n", "Who is x?")],
+             "stoprag_decide": [("p", "ok <STOP>")]}  # fmt: skip
+    items = draw_reading(["demos:stoprag_query", "demos:stoprag_decide"], 2, 1, {}, pools,
+                         lambda item, rng: item, random.Random(0), 0, stops=True)  # fmt: skip
+    assert sorted(c for _, c in items) == ["Who is x?\n", "ok <STOP>"]  # decide keeps its stop in the text
+    plain = draw_reading(["demos:stoprag_query"], 1, 1, {}, pools, lambda i, r: i, random.Random(0), 0)
+    assert plain[0][1] == "Who is x?"
+
+
+def test_a_named_demos_layout_must_name_a_chosen_protocol(tiny_cfg, tmp_path):
+    import pytest
+
+    from rag_lab.errors import RagLabError
+    from rag_lab.generators.tiny_world import tiny_lm
+
+    data = instantiate(tiny_cfg().data)
+    with pytest.raises(RagLabError, match=r"'demos:qa' names a protocol that generator.protocols \(cot\)"):
+        tiny_lm(data, str(tmp_path), reading_layout=["demos:qa"], protocols=["cot"])
+    with pytest.raises(RagLabError, match=r"'qa:cot' is not one of drill, qa"):
+        tiny_lm(data, str(tmp_path), reading_layout=["qa:cot"])
 
 
 def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tiny_cfg, tmp_path):

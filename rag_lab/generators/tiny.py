@@ -2,7 +2,9 @@
 
 Stage 0 (optional) is a copy warm-up and/or reading (``read``: a page, then questions about it,
 each with its answer, loss on the answers only); stage 1 is plain causal-LM pretraining on the
-corpus (``texts``); stage 2 is TRL's ``SFTTrainer`` on (prompt, completion) demonstrations. The
+corpus (``texts``); stage 2 is TRL's ``SFTTrainer`` on (prompt, completion) demonstrations; stage 3
+(``tune_tiny_lm``, optional) trains the finished model on more reading items, cached apart so that a
+recipe's earlier stages are reused. The
 result is a normal transformers model directory (``generator=hf`` loads it, with
 ``tokenizer=<dir>/tokenizer``). STACK.md ("A tiny agent LM from scratch on 2 cores") has the
 measurements behind the defaults.
@@ -401,6 +403,7 @@ def read(
     items: Sequence[tuple[str, ...]],
     config: TinyConfig,
     entities: Collection[int] = frozenset(),
+    stage: str = "reading",
 ) -> dict:
     """Stage 0b: reading items in order, ``reading_batch_size`` per step. An item alternates context
     and answer pieces (``page + question 1``, ``answer 1``, ``question 2``, ``answer 2``, ...); the loss
@@ -419,7 +422,7 @@ def read(
         reading_batch(tokenizer, items[step * size : (step + 1) * size], config.max_length, entities)
         for step in range(steps)
     )
-    return train_loop(model, batches, steps, config, "reading")
+    return train_loop(model, batches, steps, config, stage)
 
 
 def reading_batch(
@@ -613,6 +616,46 @@ def train_tiny_lm(
             stats["sft"] = _sft(model, tokenizer, pairs, config, tmp / "trainer")
         model.save_pretrained(tmp)
         stats["wall_s"] = time.perf_counter() - start
+        stats["versions"] = _versions()
+        (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
+    return out_dir
+
+
+def tune_tiny_lm(
+    base_dir: Path,
+    items: Sequence[tuple[str, ...]],
+    config: TinyConfig,
+    out_dir: Path,
+    data: str,
+    entities: Sequence[str] = (),
+) -> Path:
+    """A protocol stage on a trained tiny LM: ``base_dir``'s model and tokenizer, trained on reading
+    items (``config.reading_steps`` batches of ``config.reading_batch_size``, the :func:`read` loop at
+    ``config.lr``) into ``out_dir``, or reused as :func:`train_tiny_lm` does (``data``: the items'
+    fingerprint). Words the base vocabulary lacks become ``<unk>``. ``train.json`` keeps the base's
+    name and training time next to the stage's own, so a recipe's cost is the sum of its stages."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    if out_dir.exists():
+        _check_reuse(out_dir, config, data)
+        return out_dir
+    base = json.loads((base_dir / "train.json").read_text())
+    start = time.perf_counter()
+    with publish(out_dir) as tmp:
+        torch.manual_seed(config.seed)
+        tokenizer = AutoTokenizer.from_pretrained(base_dir / "tokenizer")
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
+        known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
+        stats = {"config": asdict(config), "data": data, "base": base_dir.name,
+                 "base_wall_s": base.get("total_wall_s", base["wall_s"]),
+                 "parameters": base["parameters"], "vocab_size": len(tokenizer)}  # fmt: skip
+        stats["tune"] = read(model, tokenizer, items, config, known, "protocol stage")
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        model.save_pretrained(tmp)
+        stats["wall_s"] = time.perf_counter() - start
+        stats["total_wall_s"] = stats["base_wall_s"] + stats["wall_s"]
         stats["versions"] = _versions()
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
     return out_dir

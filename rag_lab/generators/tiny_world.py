@@ -16,11 +16,11 @@ import math
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rag_lab.data.base import Passage
-from rag_lab.env.protocols.base import SEARCH, Action, State, Turn
+from rag_lab.env.protocols.base import PROTOCOLS, SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.env.protocols.stoprag import StopRAGIntermediate
 from rag_lab.errors import RagLabError
@@ -28,7 +28,7 @@ from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
 from rag_lab.generators.teacher.reader import answer_from, parse_question
-from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm
+from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
 from rag_lab.retrievers.bm25 import BM25Retriever
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,8 @@ def intermediate_reading_item(
 
 # generator.reading_layout's corpus layouts -> the SFT drills of that layout (``drills``); "demos" is the
 # teacher's demonstrations of every protocol, renamed afresh each time they are drawn, loss on the
-# completion; "traces" the same with the loss on every token (see :func:`trace_item`).
+# completion; "traces" the same with the loss on every token (see :func:`trace_item`). "demos:<protocol>"
+# (or "traces:<protocol>") draws that protocol's demonstrations only, so a layout list can weight them.
 DRILLS = {"drill": reading_drills, "qa": qa_drills, "stoprag_intermediate": intermediate_drills}
 READING_LAYOUTS = (*DRILLS, "demos", "traces")
 
@@ -283,6 +284,41 @@ def group_by_length(
     return out
 
 
+def draw_reading(
+    layouts: Sequence[str],
+    steps: int,
+    size: int,
+    draws: dict[str, Callable[[], tuple[str, ...]]],
+    demo_pools: dict[str, list[tuple[str, str]]],
+    rename: Callable[[tuple[str, ...], random.Random], tuple[str, ...]],
+    rng: random.Random,
+    seed: int,
+    stops: bool = False,
+) -> list[tuple[str, ...]]:
+    """The reading stage's items, ``steps`` batches of ``size`` in order. Layouts take turns batch by
+    batch; a corpus layout's batch holds ``draws[layout]()`` items, a "demos" batch the demonstrations
+    of one protocol (a random one; "demos:<protocol>" names it), each renamed afresh; "traces" as demos
+    with the loss on every token (:func:`trace_item`). Batches of one kind then swap items so that
+    each holds items of similar length (:func:`group_by_length`). ``stops``: a demonstration's
+    completion ends with its protocol's stop (as the corpus layouts' answers do) where the protocol does
+    not keep it in the text; without it only a later SFT stage (an EOS after each completion) teaches
+    where a completion ends."""
+
+    def batch(layout: str) -> tuple[str, list[tuple[str, ...]]]:
+        base, _, name = layout.partition(":")
+        if base in ("demos", "traces"):
+            name = name or rng.choice(sorted(demo_pools))
+            picked = [rename(rng.choice(demo_pools[name]), rng) for _ in range(size)]
+            protocol = PROTOCOLS.get(name)
+            if stops and protocol is not None and not protocol.include_stop:
+                picked = [(prompt, completion + protocol.stop[0]) for prompt, completion in picked]
+            return f"{base}:{name}", [trace_item(*pair) for pair in picked] if base == "traces" else picked
+        return layout, [rename(draws[layout](), rng) for _ in range(size)]
+
+    drawn = [batch(layouts[step % len(layouts)]) for step in range(steps)]
+    return [item for items in group_by_length(drawn, random.Random(seed)) for item in items]
+
+
 def tiny_lm(
     data,
     cache_dir: str,
@@ -312,6 +348,12 @@ def tiny_lm(
     reading_max_questions: int = 6,
     # qa reading items ask one relation of every page that states it first (qa_reading_item's contrast)
     reading_contrast: bool = False,
+    # a protocol stage last, cached apart (the model before it is reused): tune_steps batches of
+    # reading_batch_size in tune_layout (the reading layouts; "demos:<protocol>" weights a protocol), at
+    # tune_lr, each completion ending with its protocol's stop (0: none)
+    tune_steps: int = 0,
+    tune_layout: str | Sequence[str] = "demos",
+    tune_lr: float = 1e-3,
     pretrain_steps: int = 500,
     pretrain_length: int = 256,
     # demonstrations up to this many words also go into pretraining (0: the corpus only)
@@ -339,17 +381,15 @@ def tiny_lm(
     generate_batch_size: int = 64,
     seed: int = 0,
 ) -> HFGenerator:
-    layouts = [reading_layout] if isinstance(reading_layout, str) else list(reading_layout)
-    for layout in layouts:
-        if layout not in READING_LAYOUTS:
-            raise RagLabError(
-                f"generator.reading_layout: {layout!r} is not one of {', '.join(READING_LAYOUTS)}"
-            )
+    layouts = _layouts(reading_layout, protocols, "reading_layout")
+    tune_layouts = _layouts(tune_layout, protocols, "tune_layout") if tune_steps else []
+    # the layouts of the stages that run
+    bases = {layout.partition(":")[0] for layout in [*(layouts if reading_steps else []), *tune_layouts]}
     texts = [p.contents for p in data.corpus]
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
     by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
     pairs = sample(by_protocol, words_per_protocol, protocols, seed=train_seed)
-    facts = page_facts(data) if drills or rename_entities or reading_steps else []
+    facts = page_facts(data) if drills or rename_entities or reading_steps or tune_steps else []
     if drills:
         pairs += [pair for layout in layouts if layout in DRILLS for pair in DRILLS[layout](facts)]
     n_pairs = len(pairs)
@@ -360,44 +400,40 @@ def tiny_lm(
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
     # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
-    neighbours = page_neighbours(facts, retriever, 4) if reading_steps and "qa" in layouts else []
-    pool = reading_pages(facts) if reading_steps and "drill" in layouts else []
+    neighbours = page_neighbours(facts, retriever, 4) if "qa" in bases else []
+    pool = reading_pages(facts) if "drill" in bases else []
     chosen = {
         name: demos for name, demos in sorted(by_protocol.items()) if protocols is None or name in protocols
     }
     # "demos"/"traces": every demonstration the teacher gave (not only the SFT sample), one protocol per
-    # batch.
-    demo_pools = (
-        [sorted(d.items()) for d in chosen.values()]
-        if reading_steps and {"demos", "traces"} & set(layouts)
-        else []
+    # batch (a random one, or the one the layout names).
+    wanted = {"demos", "traces"} & bases
+    demo_pools = {name: sorted(d.items()) for name, d in chosen.items()} if wanted else {}
+    for layout in [*layouts, *tune_layouts]:
+        if ":" in layout and demo_pools and layout.partition(":")[2] not in demo_pools:
+            raise RagLabError(
+                f"generator: layout {layout!r}: the teacher gave no demonstrations of that protocol"
+                f" (it gave {', '.join(demo_pools)})"
+            )
+
+    def draws(rng: random.Random) -> dict[str, Callable[[], tuple[str, ...]]]:
+        return {
+            "drill": lambda: shuffle_questions(rng.choice(pool), rng),
+            "qa": lambda: qa_reading_item(
+                facts,
+                rng.randrange(len(facts)),
+                neighbours,
+                rng,
+                reading_max_pages,
+                reading_max_questions,
+                reading_contrast,
+            ),
+            "stoprag_intermediate": lambda: intermediate_reading_item(facts, rng.randrange(len(facts)), rng),
+        }
+
+    reading = draw_reading(
+        layouts, reading_steps, reading_batch_size, draws(rng), demo_pools, rename, rng, train_seed
     )
-    draws: dict[str, Callable[[], tuple[str, ...]]] = {
-        "drill": lambda: shuffle_questions(rng.choice(pool), rng),
-        "qa": lambda: qa_reading_item(
-            facts,
-            rng.randrange(len(facts)),
-            neighbours,
-            rng,
-            reading_max_pages,
-            reading_max_questions,
-            reading_contrast,
-        ),
-        "stoprag_intermediate": lambda: intermediate_reading_item(facts, rng.randrange(len(facts)), rng),
-    }
-
-    def batch(layout: str) -> tuple[str, list[tuple[str, ...]]]:
-        """One batch of ``layout`` and its kind (the layout, and for demos the protocol)."""
-        if layout in ("demos", "traces"):
-            i = rng.randrange(len(demo_pools))
-            picked = [rename(rng.choice(demo_pools[i]), rng) for _ in range(reading_batch_size)]
-            return f"{layout}:{i}", [trace_item(*pair) for pair in picked] if layout == "traces" else picked
-        return layout, [rename(draws[layout](), rng) for _ in range(reading_batch_size)]
-
-    # Layouts take turns batch by batch; each batch is of one layout (and one protocol), and batches of
-    # one kind swap items so that each holds items of similar length (group_by_length).
-    drawn = [batch(layouts[step % len(layouts)]) for step in range(reading_steps)]
-    reading = [item for items in group_by_length(drawn, random.Random(train_seed)) for item in items]
     # Short demonstrations (all of them, prompt + completion) join the corpus in pretraining: packed
     # and cheap, they are where the model first learns to copy a name from its context.
     for demos in chosen.values():
@@ -421,7 +457,41 @@ def tiny_lm(
     if not out.exists():
         log.info("training the tiny LM (%d texts, %d demonstrations) into %s", len(texts), len(pairs), out)
     path = train_tiny_lm(texts, pairs, config, out, TAGS, names, reading, entities, pieces)
+    if tune_steps:
+        # The protocol stage, cached apart: the model above (reused when cached) trained on. Its own
+        # random stream, so its items do not depend on the stages before; they end with the protocol's
+        # stop (nothing after it teaches where a completion ends).
+        tune_rng = random.Random(train_seed + 1)
+        tuning = draw_reading(
+            tune_layouts, tune_steps, reading_batch_size, draws(tune_rng), demo_pools, rename, tune_rng,
+            train_seed, stops=True,
+        )  # fmt: skip
+        tune_config = replace(config, reading_steps=tune_steps, lr=tune_lr)
+        tune_hash = fingerprint([], [], (), reading=tuning, entities=entities)
+        key = json.dumps([path.name, asdict(tune_config), tune_hash])
+        out = Path(cache_dir).expanduser() / "tiny_lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
+        if not out.exists():
+            log.info("training the tiny LM's protocol stage (%d steps) on %s into %s", tune_steps, path, out)
+        path = tune_tiny_lm(path, tuning, tune_config, out, tune_hash, entities)
     tokenizer = str(path / "tokenizer")
     return HFGenerator(
         str(path), tokenizer, batch_size=generate_batch_size, seed=seed, chat=False, dtype="float32"
     )
+
+
+def _layouts(value: str | Sequence[str], protocols: list[str] | None, field: str) -> list[str]:
+    """generator.<field> as a list of layouts, each checked: a one-line error names a bad one."""
+    layouts = [value] if isinstance(value, str) else list(value)
+    for layout in layouts:
+        base, named, protocol = layout.partition(":")
+        if base not in READING_LAYOUTS or (named and base not in ("demos", "traces")):
+            raise RagLabError(
+                f"generator.{field}: {layout!r} is not one of {', '.join(READING_LAYOUTS)}"
+                " (or demos:<protocol>, traces:<protocol>)"
+            )
+        if named and protocols is not None and protocol not in protocols:
+            raise RagLabError(
+                f"generator.{field}: {layout!r} names a protocol that generator.protocols"
+                f" ({', '.join(protocols)}) leaves out"
+            )
+    return layouts
