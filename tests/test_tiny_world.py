@@ -269,6 +269,8 @@ def test_a_named_demos_layout_must_name_a_chosen_protocol(tiny_cfg, tmp_path):
     data = instantiate(tiny_cfg().data)
     with pytest.raises(RagLabError, match=r"'demos:qa' names a protocol that generator.protocols \(cot\)"):
         tiny_lm(data, str(tmp_path), reading_layout=["demos:qa"], protocols=["cot"])
+    with pytest.raises(RagLabError, match=r"generator.tune_layout: 'demos:stoprag_quary' names no protocol"):
+        tiny_lm(data, str(tmp_path), tune_steps=1, tune_layout=["demos:stoprag_quary"])
     with pytest.raises(RagLabError, match=r"'qa:cot' is not one of drill, qa"):
         tiny_lm(data, str(tmp_path), reading_layout=["qa:cot"])
 

@@ -604,9 +604,7 @@ def train_tiny_lm(
             stats["copy"] = pretrain(
                 model, tokenizer, copies, replace(config, pretrain_steps=config.copy_steps)
             )
-        # The world's names that are one token: in reading, targets only where they repeat.
-        ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
-        known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
+        known = one_token_names(tokenizer, entities)
         anchor_names(model, known, config)
         if config.reading_steps:
             stats["reading"] = read(model, tokenizer, reading, config, known)
@@ -646,8 +644,7 @@ def tune_tiny_lm(
         torch.manual_seed(config.seed)
         tokenizer = AutoTokenizer.from_pretrained(base_dir / "tokenizer")
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
-        known = {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
+        known = one_token_names(tokenizer, entities)
         stats = {"config": asdict(config), "data": data, "base": base_dir.name,
                  "base_wall_s": base.get("total_wall_s", base["wall_s"]),
                  "parameters": base["parameters"], "vocab_size": len(tokenizer)}  # fmt: skip
@@ -659,6 +656,12 @@ def tune_tiny_lm(
         stats["versions"] = _versions()
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
     return out_dir
+
+
+def one_token_names(tokenizer: "PreTrainedTokenizerFast", entities: Sequence[str]) -> set[int]:
+    """The ids of the world's names that are one known token (reading targets only where they repeat)."""
+    ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
+    return {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
 
 
 def _sft(

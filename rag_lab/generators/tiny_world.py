@@ -489,6 +489,10 @@ def _layouts(value: str | Sequence[str], protocols: list[str] | None, field: str
                 f"generator.{field}: {layout!r} is not one of {', '.join(READING_LAYOUTS)}"
                 " (or demos:<protocol>, traces:<protocol>)"
             )
+        if named and protocol not in PROTOCOLS:
+            raise RagLabError(
+                f"generator.{field}: {layout!r} names no protocol (known: {', '.join(sorted(PROTOCOLS))})"
+            )
         if named and protocols is not None and protocol not in protocols:
             raise RagLabError(
                 f"generator.{field}: {layout!r} names a protocol that generator.protocols"
