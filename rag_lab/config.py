@@ -8,7 +8,12 @@ merges every ``_target_`` node of a composed config into its schema right after 
 composes it and before anything is built, so an unknown key (a yaml typo, a ``+group.key=``
 that the component does not take) or a wrong type fails at once with OmegaConf's message,
 naming the key and the full path. Overrides of keys that exist nowhere already fail inside
-Hydra's compose (configs are in struct mode).
+Hydra's compose (configs are in struct mode); keys *appended* with ``+key=value`` bypass that
+check, so :func:`validate` also merges the whole config into its top-level schema
+(:class:`RunConfig`, :class:`ScoreConfig`, :class:`ServeConfig`).
+
+Bounds ride in the same place: a parameter typed ``Annotated[int, AtLeast(1)]`` (or a dataclass
+field with ``metadata={"min": 1}``) is checked too, so ``policy.k=0`` fails naming ``policy.k``.
 """
 
 import dataclasses
@@ -19,7 +24,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -29,14 +34,24 @@ from rag_lab import CONF_DIR
 from rag_lab.errors import RagLabError
 
 
+@dataclass(frozen=True)
+class AtLeast:
+    """A lower bound on a numeric parameter: ``k: Annotated[int, AtLeast(1)] = 5``."""
+
+    min: float
+
+
+PositiveInt = Annotated[int, AtLeast(1)]
+
+
 @dataclass
 class EvalConfig:
     # The split of the dataset to evaluate on.
     split: str = "test"
     # Questions per batch: one batched rollout, then one flushed append to records.jsonl.
-    batch_size: int = 64
+    batch_size: int = field(default=64, metadata={"min": 1})
     # Evaluate only the first `limit` questions of the split (null: all).
-    limit: int | None = None
+    limit: int | None = field(default=None, metadata={"min": 1})
     # Skip question ids already in this run dir's records.jsonl (resume after a kill).
     resume: bool = True
     # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
@@ -63,7 +78,39 @@ class RunConfig:
     experiment: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class ScoreConfig:
+    """The schema of ``conf/score.yaml`` (``python -m rag_lab.score``)."""
+
+    data: Any = MISSING
+    # jsonl, one {"id", "prediction", "support_ids" (optional)} per line
+    predictions: str = MISSING
+    split: str = "test"
+    cache_dir: str = "~/.cache/rag_lab"
+
+
+@dataclass
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = field(default=8000, metadata={"min": 0})
+    model_name: str | None = None
+
+
+@dataclass
+class ServeConfig:
+    """The schema of ``conf/serve.yaml`` (``python -m rag_lab.serve``)."""
+
+    generator: Any = MISSING
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    seed: int = 0
+    cache_dir: str = "~/.cache/rag_lab"
+
+
 ConfigStore.instance().store(name="run_schema", node=RunConfig)
+ConfigStore.instance().store(name="score_schema", node=ScoreConfig)
+ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
+# Which schema a config file validates against, by its name under conf/.
+TOP_SCHEMAS: dict[str, type] = {"config": RunConfig, "score": ScoreConfig, "serve": ServeConfig}
 
 _PRIMITIVES = (int, float, bool, str, Path)
 
@@ -95,7 +142,7 @@ def schema_for(target: str) -> type:
     fn = obj.__init__ if inspect.isclass(obj) else obj
     signature = inspect.signature(fn)
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable forward references: fall back to unchecked types
         hints = {}
     fields: list[tuple] = []
@@ -104,16 +151,29 @@ def schema_for(target: str) -> type:
             continue
         if p.kind is p.VAR_KEYWORD:
             return dict
-        hint = _omegaconf_type(hints.get(name, Any))
+        hint, bounds = _strip_annotated(hints.get(name, Any))
+        hint = _omegaconf_type(hint)
         default = MISSING if p.default is p.empty else p.default
         if isinstance(default, list | dict | tuple):
             default = dataclasses.field(default_factory=lambda d=default: type(d)(d))
         elif not isinstance(default, (*_PRIMITIVES, type(None))) and default is not MISSING:
             hint, default = Any, dataclasses.field(default_factory=lambda d=default: d)
+        if bounds:
+            kwargs = {"default_factory": default.default_factory} if isinstance(default, dataclasses.Field) \
+                else {"default": default}  # fmt: skip
+            default = dataclasses.field(**kwargs, metadata={"min": max(b.min for b in bounds)})
         fields.append((name, hint, default))
     for meta in ("_target_", "_partial_", "_recursive_", "_convert_", "_args_"):
         fields.append((meta, Any, None))
     return dataclasses.make_dataclass(target.rsplit(".", 1)[-1] + "Schema", fields)
+
+
+def _strip_annotated(hint: Any) -> tuple[Any, list[AtLeast]]:
+    """``Annotated[int, AtLeast(1)]`` -> ``(int, [AtLeast(1)])``; any other hint passes through."""
+    if typing.get_origin(hint) is Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [x for x in extras if isinstance(x, AtLeast)]
+    return hint, []
 
 
 def locate(target: str) -> Any:
@@ -122,20 +182,53 @@ def locate(target: str) -> Any:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"_target_ '{target}' cannot be imported: {e}") from None
+        raise ConfigError(f"_target_ '{target}' cannot be imported ({type(e).__name__}: {e})") from None
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every ``_target_`` node of ``cfg`` against its schema; raise ConfigError on the first bad key."""
+def _check_bounds(schema: type, node: DictConfig, path: str) -> None:
+    """Every dataclass field of ``schema`` with ``metadata['min']`` holds a value >= that bound."""
+    for f in dataclasses.fields(schema):
+        if "min" not in f.metadata or f.name not in node:
+            continue
+        value = node[f.name]
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < f.metadata["min"]:
+            key = f"{path}.{f.name}" if path else f.name
+            raise ConfigError(f"config '{key}' must be >= {f.metadata['min']:g}, got {value}")
+
+
+def validate(cfg: DictConfig, schema: type | None = RunConfig) -> None:
+    """Check ``cfg`` against its top-level ``schema`` (appended keys included) and every ``_target_``
+    node against its component's schema; raise ConfigError naming the first bad key."""
+    if schema is not None:
+        try:
+            # as plain containers: a node already typed by the schema would carry an appended key along
+            plain = OmegaConf.to_container(cfg, resolve=False)
+            plain.pop("hydra", None)
+            OmegaConf.merge(OmegaConf.structured(schema), plain)
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", None)
+            raise ConfigError(f"config '{key}': {str(e).splitlines()[0]}" if key else
+                              f"config: {str(e).splitlines()[0]}") from None  # fmt: skip
+        missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra."))
+        if missing:
+            raise ConfigError(f"config '{missing[0]}' is required: set {missing[0]}=...")
+        _check_bounds(schema, cfg, "")
+        for f in dataclasses.fields(schema):
+            if dataclasses.is_dataclass(f.type) and f.name in cfg and isinstance(cfg[f.name], DictConfig):
+                _check_bounds(f.type, cfg[f.name], f.name)
     for path, node in _target_nodes(cfg, ""):
-        schema = schema_for(node._target_)
-        if schema is dict:
+        try:
+            component = schema_for(node._target_)
+        except ConfigError as e:
+            raise ConfigError(f"config '{path}': {e}") from None
+        if component is dict:
             continue
         try:
-            OmegaConf.merge(OmegaConf.structured(schema), node)
+            OmegaConf.merge(OmegaConf.structured(component), node)
         except OmegaConfBaseException as e:
-            msg = str(e).splitlines()[0]
-            raise ConfigError(f"config '{path}' ({node._target_}): {msg}") from None
+            key = f"{path}.{e.full_key}" if getattr(e, "full_key", None) else path
+            raise ConfigError(f"config '{key}' ({node._target_}): {str(e).splitlines()[0]}") from None
+        _check_bounds(component, node, path)
 
 
 class ConfigError(RagLabError):
@@ -165,25 +258,66 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=overrides or [], return_hydra_config=False)
-    validate(cfg)
+    validate(cfg, TOP_SCHEMAS.get(config_name))
     return cfg
 
 
-def check_yaml_files(conf_dir: Path = CONF_DIR) -> None:
-    """Parse every yaml of the config tree; a syntax error becomes one line naming file, line, column.
+def check_yaml_files(conf_dirs: list[Path] | None = None) -> None:
+    """Parse every yaml of the config tree(s); a syntax error becomes one line naming file, line, column.
 
-    Hydra would report it too, but deep inside a long traceback.
+    Hydra would report it too, but deep inside a long traceback. ``conf_dirs`` defaults to the shipped
+    tree; :func:`user_config_dirs` adds the folders a command line puts on Hydra's search path.
     """
     import yaml
 
-    for path in sorted(conf_dir.rglob("*.yaml")):
-        try:
-            yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{where}: malformed yaml ({problem})") from None
+    for conf_dir in conf_dirs or [CONF_DIR]:
+        for path in sorted(Path(conf_dir).rglob("*.yaml")):
+            try:
+                yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ConfigError(f"{where}: malformed yaml ({problem})") from None
+
+
+def user_config_dirs(argv: list[str]) -> list[Path]:
+    """The config folders a command line adds: ``--config-dir`` / ``-cd`` and ``hydra.searchpath``.
+
+    >>> user_config_dirs(["-cd", "/a", "hydra.searchpath=[file:///b,pkg://x]", "seed=1"])
+    [PosixPath('/a'), PosixPath('/b')]
+    """
+    dirs: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(argv[i + 1])
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.split("=", 1)[1])
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            items = arg.split("=", 1)[1].strip("[]")
+            dirs += [item.strip().strip("'\"") for item in items.split(",") if item.strip()]
+    paths = [d.removeprefix("file://") for d in dirs if not d.startswith("pkg://")]
+    return [Path(d).expanduser() for d in paths]
+
+
+def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
+    """The ``key=value`` overrides of a command line that composes ``conf/<config_name>.yaml``.
+
+    ``-h`` / ``--help`` prints ``doc`` (what the command does, an example), that yaml (the options,
+    with their comments) and the options of its config groups, then exits; another ``-flag`` is an
+    error, since these commands take Hydra overrides only.
+    """
+    if any(a in ("-h", "--help") for a in argv):
+        path = CONF_DIR / f"{config_name}.yaml"
+        text = path.read_text()
+        groups = [g for g in (CONF_DIR.iterdir()) if g.is_dir() and f"- {g.name}:" in text]
+        listing = "".join(f"  {g.name}: {', '.join(group_options(g.name))}\n" for g in sorted(groups))
+        print(f"{doc.strip()}\n\nConfig groups (group=option):\n{listing}\nOptions (key=value), {path}:\n{text}")
+        raise SystemExit(0)
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:
+        raise ConfigError(f"unknown option '{flags[0]}': this command takes key=value overrides (see --help)")
+    return argv
 
 
 def group_options(group: str) -> list[str]:

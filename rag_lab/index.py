@@ -1,5 +1,8 @@
 """Build a retriever's index ahead of time: ``python -m rag_lab.index retriever=<name> data=<name>``.
 
+    python -m rag_lab.index retriever=minilm                 # the embedded world
+    python -m rag_lab.index retriever=e5 data=musique data.path=data/musique
+
 Composes the same config as the runner, builds the corpus and the retriever (which encodes,
 indexes and writes its on-disk cache under ``cache_dir``), and prints the time it took. A later
 run with the same corpus and retriever config loads the cached index instead of rebuilding it.
@@ -10,13 +13,13 @@ import time
 
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.config import cli_overrides, compose
 from rag_lab.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> None:
     with one_line_errors():
-        cfg = compose(list(sys.argv[1:] if argv is None else argv))
+        cfg = compose(cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "config"))
         data = instantiate(cfg.data)
         start = time.perf_counter()
         corpus = data.corpus

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rag_lab.errors import RagLabError
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -37,6 +39,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+class RecordsError(RagLabError):
+    """A run file damaged in the middle (not the torn last line a kill leaves)."""
 
 
 def read_records(path: str | Path, repair: bool = True) -> list[dict]:
@@ -63,7 +69,10 @@ def read_records(path: str | Path, repair: bool = True) -> list[dict]:
         except json.JSONDecodeError as e:
             if is_last:  # no trailing newline: the append was cut off
                 break
-            raise ValueError(f"{path}:{lineno}: malformed record ({e.msg})") from None
+            raise RecordsError(
+                f"{path}:{lineno}: malformed record ({e.msg}); the file was edited or damaged: restore "
+                "that line, or start over with eval.resume=false (the old files are set aside)"
+            ) from None
         good_bytes += len(line) + (0 if is_last else 1)
     if repair and good_bytes < len(raw):
         with open(path, "r+b") as f:

@@ -1,9 +1,12 @@
-"""Fold runs into one table: ``python -m rag_lab.report DIR [DIR ...] [--out report.csv]``.
+"""Fold runs into one table and print it (``python -m rag_lab.report DIR [DIR ...]``).
 
 Each DIR is a run directory or any folder above run directories (a Hydra multirun sweep dir,
-``outputs/``): every directory below it holding a ``metrics.json`` is one row. Columns: the
-run, the overrides that differ between runs (from Hydra's ``.hydra/overrides.yaml``), then every
-metric of the chosen subset. Overrides shared by all runs are printed above the table.
+``outputs/``): every directory below it holding a ``metrics.json`` is one row. A run directory
+without one (a ``.hydra/`` or ``records.jsonl`` but no ``metrics.json``: a job that was killed,
+failed or is still running) is left out, and a notice and the summary line name it. Columns: the
+overrides that differ between runs (from Hydra's ``.hydra/overrides.yaml``; they name the rows),
+every metric of the chosen subset, then the run dir. Overrides shared by all runs are printed above
+the table.
 """
 
 import argparse
@@ -16,61 +19,116 @@ import numpy as np
 import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.stats import paired_bootstrap
-from rag_lab.eval.table import format_metrics, to_markdown
+from rag_lab.eval.table import DESCRIPTIONS, format_metrics, legend, to_markdown
 from rag_lab.records import atomic_write_text, read_records
 
 
-def find_runs(roots: list[Path]) -> list[Path]:
-    runs: list[Path] = []
+def _natural(paths: list[Path]) -> list[Path]:
+    """Sorted with numeric parts as numbers (sweep job 10 after job 9)."""
+    return sorted(paths, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
+
+
+def _check_roots(roots: list[Path]) -> None:
     for root in roots:
         if not root.exists():
-            raise SystemExit(f"error: {root} does not exist")
-        found = sorted(p.parent for p in root.rglob("metrics.json"))
-        runs += sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
+            raise RagLabError(f"{root} does not exist")
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Every directory under ``roots`` that holds a ``metrics.json``, in natural order."""
+    _check_roots(roots)
+    runs = [run for root in roots for run in _natural([p.parent for p in root.rglob("metrics.json")])]
     return list(dict.fromkeys(runs))
+
+
+def unfinished_runs(roots: list[Path]) -> list[Path]:
+    """Run directories under ``roots`` (a ``.hydra/`` or a ``records.jsonl``: written when a run starts)
+    that have no ``metrics.json`` (written when it ends)."""
+    _check_roots(roots)
+    dirs = [p.parent for root in roots for name in (".hydra", "records.jsonl") for p in root.rglob(name)]
+    return list(dict.fromkeys(d for d in _natural(dirs) if not (d / "metrics.json").exists()))
+
+
+def left_out(missing: list[Path]) -> str:
+    """A notice on stderr per run without metrics.json; returns the summary line's note on them."""
+    for run in missing:
+        print(f"notice: {run} has no metrics.json (killed, failed or running): left out", file=sys.stderr)
+    names = ", ".join(map(str, missing))
+    return f" ({len(missing)} without metrics.json left out: {names})" if missing else ""
+
+
+def records_of(run: Path) -> list[dict]:
+    try:
+        return read_records(run / "records.jsonl")
+    except ValueError as e:  # a malformed line in the middle (read_records names file and line)
+        raise RagLabError(str(e)) from None
+
+
+def read_metrics(run: Path) -> dict:
+    path = run / "metrics.json"
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RagLabError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
 
 
 def overrides_of(run: Path) -> dict[str, str]:
     path = run / ".hydra" / "overrides.yaml"
-    items = yaml.safe_load(path.read_text()) if path.exists() else []
+    try:
+        items = yaml.safe_load(path.read_text()) if path.exists() else []
+    except yaml.YAMLError as e:
+        raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
     return dict(item.split("=", 1) for item in items or [] if "=" in item)
 
 
 def build_table(
     runs: list[Path], subset: str = "all", columns: list[str] | None = None
 ) -> tuple[pd.DataFrame, dict[str, str]]:
-    """One row per run (metric ``columns`` only, when given); returns it and the overrides common to all."""
+    """One row per run: the overrides that differ between runs (all of them for one run), the metrics
+    (``columns`` only, when given), then the run dir; returns it and the overrides common to all."""
     overrides = [overrides_of(r) for r in runs]
     keys = list(dict.fromkeys(k for o in overrides for k in o))
     varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] if len(runs) > 1 else keys
     common = {k: overrides[0][k] for k in keys if k not in varying and k in overrides[0]}
     rows = []
     for run, over in zip(runs, overrides, strict=True):
-        metrics = json.loads((run / "metrics.json").read_text())
+        metrics = read_metrics(run)
         if subset not in metrics:
-            raise SystemExit(
-                f"error: {run}/metrics.json has no subset '{subset}' (has: {', '.join(metrics)})"
-            )
-        rows.append({"run": str(run)} | {k: over.get(k) for k in varying} | format_metrics(metrics[subset]))
-    table = pd.DataFrame(rows).dropna(axis=1, how="all")
-    if columns:
-        unknown = [c for c in columns if c not in table.columns]
-        if unknown:
-            raise SystemExit(f"error: no column {', '.join(unknown)} (have: {', '.join(table.columns)})")
-        table = table[["run", *varying, *columns]]
-    return table, common
+            raise RagLabError(f"{run}/metrics.json has no subset '{subset}' (has: {', '.join(metrics)})")
+        rows.append({k: over.get(k) for k in varying} | format_metrics(metrics[subset]) | {"run": str(run)})
+    table = pd.DataFrame(rows)
+    if not columns:  # every metric that some run has
+        return table.dropna(axis=1, how="all"), common
+    unknown = [c for c in columns if c not in table.columns]
+    if unknown:
+        raise RagLabError(f"no column {', '.join(unknown)} (have: {', '.join(table.columns)})")
+    # A column asked for stays even when no run has it (all teacher: no Tokens), shown as missing.
+    return table[[*varying, *columns, "run"]], common
 
 
-def compare(run_a: Path, run_b: Path, metrics: tuple[str, ...] = ANSWER_METRICS) -> pd.DataFrame:
-    """Paired bootstrap of run A vs run B on the question ids both answered."""
-    a, b = ({r["id"]: r for r in read_records(run / "records.jsonl")} for run in (run_a, run_b))
-    shared = [qid for qid in a if qid in b]
+def in_subset(record: dict, subset: str) -> bool:
+    """Whether a record belongs to a metrics.json subset: 'all' or 'type=<question type>'."""
+    if subset == "all":
+        return True
+    if not subset.startswith("type="):
+        raise RagLabError(f"unknown subset '{subset}' (use 'all' or 'type=<question type>')")
+    return f"type={record.get('type')}" == subset
+
+
+def compare(
+    run_a: Path, run_b: Path, subset: str = "all", metrics: tuple[str, ...] = ANSWER_METRICS
+) -> pd.DataFrame:
+    """Paired bootstrap of run A vs run B on the question ids of ``subset`` that both answered
+    (column ``n``: how many)."""
+    a, b = ({r["id"]: r for r in records_of(run)} for run in (run_a, run_b))
+    shared = [qid for qid in a if qid in b and in_subset(a[qid], subset)]
     if not shared:
-        raise SystemExit(f"error: {run_a} and {run_b} share no question id")
+        raise RagLabError(f"{run_a} and {run_b} share no question id of subset '{subset}'")
     rows = []
     for m in metrics:
         res = paired_bootstrap([a[q][m] for q in shared], [b[q][m] for q in shared])
@@ -80,25 +138,40 @@ def compare(run_a: Path, run_b: Path, metrics: tuple[str, ...] = ANSWER_METRICS)
     return pd.DataFrame(rows)
 
 
+def render_report(title: str, table: pd.DataFrame, common: dict[str, str], summary: str) -> str:
+    """report.md: a title, the common overrides, the table, a summary line and the columns' legend."""
+    shared = " ".join(f"`{k}={v}`" for k, v in common.items())
+    return (
+        f"# {title}\n\n"
+        + (f"Common overrides: {shared}\n\n" if common else "")
+        + to_markdown(table)
+        + f"\n{summary}\n\nColumns (per-question means, except N):\n\n{legend(table.columns)}"
+    )
+
+
 class ReportCallback(Callback):
-    """A Hydra callback: when a multirun ends, fold its runs into one table in the sweep dir."""
+    """A Hydra callback: when a multirun ends, fold its runs into one table in the sweep dir
+    (``report.csv`` and ``report.md``, titled by ``experiment.name``, with a legend)."""
 
     def __init__(self, columns: list[str] | None = None):
         self.columns = list(columns) if columns else None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
-        runs = find_runs([sweep])
-        if not runs:
+        try:
+            runs, missing = find_runs([sweep]), unfinished_runs([sweep])
+            if not runs:
+                return
+            table, common = build_table(runs, columns=self.columns)
+        except RagLabError as e:  # the jobs' own outputs are written; only the report is not
+            print(f"error: no report for {sweep}: {e}", file=sys.stderr)
             return
-        table, common = build_table(runs, columns=self.columns)
-        markdown = to_markdown(table)
+        title = OmegaConf.select(config, "experiment.name", default=None) or sweep.name
+        summary = f"{len(runs)} runs{left_out(missing)} in {sweep}"
+        text = render_report(title, table, common, summary)
         atomic_write_text(sweep / "report.csv", table.to_csv(index=False))
-        atomic_write_text(sweep / "report.md", markdown)
-        header = (
-            "common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()) + "\n" if common else ""
-        )
-        sys.stdout.write(f"\n{header}{markdown}\n{len(runs)} runs; table: {sweep / 'report.md'}\n")
+        atomic_write_text(sweep / "report.md", text)
+        sys.stdout.write(f"\n{text}\ntable: {sweep / 'report.md'}\n")
 
 
 def seed_tables(
@@ -116,12 +189,12 @@ def seed_tables(
     for run in runs:
         groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
     if method not in groups:
-        raise SystemExit(f"error: no run with {by}={method} (have: {', '.join(groups)})")
+        raise RagLabError(f"no run with {by}={method} (have: {', '.join(groups)})")
     out = {}
     for name, columns in tables.items():
         rows = []
         for value, members in groups.items():
-            cells = [format_metrics(json.loads((r / "metrics.json").read_text())["all"]) for r in members]
+            cells = [format_metrics(read_metrics(r)["all"]) for r in members]
             row = {by: value, "seeds": len(members)}
             for c in columns:
                 xs = [cell[c] for cell in cells if cell.get(c) is not None]
@@ -133,7 +206,7 @@ def seed_tables(
 
     def scores(members: list[Path]) -> dict[tuple[str, str], dict]:
         return {(overrides_of(r).get("seed", "0"), rec["id"]): rec for r in members
-                for rec in read_records(r / "records.jsonl")}  # fmt: skip
+                for rec in records_of(r)}  # fmt: skip
 
     mine, tests = scores(groups[method]), []
     for value, members in groups.items():
@@ -173,33 +246,63 @@ class SeedTablesCallback(Callback):
         sys.stdout.write(f"\n{text}\ntables: {sweep / 'tables.md'}\n")
 
 
+EPILOG = """\
+The csv goes to --out: by default DIR/report.csv when one DIR is given, else ./report.csv.
+Errors are one line, "error: ...", with exit status 1.
+
+examples:
+  python -m rag_lab.report multirun/2026-11-21/10-00-00
+  python -m rag_lab.report outputs/a outputs/b --subset type=compositional --compare --out ab.csv
+
+columns (per-question means over the subset, except N):
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rag_lab.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rag_lab.report",
+        description=__doc__.replace("``", ""),
+        epilog=EPILOG + legend(DESCRIPTIONS, bold=False),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, multirun dirs or folders above them")
     parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
     parser.add_argument("--columns", nargs="+", help="only these metric columns (e.g. EM F1 'R@10')")
-    parser.add_argument("--compare", action="store_true", help="paired bootstrap test of the first two runs")
     parser.add_argument(
-        "--out", type=Path, help="csv path (default: report.csv in the single DIR given, else ./)"
+        "--compare", action="store_true", help="paired bootstrap test of the first two runs over --subset"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="csv path (default: DIR/report.csv for one DIR, else ./report.csv)"
     )
     args = parser.parse_args(argv)
-    runs = find_runs(args.dirs)
+    with one_line_errors():
+        print_report(args.dirs, args.subset, args.columns, args.compare, args.out)
+
+
+def print_report(
+    dirs: list[Path], subset: str, columns: list[str] | None, paired: bool, out: Path | None
+) -> None:
+    """Write the csv and print the table (and the paired test) for ``main``'s arguments."""
+    runs, missing = find_runs(dirs), unfinished_runs(dirs)
+    note = left_out(missing)
     if not runs:
-        raise SystemExit(
-            f"error: no run (a directory with metrics.json) under {', '.join(map(str, args.dirs))}"
-        )
-    table, common = build_table(runs, args.subset, args.columns)
-    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path(".")) / "report.csv"
+        raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}{note}")
+    table, common = build_table(runs, subset, columns)
+    out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / "report.csv"
     atomic_write_text(out, table.to_csv(index=False))
     if common:
         print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
     sys.stdout.write(to_markdown(table))
-    print(f"\n{len(runs)} runs; csv: {out}")
-    if args.compare:
+    print(f"\n{len(runs)} runs{note}; subset {subset}; csv: {out}")
+    if paired:
         if len(runs) < 2:
-            raise SystemExit("error: --compare needs two runs")
-        print(f"\npaired bootstrap, A = {runs[0]} vs B = {runs[1]} (delta = A - B):")
-        sys.stdout.write(to_markdown(compare(runs[0], runs[1])))
+            raise RagLabError("--compare needs two runs")
+        tests = compare(runs[0], runs[1], subset)
+        print(
+            f"\npaired bootstrap over the {tests['n'].iloc[0]} question ids of subset {subset} that both "
+            f"runs answered, A = {runs[0]} vs B = {runs[1]} (delta = A - B):"
+        )
+        sys.stdout.write(to_markdown(tests))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,23 @@
 """The runner: ``python -m rag_lab.run [group=option ...] [+experiment=name]``.
 
-compose (Hydra) → validate against the components' schemas → seed → instantiate data,
-retriever, generator, policy, logger → ``policy.fit`` when the policy trains → evaluate →
-write records, metrics and tables into the run directory.
+compose (Hydra) → validate against the components' schemas → read the data → check the run dir →
+seed → instantiate retriever, generator, policy, logger → ``policy.fit`` when the policy trains →
+evaluate → write records, metrics and tables into the run directory. ``--help`` lists the
+config groups and options (``hydra.help`` in ``conf/config.yaml``).
 """
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from rag_lab import rundir
-from rag_lab.config import check_yaml_files, validate
+from rag_lab import CONF_DIR, rundir
+from rag_lab.config import check_yaml_files, user_config_dirs, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
@@ -24,12 +27,20 @@ from rag_lab.seeding import seed_everything
 log = logging.getLogger("rag_lab.run")
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict:
+def data_counts(data) -> dict[str, int]:
+    """What loading dropped under ``data.skip_malformed=true``: malformed lines and repeated ids."""
+    counts = {"skipped_lines": sum(getattr(data, "skipped", {}).values()),
+              "duplicate_ids": sum(getattr(data, "duplicates", {}).values())}  # fmt: skip
+    return {k: v for k, v in counts.items() if v}
+
+
+def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
-    config = rundir.prepare(run_dir, cfg)
+    data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
+    examples = data.split(cfg.eval.split)[: cfg.eval.limit]
+    config = rundir.prepare(run_dir, cfg, hydra_files)
     seed_everything(cfg.seed)
 
-    data = instantiate(cfg.data)
     retriever = instantiate(cfg.retriever, corpus=data.corpus) if cfg.retriever else None
     generator = instantiate(cfg.generator) if cfg.generator else None
     env = Env(data.corpus, retriever, generator)
@@ -43,12 +54,13 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.judge:  # judge.generator: null shares the run's generator
         shared = {"generator": generator} if cfg.judge.generator is None else {}
         judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
-    examples = data.split(cfg.eval.split)[: cfg.eval.limit]
     records = evaluate(
         policy, env, examples, run_dir / "records.jsonl", data.scorer, judge=judge,
         batch_size=cfg.eval.batch_size, resume=cfg.eval.resume, recall_at=list(cfg.eval.recall_at),
     )  # fmt: skip
     metrics = aggregate(records)
+    dropped = data_counts(data)
+    metrics["all"] |= dropped
     markdown = rundir.write_results(run_dir, metrics)
     log.info(
         "%s on %s/%s (%d questions)\n%s",
@@ -58,6 +70,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         len(records),
         markdown,
     )
+    if dropped:
+        log.warning("data.skip_malformed dropped %s", ", ".join(f"{v} {k}" for k, v in dropped.items()))
 
     logger.log_metrics({k: v for k, v in metrics["all"].items() if v is not None})
     logger.log_table("table", metrics_table(metrics))
@@ -68,11 +82,16 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    # What Hydra writes into .hydra/ by default; rundir.prepare writes it once the run dir checks out.
+    hydra_files = {"config": cfg, "hydra": OmegaConf.create({"hydra": hc}), "overrides": hc.overrides.task}
     with one_line_errors():
-        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        run(cfg, Path(hc.runtime.output_dir), hydra_files)
 
 
 if __name__ == "__main__":
+    # Hydra then re-raises instead of printing a traceback; one_line_errors renders what a user can fix.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with one_line_errors():
-        check_yaml_files()
-    main()
+        check_yaml_files([CONF_DIR, *user_config_dirs(sys.argv[1:])])
+        main()

@@ -1,18 +1,20 @@
 """Score predictions made anywhere with a dataset's official rules.
 
     python -m rag_lab.score data=musique data.path=musique_ans_v1.0_dev.jsonl predictions=preds.jsonl
+    python -m rag_lab.score predictions=outputs/run/records.jsonl split=test     # the embedded world
 
 ``predictions`` is a jsonl of ``{"id", "prediction"}`` (optionally ``"support_ids"``: passage
 ids, scored against the gold supports as paragraph-level support P / R / F1 / EM). Questions of
 the gold split with no prediction score 0 and are counted as ``missing``, as the official
-scripts do. Prints the metrics as JSON (fractions, with 95% bootstrap CIs).
+scripts do. Prints the metrics as JSON (fractions, with 95% bootstrap CIs). A predictions file
+that repeats an id, or whose ids match no question of the split, is an error naming it.
 """
 
 import json
 import sys
 from pathlib import Path
 
-from rag_lab.config import compose
+from rag_lab.config import cli_overrides, compose
 from rag_lab.data.base import DataError
 from rag_lab.data.jsonl import FieldError, read_jsonl, require
 from rag_lab.errors import one_line_errors
@@ -41,8 +43,17 @@ def support_scores(predicted: list[str], gold: list[str]) -> dict[str, float]:
 def score(data, split: str, predictions_path: Path) -> dict:
     if not predictions_path.exists():
         raise DataError(f"predictions file not found: {predictions_path}")
-    preds = {qid: (p, s) for qid, p, s in read_jsonl(predictions_path, _prediction)}
+    preds: dict[str, tuple[str, list[str] | None]] = {}
+    for lineno, (qid, p, s) in enumerate(read_jsonl(predictions_path, _prediction), start=1):
+        if qid in preds:
+            raise DataError(f"{predictions_path}: id '{qid}' appears twice (prediction {lineno}); keep one")
+        preds[qid] = (p, s)
     golds = data.split(split)
+    if preds and not any(ex.id in preds for ex in golds):
+        raise DataError(
+            f"{predictions_path}: no prediction id matches a question of {data.name}/{split} "
+            f"(ids like '{next(iter(preds))}' vs '{golds[0].id}'); check data=, data.path= and split="
+        )
     metrics = SCORERS[data.scorer]
     per_metric: dict[str, list[float]] = {m: [] for m in metrics}
     with_supports = any(s is not None for _, s in preds.values())
@@ -67,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.utils import instantiate
 
     with one_line_errors():
-        cfg = compose(list(sys.argv[1:] if argv is None else argv), config_name="score")
+        overrides = cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "score")
+        cfg = compose(overrides, config_name="score")
         result = score(instantiate(cfg.data), cfg.split, Path(cfg.predictions))
     print(json.dumps(result, indent=2))
 

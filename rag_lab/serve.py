@@ -1,5 +1,8 @@
 """An OpenAI-compatible HTTP server around any generator: ``python -m rag_lab.serve generator=<name>``.
 
+    python -m rag_lab.serve generator=teacher serve.port=8000
+    python -m rag_lab.serve generator=hf generator.model=/path/to/model serve.host=0.0.0.0
+
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (the
 fields rag_lab's ``openai`` backend and common clients send: prompt / messages, max_tokens,
 temperature, top_p, n, stop, seed, and vLLM's ``include_stop_str_in_output``). Bound to
@@ -110,15 +113,19 @@ def main(argv: list[str] | None = None) -> None:
 
     from hydra.utils import instantiate
 
-    from rag_lab.config import compose
-    from rag_lab.errors import one_line_errors
+    from rag_lab.config import cli_overrides, compose
+    from rag_lab.errors import RagLabError, one_line_errors
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
-        cfg = compose(list(sys.argv[1:] if argv is None else argv), config_name="serve")
+        cfg = compose(cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "serve"), "serve")
         generator = instantiate(cfg.generator)
-    name = cfg.serve.model_name or cfg.generator.get("model", cfg.generator._target_)
-    server = Server(generator, name, cfg.serve.host, cfg.serve.port)
+        name = cfg.serve.model_name or cfg.generator.get("model", cfg.generator._target_)
+        try:
+            server = Server(generator, name, cfg.serve.host, cfg.serve.port)
+        except (OSError, OverflowError) as e:  # port taken, out of range, or a host not of this machine
+            where = f"{cfg.serve.host}:{cfg.serve.port}"
+            raise RagLabError(f"serve.host / serve.port: cannot listen on {where} ({e})") from None
     log.info("serving %s on http://%s:%d/v1", name, *server.server_address[:2])
     try:
         server.serve_forever()

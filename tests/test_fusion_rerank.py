@@ -55,10 +55,14 @@ def tiny_cross_encoder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-ce")
     words = ["ada", "london", "paris", "city", "film", "where"]
     (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
-    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"))
+    # transformers 5 ignores `vocab_file=`: every word became [UNK] and the scores tied by length
+    assert tokenizer.tokenize("where ada") == ["where", "ada"]
+    tokenizer.save_pretrained(path)
     torch.manual_seed(0)
+    # weights at 10x BERT's default scale: logits ~1e-2 apart rather than ~1e-5 (the margin below)
     config = BertConfig(vocab_size=11, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, num_labels=1)  # fmt: skip
+                        intermediate_size=32, num_labels=1, initializer_range=0.2)  # fmt: skip
     BertForSequenceClassification(config).save_pretrained(path)
     return str(path)
 
@@ -72,5 +76,7 @@ def test_reranker_orders_candidates_by_cross_encoder_score(tiny_cross_encoder):
         scores = reranker.score(
             [(query, CORPUS.get(p).contents) for p in "abc"]
         )  # only the top 3 are reranked
+        # far apart next to float rounding: the order below is no near-tie's luck
+        assert min(abs(x - y) for i, x in enumerate(scores) for y in scores[i + 1 :]) > 1e-3
         want = sorted(zip("abc", scores, strict=True), key=lambda t: -t[1])[:2]
         assert [(h.id, h.score) for h in got] == [(p, pytest.approx(s, abs=1e-6)) for p, s in want]

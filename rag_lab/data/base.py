@@ -112,6 +112,29 @@ class Corpus(Sequence[Passage]):
         return digest.hexdigest()
 
 
+def check_examples(examples: list[QAExample], source: str, skip_duplicates: bool = False) -> tuple[list, int]:
+    """A split as read: not empty, and each question id once.
+
+    A repeated id is an error naming it (records are keyed by id, so both copies could not be
+    scored or resumed); with ``skip_duplicates`` (``data.skip_malformed=true``) later copies are
+    dropped and counted. Returns the examples and the number dropped.
+    """
+    if not examples:
+        raise DataError(f"{source}: no questions (an empty file, or every line was skipped)")
+    seen: set[str] = set()
+    dups = [ex.id for ex in examples if ex.id in seen or seen.add(ex.id)]
+    if dups and not skip_duplicates:
+        shown = ", ".join(dict.fromkeys(dups[:5]))
+        raise DataError(
+            f"{source}: {len(dups)} duplicate question id(s): {shown} "
+            "(each id must be unique; data.skip_malformed=true keeps the first of each)"
+        )
+    if dups:
+        first: set[str] = set()
+        examples = [ex for ex in examples if ex.id not in first and not first.add(ex.id)]
+    return examples, len(dups)
+
+
 class Dataset(Protocol):
     """What ``conf/data/*.yaml`` builds: named splits of questions over one corpus."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from rag_lab.data.base import Corpus, DataError, QAExample
+from rag_lab.data.base import Corpus, DataError, QAExample, check_examples
 from rag_lab.data.flashrag import missing_file
 
 
@@ -63,7 +63,9 @@ class ContextDataset:
         # of one seeded shuffle of it, in split_files order.
         self.sample, self.sample_seed = dict(sample or {}), sample_seed
         self.skip_malformed = skip_malformed
+        # Per split file: malformed rows skipped, and repeated question ids dropped (skip_malformed).
         self.skipped: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {}
         self._loaded: dict[Path, list[tuple[QAExample, list[Context]]]] = {}
 
     def read(self, path: Path) -> Iterable[tuple[QAExample, list[Context]]]:
@@ -94,6 +96,12 @@ class ContextDataset:
                     supporting_titles=tuple(c.title for c in support),
                 )
                 rows.append((ex, contexts))
+            kept, self.duplicates[path.name] = check_examples(
+                [ex for ex, _ in rows], str(path), self.skip_malformed
+            )
+            if len(kept) < len(rows):
+                first: set[str] = set()
+                rows = [(ex, c) for ex, c in rows if ex.id not in first and not first.add(ex.id)]
             self._loaded[path] = rows
         return self._loaded[path]
 

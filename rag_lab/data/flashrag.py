@@ -9,8 +9,8 @@ embedded world is written in. Gold supports and decompositions, where present, r
 from functools import cached_property
 from pathlib import Path
 
-from rag_lab.data.base import Corpus, DataError, QAExample, SubQuestion
-from rag_lab.data.jsonl import FieldError, read_jsonl, require
+from rag_lab.data.base import Corpus, DataError, QAExample, SubQuestion, check_examples
+from rag_lab.data.jsonl import FieldError, read_jsonl, require, require_int, require_text
 
 
 def parse_example(row: dict) -> QAExample:
@@ -20,15 +20,23 @@ def parse_example(row: dict) -> QAExample:
     meta = row.get("metadata") or {}
     if not isinstance(meta, dict):
         raise FieldError(f"field 'metadata' should be dict, got {type(meta).__name__}")
-    decomposition = tuple(
-        SubQuestion(d["question"], d["answer"], d.get("support_id")) for d in meta.get("decomposition", [])
-    )
+    steps = meta.get("decomposition") or []
+    if not isinstance(steps, list) or not all(isinstance(d, dict) for d in steps):
+        raise FieldError("field 'metadata.decomposition' should be a list of objects")
+    try:
+        decomposition = tuple(
+            SubQuestion(require(d, "question", str), require(d, "answer", str), d.get("support_id"))
+            for d in steps
+        )
+        hops = require_int(meta, "hops", max(1, len(decomposition)))
+    except FieldError as e:
+        raise FieldError(f"metadata: {e}") from None
     return QAExample(
         id=str(require(row, "id", (str, int))),
-        question=require(row, "question", str),
+        question=require_text(row, "question"),
         answers=tuple(answers),
         type=meta.get("type", ""),
-        hops=int(meta.get("hops", max(1, len(decomposition)))),
+        hops=hops,
         answerable=bool(meta.get("answerable", True)),
         supporting_ids=tuple(meta.get("supporting_ids", ())),
         supporting_titles=tuple(meta.get("supporting_titles", ())),
@@ -56,6 +64,8 @@ def load_corpus(path: Path, skip_malformed: bool = False) -> Corpus:
 
     for _ in read_jsonl(path, parse, skip_malformed):
         pass
+    if not ids:
+        raise DataError(f"{path}: the corpus has no passages (an empty file, or every line was skipped)")
     return Corpus(ids, titles, texts, source=str(path))
 
 
@@ -102,14 +112,25 @@ class FlashRAGDataset:
     ):
         self.name, self.path, self.corpus_path = name, Path(path), Path(corpus_path)
         self.skip_malformed, self.source, self.make_target = skip_malformed, source, make_target
+        # Per split: malformed lines skipped, and repeated question ids dropped (data.skip_malformed=true).
         self.skipped: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {}
+
+    def splits(self) -> list[str]:
+        """The splits present on disk (``{split}.jsonl`` files under ``path``)."""
+        if self.path.is_file():
+            return []
+        return sorted(p.stem for p in self.path.glob("*.jsonl") if p != self.corpus_path)
 
     def split(self, name: str) -> list[QAExample]:
         path = self.path if self.path.is_file() else self.path / f"{name}.jsonl"
         if not path.exists():
+            if self.splits():  # the dataset is there, the split name is not
+                raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(self.splits())})")
             raise missing_file(path, f"{self.name} split '{name}'", self.source, self.make_target)
         counter: dict[str, int] = {}
         examples = list(read_jsonl(path, parse_example, self.skip_malformed, counter))
+        examples, self.duplicates[name] = check_examples(examples, str(path), self.skip_malformed)
         self.skipped[name] = counter.get("skipped", 0)
         return examples
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rag_lab.data.base import QAExample
 from rag_lab.data.contexts import Context, ContextDataset
-from rag_lab.data.jsonl import FieldError, read_json_list, read_jsonl, require
+from rag_lab.data.jsonl import FieldError, read_json_list, read_jsonl, require, require_text
 
 
 def _pairs(value: object, keys: tuple[str, str], field: str) -> list[tuple]:
@@ -22,6 +22,8 @@ def _pairs(value: object, keys: tuple[str, str], field: str) -> list[tuple]:
     if isinstance(value, dict):
         if not all(k in value for k in keys):
             raise FieldError(f"field '{field}' should have keys {', '.join(keys)}")
+        if not isinstance(value[keys[0]], list) or len(value[keys[0]]) != len(value[keys[1]] or ()):
+            raise FieldError(f"field '{field}' should have lists of equal length under {', '.join(keys)}")
         return list(zip(value[keys[0]], value[keys[1]], strict=True))
     if isinstance(value, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
         return [tuple(p) for p in value]
@@ -36,9 +38,11 @@ def parse_row(row: dict, aliases: dict[str, list[str]] | None = None) -> tuple[Q
     support_titles = {title for title, _ in facts}
     contexts = []
     for title, sentences in _pairs(require(row, "context", (list, dict)), ("title", "sentences"), "context"):
-        if not isinstance(sentences, list):
+        if not isinstance(sentences, list) or not all(isinstance(x, str) for x in sentences):
             raise FieldError(f"field 'context' should hold sentence lists (title {title!r})")
         contexts.append(Context(title, "".join(sentences), title in support_titles))
+    if not all(isinstance(sent, int) and not isinstance(sent, bool) for _, sent in facts):
+        raise FieldError("field 'supporting_facts' should pair each title with a sentence index (int)")
     answer = require(row, "answer", str)
     extra = (aliases or {}).get(row.get("answer_id", ""), [])
     metadata = {"level": row.get("level")}
@@ -46,7 +50,7 @@ def parse_row(row: dict, aliases: dict[str, list[str]] | None = None) -> tuple[Q
         metadata["evidences"] = row["evidences"]
     example = QAExample(
         id=qid,
-        question=require(row, "question", str),
+        question=require_text(row, "question"),
         answers=(answer, *sorted(set(extra) - {answer})),
         type=row.get("type", ""),
         hops=max(1, len(support_titles)),

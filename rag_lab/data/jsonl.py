@@ -25,6 +25,22 @@ def require(row: dict, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
+def require_text(row: dict, key: str) -> str:
+    """``row[key]`` as a string that is not blank (a question, an answer)."""
+    value = require(row, key, str)
+    if not value.strip():
+        raise FieldError(f"field '{key}' is empty")
+    return value
+
+
+def require_int(row: dict, key: str, default: int) -> int:
+    """``row[key]`` as an int (a digit string counts: some releases write ``"hops": "2"``)."""
+    value = row.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+        raise FieldError(f"field '{key}' should be a whole number, got {value!r}")
+    return int(value)
+
+
 def read_jsonl(
     path: Path, parse: Callable[[dict], T], skip_malformed: bool = False, counter: dict | None = None
 ) -> Iterator[T]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rag_lab.data.base import QAExample, SubQuestion
 from rag_lab.data.contexts import Context, ContextDataset
-from rag_lab.data.jsonl import FieldError, read_jsonl, require
+from rag_lab.data.jsonl import FieldError, read_jsonl, require, require_text
 
 SPLITS = {
     "train": "musique_ans_v1.0_train.jsonl",
@@ -31,13 +31,15 @@ def parse_row(row: dict) -> tuple[QAExample, list[Context]]:
         by_idx[p.get("idx", len(by_idx))] = c
     decomposition = []
     for step in require(row, "question_decomposition", list):
+        if not isinstance(step, dict):
+            raise FieldError("field 'question_decomposition' should hold objects")
         support = by_idx.get(step.get("paragraph_support_idx"))
         decomposition.append(SubQuestion(require(step, "question", str), require(step, "answer", str),
                                          support.id if support else None))  # fmt: skip
     aliases = require(row, "answer_aliases", list) if "answer_aliases" in row else []
     example = QAExample(
         id=str(require(row, "id", str)),
-        question=require(row, "question", str),
+        question=require_text(row, "question"),
         answers=(require(row, "answer", str), *aliases),
         # real rows encode the type in the id (2hop__…, 3hop1__…); the generated world writes it out
         type=row.get("type") or str(row["id"]).split("__")[0],

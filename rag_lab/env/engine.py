@@ -25,6 +25,7 @@ from rag_lab.data.base import QAExample
 from rag_lab.env.env import Env
 from rag_lab.env.episode import Episode, Step
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
+from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling
 
 
@@ -38,7 +39,9 @@ class Live:
 def generate(env: Env, protocol: Protocol, prompts: Sequence[Prompt], sampling: Sampling) -> list[Completion]:
     """One completion per prompt, stopping where ``protocol`` pauses."""
     if env.generator is None:
-        raise ValueError("this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)")
+        raise RagLabError(
+            "generator: this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)"
+        )
     tuned = replace(sampling, n=1, stop=protocol.stop, include_stop=protocol.include_stop)
     return [c[0] for c in env.generator.generate(list(prompts), tuned)]
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_lab.data.base import Corpus, Passage
+from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, Retriever
 
 
@@ -18,7 +19,9 @@ class Env:
         self, queries: Sequence[str], k: int, exclude: Sequence[Collection[str]] | None = None
     ) -> list[list[Hit]]:
         if self.retriever is None:
-            raise ValueError("this policy searches, but the config has no retriever (set retriever=bm25)")
+            raise RagLabError(
+                "retriever: this policy searches, but the config has no retriever (set retriever=bm25)"
+            )
         return self.retriever.search(queries, k, exclude)
 
     def passages(self, hits: Sequence[Hit]) -> list[Passage]:

@@ -52,6 +52,9 @@ def score_record(
     for name in ANSWER_METRICS:
         record[name] = SCORERS[scorer][name](episode.prediction, list(ex.answers))
     record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
+    if any(s.text for s in episode.steps) and not record["tokens_total"]:
+        # The generator wrote text but counts no tokens (the teacher, openai): unknown, not 0.
+        record["tokens"] = record["tokens_total"] = None
     record["ret_precision"], record["ret_recall"] = retrieval_pr(
         record["retrieved_ids"], record["supporting_ids"]
     )

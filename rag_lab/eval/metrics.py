@@ -13,7 +13,10 @@ tokens; they differ in three rules, each taken from the dataset's official evalu
   token list is empty, F1 is 1 if both are, else 0.
 
 ``acc`` is the same everywhere (FlashRAG / Search-R1 "acc"): a normalised gold occurs in the
-normalised prediction, best over golds.
+normalised prediction, best over golds. This is FlashRAG's official rule
+(``flashrag/evaluator/metrics.py``, ``Sub_ExactMatch``: ``golden_answer in normalized_prediction``),
+kept as is: the test is on characters, not tokens, so a prediction "unknown" contains the gold "no"
+and scores 1.
 """
 
 import re
@@ -67,6 +70,11 @@ def _em(prediction: str, gold: str) -> float:
 
 
 def _acc(prediction: str, gold: str) -> float:
+    """FlashRAG's ``acc``: a character substring test (so "unknown" contains "no").
+
+    >>> _acc("It was Paris.", "paris"), _acc("unknown", "no"), _acc("no", "unknown")
+    (1.0, 1.0, 0.0)
+    """
     return float(normalize_answer(gold) in normalize_answer(prediction))
 
 

@@ -1,4 +1,8 @@
-"""Metrics as the table people read: percentages for EM / F1 / Acc / P / R, counts as means."""
+"""Metrics as the table people read: percentages for EM / F1 / Acc / P / R, counts as means, and the
+legend that explains every column (one dict, :data:`DESCRIPTIONS`, for report.md and ``--help``)."""
+
+import re
+from collections.abc import Iterable
 
 import pandas as pd
 
@@ -17,6 +21,31 @@ COLUMNS = {
     "judge_acc": "Judge",
 }
 PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc"}
+# Shown in a table cell whose metric was not measured (e.g. tokens of a generator that counts none).
+MISSING = "—"
+
+# Table column -> what it means. Means are over the questions of the subset; a question without a
+# value (no gold supporting passage, no token count) is left out of that column's mean.
+DESCRIPTIONS = {
+    "N": "questions scored",
+    "EM": "exact match: the normalised prediction equals a normalised gold answer (%; the dataset's "
+    "official rule, rag_lab/eval/metrics.py)",
+    "F1": "token F1 of prediction and gold answer (%; the dataset's official rule)",
+    "Acc": "a normalised gold answer occurs in the normalised prediction (%; FlashRAG's official `acc`, "
+    "a character-substring rule, so a prediction 'unknown' counts as containing the gold 'no')",
+    "RC": "retrieval count: searches issued per question",
+    "Steps": "episode steps per question (the policy's searches and generator turns)",
+    "Tokens": f"prompt + completion tokens per question; {MISSING} where the generator reports no token "
+    "counts (the teacher)",
+    "Ret P": "retrieval precision: the share of the distinct retrieved passages that are gold supporting "
+    "passages (%)",
+    "Ret R": "retrieval recall: the share of the gold supporting passages that were retrieved (%)",
+    "Ans R": "answer recall: a normalised gold answer occurs in a retrieved passage (%; FlashRAG's rule)",
+    "Judge": "LLM-as-judge accuracy (%; DAPO paper B.4 prompt)",
+    "R@k": "recall of the gold supporting passages within the first k distinct passages retrieved (%)",
+    "P@k": "the share of the first k retrieved slots holding a gold supporting passage (%)",
+    "run": "the run's output dir",
+}
 
 
 def format_metrics(summary: dict) -> dict:
@@ -45,5 +74,27 @@ def metrics_table(metrics: dict[str, dict]) -> pd.DataFrame:
     return table.dropna(axis=1, how="all")
 
 
+def legend(columns: Iterable[str], bold: bool = True) -> str:
+    """A markdown list saying what each of ``columns`` means (columns without a description are skipped).
+
+    >>> print(legend(["policy", "RC", "R@5"]), end="")
+    - **RC**: retrieval count: searches issued per question
+    - **R@5**: recall of the gold supporting passages within the first 5 distinct passages retrieved (%)
+    """
+    lines = []
+    for column in columns:
+        at_k = re.fullmatch(r"([RP])@(\d+)", column)
+        if at_k:
+            text = DESCRIPTIONS[f"{at_k[1]}@k"].replace(" k ", f" {at_k[2]} ")
+        else:
+            text = DESCRIPTIONS.get(column)
+        if text:
+            lines.append(f"- **{column}**: {text}" if bold else f"  {column}: {text}")
+    return "".join(line + "\n" for line in lines)
+
+
 def to_markdown(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False, floatfmt="g") + "\n"
+    """The table as markdown; a metric that was not measured shows as ``MISSING``, not ``nan``."""
+    # tabulate only treats None as missing; pandas holds a missing number as NaN.
+    cells = df.astype(object).where(df.notna(), None)
+    return cells.to_markdown(index=False, floatfmt="g", missingval=MISSING) + "\n"

@@ -12,6 +12,7 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,11 @@ class OpenAIGenerator:
         # prompts as chat messages (/v1/chat/completions) rather than text (/v1/completions)
         chat: bool = True,
     ):
+        url = urllib.parse.urlparse(base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise RagLabError(
+                f"generator.base_url: '{base_url}' is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)"
+            )
         self.chat = chat
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = os.environ.get(api_key_env, "")

@@ -11,6 +11,7 @@ already seen); no answer after ``hops`` retrievals → one more step that must a
 and a confidence from the knowledge base (``apex_final``).
 """
 
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample, resolve_references
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.apex import APEXExecute, APEXFinal, APEXPlan
@@ -19,8 +20,8 @@ from rag_lab.policies.prompting import Prompting
 
 
 class APEXPipeline(Prompting):
-    def __init__(self, plan: bool = True, hops: int = 3, k: int = 3, max_new_tokens: int = 64,
-                 temperature: float = 0.0):  # fmt: skip
+    def __init__(self, plan: bool = True, hops: PositiveInt = 3, k: PositiveInt = 3,
+                 max_new_tokens: PositiveInt = 64, temperature: float = 0.0):  # fmt: skip
         super().__init__(k, max_new_tokens, temperature)
         self.plan, self.hops = plan, hops
 

@@ -11,6 +11,7 @@ with its own passage that retrieval ranks first (a retrieval-only reader, as in 
 
 from pathlib import Path
 
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode, Step
 
@@ -20,7 +21,7 @@ class RetrieveOnly:
 
     trains = False
 
-    def __init__(self, k: int = 20):
+    def __init__(self, k: PositiveInt = 20):
         self.k = k
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
@@ -40,7 +41,7 @@ class RetrieveOnly:
 
 
 class TopTitle(RetrieveOnly):
-    def __init__(self, k: int = 5):
+    def __init__(self, k: PositiveInt = 5):
         super().__init__(k)
 
     def answer(self, ex: QAExample, passages: list[Passage]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import chat_of, generate, record
@@ -36,7 +37,7 @@ class NeverStop:
 class LLMStop:
     """The generator decides (prompt 3); an unparsable decision counts as CONTINUE and is recorded."""
 
-    def __init__(self, max_new_tokens: int = 64):
+    def __init__(self, max_new_tokens: PositiveInt = 64):
         self.protocol, self.sampling = StopRAGDecide(), Sampling(max_new_tokens=max_new_tokens)
 
     def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
@@ -58,11 +59,11 @@ class IterativePipeline:
         self,
         stopper: Stopper | None = None,
         # T: the most iterations per question
-        iterations: int = 10,
+        iterations: PositiveInt = 10,
         # passages kept per iteration (the paper keeps the reranked top 1)
-        k: int = 1,
+        k: PositiveInt = 1,
         exclude_seen: bool = True,
-        max_new_tokens: int = 32,
+        max_new_tokens: PositiveInt = 32,
     ):
         self.stopper = stopper or NeverStop()
         self.iterations, self.k, self.exclude_seen = iterations, k, exclude_seen

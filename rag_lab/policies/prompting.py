@@ -14,6 +14,7 @@
 
 from pathlib import Path
 
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
 from rag_lab.env.engine import chat_of, generate, record, run_agent
@@ -29,6 +30,7 @@ from rag_lab.env.protocols.base import (
     Turn,
 )  # fmt: skip
 from rag_lab.env.protocols.simple import QA, CoT
+from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 
 
@@ -37,7 +39,7 @@ class Prompting:
 
     trains = False
 
-    def __init__(self, k: int = 5, max_new_tokens: int = 32, temperature: float = 0.0):
+    def __init__(self, k: PositiveInt = 5, max_new_tokens: PositiveInt = 32, temperature: float = 0.0):
         self.k = k
         self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
 
@@ -95,7 +97,13 @@ class StandardRAG(Prompting):
 
 
 class IterRetGen(Prompting):
-    def __init__(self, iterations: int = 3, k: int = 5, max_new_tokens: int = 32, temperature: float = 0.0):
+    def __init__(
+        self,
+        iterations: PositiveInt = 3,
+        k: PositiveInt = 5,
+        max_new_tokens: PositiveInt = 32,
+        temperature: float = 0.0,
+    ):
         super().__init__(k, max_new_tokens, temperature)
         self.iterations = iterations
 
@@ -120,8 +128,8 @@ class IterRetGen(Prompting):
 class ChainOfThought(Prompting):
     """CoT (``retrieve=False``) and IRCoT (``retrieve=True``): one reasoning sentence per call."""
 
-    def __init__(self, retrieve: bool = False, max_steps: int = 6, k: int = 3, max_new_tokens: int = 48,
-                 temperature: float = 0.0):  # fmt: skip
+    def __init__(self, retrieve: bool = False, max_steps: PositiveInt = 6, k: PositiveInt = 3,
+                 max_new_tokens: PositiveInt = 48, temperature: float = 0.0):  # fmt: skip
         super().__init__(k, max_new_tokens, temperature)
         self.retrieve_each, self.max_steps = retrieve, max_steps
 
@@ -153,11 +161,14 @@ class ChainOfThought(Prompting):
 class Agent(Prompting):
     """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
 
-    def __init__(self, protocol: str = "dapo", k: int = 5, max_turns: int = 5, exclude_seen: bool = False,
-                 max_new_tokens: int = 128, temperature: float = 0.0):  # fmt: skip
+    def __init__(self, protocol: str = "dapo", k: PositiveInt = 5, max_turns: PositiveInt = 5,
+                 exclude_seen: bool = False, max_new_tokens: PositiveInt = 128,
+                 temperature: float = 0.0):  # fmt: skip
         super().__init__(k, max_new_tokens, temperature)
         if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}")
+            raise RagLabError(
+                f"policy.protocol: unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}"
+            )
         self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:

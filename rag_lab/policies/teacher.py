@@ -7,6 +7,7 @@ answers from what it retrieves; it only works on ``data=synth``, whose sentences
 
 from pathlib import Path
 
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
 from rag_lab.generators.teacher.agent import Noise, WorldTeacher
@@ -17,7 +18,7 @@ class TeacherPolicy:
 
     def __init__(
         self,
-        k: int = 5,
+        k: PositiveInt = 5,
         vague_query: float = 0.0,
         miscopy: float = 0.0,
         premature_answer: float = 0.0,

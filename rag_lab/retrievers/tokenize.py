@@ -9,6 +9,8 @@ from functools import cache
 
 from bm25s import stopwords as bm25s_stopwords
 
+from rag_lab.errors import RagLabError
+
 TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
 
@@ -17,7 +19,9 @@ class Tokenizer:
         self.lower = lower
         name = {"en": "STOPWORDS_EN", "en_plus": "STOPWORDS_EN_PLUS"}.get(stopwords or "", "")
         if stopwords and not name:
-            raise ValueError(f"unknown stop-word list '{stopwords}' (use en, en_plus or null)")
+            raise RagLabError(
+                f"retriever.stopwords: unknown stop-word list '{stopwords}' (use en, en_plus or null)"
+            )
         self.stop = frozenset(getattr(bm25s_stopwords, name)) if name else frozenset()
         self.stem = None
         if stemmer:

@@ -19,6 +19,8 @@ from rag_lab.data.synth.questions import make_questions
 from rag_lab.data.synth.world import build_world
 from rag_lab.records import atomic_write_json, atomic_write_text
 
+SPLITS = ("train", "dev", "test")
+
 
 def _generator_fingerprint() -> str:
     """A hash of the generator's source: a changed generator never reuses an older world's cache."""
@@ -100,7 +102,17 @@ class SynthDataset:
         atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
 
     def split(self, name: str) -> list[QAExample]:
+        if name not in SPLITS:
+            raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(SPLITS)})")
         return self._flashrag.split(name)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return self._flashrag.skipped
+
+    @property
+    def duplicates(self) -> dict[str, int]:
+        return self._flashrag.duplicates
 
     @cached_property
     def corpus(self) -> Corpus:

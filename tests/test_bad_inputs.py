@@ -1,0 +1,363 @@
+"""What a new user types wrong, one row each: every entry point ends in one line naming the culprit.
+
+Each row runs a command line in-process (``python -m rag_lab.<module> ARGS``, ``__main__`` and
+all) and asserts its exit status, that no traceback is printed, that the output names the culprit
+(file and line, config key, option), and that a run dir that already held a finished run is byte
+for byte unchanged. A few rows are inputs that are handled rather than refused (skipped lines,
+repeated ids): they exit 0 and report what they dropped.
+"""
+
+import json
+import os
+import re
+import runpy
+import shutil
+import socket
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_DATA
+
+# Every `run` row composes on the tiny world (or its own data=) with an LM-free policy, plus its overrides.
+BASE = [*TINY_DATA, "policy=top_title", "eval.limit=6"]
+
+
+def base_for(args: list[str]) -> list[str]:
+    return [a for a in BASE if a not in TINY_DATA] if any(a.startswith("data=") for a in args) else BASE
+
+
+def cli(module: str, args: list[str], capfd, monkeypatch) -> tuple[int, str]:
+    """Run ``python -m rag_lab.<module> *args`` in this process; (exit status, stdout + stderr)."""
+    monkeypatch.setattr(sys, "argv", [f"rag_lab.{module}", *args])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        try:
+            runpy.run_module(f"rag_lab.{module}", run_name="__main__", alter_sys=False)
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capfd.readouterr()
+    return rc, out + err
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---- files the rows write ------------------------------------------------------------------------
+PASSAGES = [("p1", "Ada Lovelace", "Ada Lovelace was born in London."),
+            ("p2", "London", "London is a city in England."),
+            ("p3", "Paris", "Paris is a city in France.")]  # fmt: skip
+
+
+def question(qid: str, **change) -> dict:
+    steps = [{"question": "Where was Ada born?", "answer": "London"}]
+    meta = {"type": "single", "hops": 1, "supporting_ids": ["p1"], "decomposition": steps}
+    row = {
+        "id": qid,
+        "question": "Where was Ada Lovelace born?",
+        "golden_answers": ["London"],
+        "metadata": meta,
+    }
+    for key, value in change.items():
+        if key.startswith("meta_"):
+            row["metadata"][key[5:]] = value
+        else:
+            row[key] = value
+    return row
+
+
+def write_jsonl(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def flashrag(tmp: Path, test: list | None = None, corpus: list | None = None) -> None:
+    """A FlashRAG-format dataset under tmp/data: three good questions per split unless replaced."""
+    good = [question(f"q{i}") for i in range(3)]
+    for split in ("train", "dev"):
+        write_jsonl(tmp / "data" / f"{split}.jsonl", good)
+    write_jsonl(tmp / "data" / "test.jsonl", good if test is None else test)
+    rows = [{"id": i, "contents": f"{t}\n{x}"} for i, t, x in PASSAGES] if corpus is None else corpus
+    write_jsonl(tmp / "data" / "corpus.jsonl", rows)
+
+
+DATA = ["data=flashrag", "data.path={tmp}/data", "data.corpus_path={tmp}/data/corpus.jsonl"]
+
+
+def predictions(tmp: Path, rows: list) -> None:
+    write_jsonl(tmp / "preds.jsonl", rows)
+
+
+def broken_yaml(tmp: Path) -> None:
+    (tmp / "mine" / "policy").mkdir(parents=True)
+    # line 3 is where the yaml parser notices the unclosed list
+    (tmp / "mine" / "policy" / "mine.yaml").write_text(
+        "_target_: rag_lab.policies.baselines.TopTitle\nk: [1,\n"
+    )
+
+
+def corrupt_records(tmp: Path) -> None:
+    path = tmp / "run" / "records.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + '{"id": "damaged\n' + "".join(lines[1:]))
+
+
+def fake_sweep(tmp: Path) -> None:
+    """A sweep of two jobs, the second killed before it wrote metrics.json."""
+    for job, metrics in (("0", True), ("1", False)):
+        d = tmp / "sweep" / job
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "overrides.yaml").write_text(f"- policy={['direct', 'standard_rag'][int(job)]}\n")
+        if metrics:
+            summary = {"n": 1, "em": 1.0, "f1": 1.0, "acc": 1.0, "ci95": {}}
+            (d / "metrics.json").write_text(json.dumps({"all": summary}))
+
+
+def two_runs(tmp: Path) -> None:
+    """Two finished runs over 4 questions, 2 of them of type x."""
+    for name, em in (("A", [1, 1, 0, 1]), ("B", [0, 1, 0, 0])):
+        d = tmp / "runs" / name
+        d.mkdir(parents=True)
+        records = [{"id": f"q{i}", "type": "xy"[i % 2], "em": float(v), "f1": float(v), "acc": float(v)}
+                   for i, v in enumerate(em)]  # fmt: skip
+        write_jsonl(d / "records.jsonl", records)
+        summary = {"n": 4, "em": sum(em) / 4, "f1": sum(em) / 4, "acc": sum(em) / 4, "ci95": {}}
+        (d / "metrics.json").write_text(json.dumps({"all": summary, "type=x": summary | {"n": 2}}))
+
+
+def busy_port(tmp: Path) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    busy_port.sock = sock  # kept open for the row; closed at exit
+    (tmp / "port").write_text(str(sock.getsockname()[1]))
+
+
+@dataclass
+class Case:
+    name: str
+    module: str
+    args: list[str]
+    # the exit status, and a regex the output must match (the culprit it names)
+    rc: int
+    says: str
+    setup: Callable[[Path], None] | None = None
+    # run rows: "finished" = the dir holds a finished run (which must stay byte for byte unchanged),
+    # "fresh" = an empty dir (the failure comes after the run dir is prepared)
+    run_dir: str = "finished"
+    extra: list[str] = field(default_factory=list)
+
+
+# fmt: off
+CASES = [
+    # ---- run: config keys, groups and values --------------------------------------------------
+    Case("appended key typo", "run", ["+eval.limt=5"], 1, r"'eval\.limt'"),
+    Case("appended top-level key", "run", ["+bogus_key=1"], 1, r"'bogus_key'"),
+    Case("appended component key", "run", ["+data.foo=1"], 1, r"'data\.foo'"),
+    Case("unknown key without +", "run", ["policy.kk=3"], 1, r"policy\.kk"),
+    Case("batch size 0", "run", ["eval.batch_size=0"], 1, r"'eval\.batch_size' must be >= 1"),
+    Case("limit -1", "run", ["eval.limit=-1"], 1, r"'eval\.limit' must be >= 1, got -1"),
+    Case("limit 0", "run", ["eval.limit=0"], 1, r"'eval\.limit' must be >= 1, got 0"),
+    Case("limit not a number", "run", ["eval.limit=abc"], 1, r"eval\.limit.*'abc'"),
+    Case("seed not a number", "run", ["seed=abc"], 1, r"seed.*'abc'"),
+    Case("k = 0", "run", ["policy=standard_rag", "policy.k=0"], 1, r"'policy\.k' must be >= 1, got 0"),
+    Case("k negative", "run", ["policy=retrieve_only", "policy.k=-3"], 1, r"'policy\.k' must be >= 1"),
+    Case("iterations 0", "run", ["policy=iter_retgen", "policy.iterations=0"], 1, r"'policy\.iterations'"),
+    Case("unknown group option", "run", ["policy=nope"], 1, r"policy/nope.*options: agent, apex_prompt"),
+    Case("malformed override", "run", ["eval.limit=["], 1, r"malformed override 'eval\.limit=\['"),
+    Case("unknown flag", "run", ["--bogus"], 2, r"--bogus"),
+    Case("unknown split", "run", ["eval.split=tset"], 1, r"no split 'tset' \(has: train, dev, test\)"),
+    Case("target not importable", "run", ["policy._target_=rag_lab.nope.Nope"], 1,
+         r"policy.*_target_ 'rag_lab\.nope\.Nope' cannot be imported"),
+    Case("unknown protocol", "run", ["policy=agent", "policy.protocol=nope", "generator=teacher"], 1,
+         r"policy\.protocol: unknown protocol 'nope'", run_dir="fresh"),
+    Case("unknown stop-word list", "run", ["retriever.stopwords=xx"], 1, r"retriever\.stopwords.*'xx'",
+         run_dir="fresh"),
+    Case("malformed yaml via --config-dir", "run", ["--config-dir", "{tmp}/mine", "policy=mine"], 1,
+         r"mine/policy/mine\.yaml:3:1: malformed yaml", broken_yaml),
+    Case("malformed yaml via searchpath", "run", ["hydra.searchpath=[file://{tmp}/mine]", "policy=mine"], 1,
+         r"mine/policy/mine\.yaml:3:1: malformed yaml", broken_yaml),
+    # ---- run: components that fail when built or used (the run dir is prepared by then) -----------
+    Case("base_url not a URL", "run", ["policy=direct", "generator=openai", "generator.base_url=notaurl"],
+         1, r"generator\.base_url: 'notaurl' is not an http", run_dir="fresh"),
+    Case("hf model path missing", "run", ["policy=direct", "generator=hf", "generator.model=/no/such/model"],
+         1, r"model directory /no/such/model not found", run_dir="fresh"),
+    Case("hf folder without a model", "run", ["policy=direct", "generator=hf", "generator.model={tmp}"],
+         1, r"holds no model: none of config\.json", run_dir="fresh"),
+    Case("policy needs a generator", "run", ["policy=direct"], 1, r"generator: this policy needs a generator",
+         run_dir="fresh"),
+    Case("policy needs a retriever", "run", ["policy=retrieve_only", "~retriever"], 1,
+         r"retriever: this policy searches", run_dir="fresh"),
+    # ---- run: the run dir ------------------------------------------------------------------------
+    Case("resume with another config", "run", ["policy=retrieve_only"], 1,
+         r"holds results of a different config \(changed: policy"),
+    Case("records damaged mid-file", "run", [], 1, r"records\.jsonl:2: malformed record", corrupt_records),
+    Case("output dir is a file", "run", ["hydra.run.dir={tmp}/afile"], 1, r"afile",
+         lambda tmp: (tmp / "afile").write_text("x"), run_dir="none"),
+    # ---- run: data files -------------------------------------------------------------------------
+    Case("empty data file", "run", DATA, 1, r"data/test\.jsonl: no questions",
+         lambda t: flashrag(t, test=[])),
+    Case("duplicate question ids", "run", DATA, 1, r"test\.jsonl: 1 duplicate question id\(s\): q0",
+         lambda t: flashrag(t, test=[question("q0"), question("q1"), question("q0")])),
+    Case("empty question", "run", DATA, 1, r"test\.jsonl:2: field 'question' is empty",
+         lambda t: flashrag(t, test=[question("q0"), question("q1", question="  ")])),
+    Case("decomposition without question", "run", DATA, 1,
+         r"test\.jsonl:1: metadata: missing field 'question'",
+         lambda t: flashrag(t, test=[question("q0", meta_decomposition=[{"answer": "x"}])])),
+    Case("hops not a number", "run", DATA, 1, r"test\.jsonl:1: metadata: field 'hops'.*'four'",
+         lambda t: flashrag(t, test=[question("q0", meta_hops="four")])),
+    Case("malformed json line", "run", DATA, 1, r"test\.jsonl:2: malformed JSON",
+         lambda t: flashrag(t, test=[question("q0"), '{"id": "q1",', question("q2")])),
+    Case("answers not a list", "run", DATA, 1, r"test\.jsonl:1: field 'golden_answers' should be list",
+         lambda t: flashrag(t, test=[question("q0", golden_answers="London")])),
+    Case("missing id", "run", DATA, 1, r"test\.jsonl:1: missing field 'id'",
+         lambda t: flashrag(t, test=[{k: v for k, v in question("q0").items() if k != "id"}])),
+    Case("empty corpus", "run", DATA, 1, r"corpus\.jsonl: the corpus has no passages",
+         lambda t: flashrag(t, corpus=[]), run_dir="fresh"),
+    Case("corpus line without contents", "run", DATA, 1, r"corpus\.jsonl:2: missing field 'contents'",
+         lambda t: flashrag(t, corpus=[{"id": "p1", "contents": "A\nB"}, {"id": "p2"}]),
+         run_dir="fresh"),
+    Case("dataset not downloaded", "run", ["data=flashrag", "data.path={tmp}/none"], 1,
+         r"none/test\.jsonl.*make data-flashrag"),
+    # ---- score ----------------------------------------------------------------------------------
+    Case("score --help", "score", ["--help"], 0, r"Score predictions(.|\n)*python -m rag_lab\.score data="),
+    Case("score without arguments", "score", [], 1, r"'predictions' is required"),
+    Case("score unknown flag", "score", ["-x"], 1, r"unknown option '-x'"),
+    Case("score file missing", "score", [*DATA, "predictions={tmp}/nope.jsonl"], 1,
+         r"predictions file not found: .*nope\.jsonl", flashrag),
+    Case("score no id matches", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
+         r"preds\.jsonl: no prediction id matches a question of flashrag/test",
+         lambda t: (flashrag(t), predictions(t, [{"id": "x1", "prediction": "London"}]))),
+    Case("score duplicate ids", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
+         r"preds\.jsonl: id 'q0' appears twice",
+         lambda t: (flashrag(t), predictions(t, [{"id": "q0", "prediction": "a"}] * 2))),
+    Case("score malformed line", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
+         r"preds\.jsonl:2: missing field 'prediction'",
+         lambda t: (flashrag(t), predictions(t, [{"id": "q0", "prediction": "a"}, {"id": "q"}]))),
+    # ---- serve, index ---------------------------------------------------------------------------
+    Case("serve --help", "serve", ["--help"], 0,
+         r"OpenAI-compatible HTTP server(.|\n)*python -m rag_lab\.serve generator="),
+    Case("serve model path missing", "serve", ["generator.model=/no/such/model"], 1,
+         r"/no/such/model not found"),
+    Case("serve port taken", "serve", ["generator.model={tiny_lm}", "serve.port={port}"], 1,
+         r"serve\.host / serve\.port: cannot listen on 127\.0\.0\.1:\d+", busy_port),
+    Case("index --help", "index", ["--help"], 0,
+         r"Build a retriever's index(.|\n)*python -m rag_lab\.index retriever="),
+    Case("index unknown retriever", "index", ["retriever=nope"], 1, r"retriever/nope.*options: bge, bm25"),
+    Case("index dataset missing", "index", ["data=flashrag", "data.path={tmp}/none",
+         "data.corpus_path={tmp}/none/c.jsonl"], 1, r"none/c\.jsonl.*make data-flashrag"),
+    # ---- report ---------------------------------------------------------------------------------
+    Case("report --help", "report", ["--help"], 0, r"usage: python -m rag_lab\.report(.|\n)*example"),
+    Case("report missing dir", "report", ["{tmp}/nope"], 1, r"nope does not exist"),
+    Case("report no runs", "report", ["{tmp}"], 1, r"no run \(a directory with metrics\.json\)"),
+    Case("report over a sweep with a killed job", "report", ["{tmp}/sweep"], 0,
+         r"(?s)(?=.*notice: \S*sweep/1 has no metrics\.json)(?=.*1 without metrics\.json left out)",
+         fake_sweep),
+    Case("report --compare --subset", "report", ["{tmp}/runs", "--compare", "--subset", "type=x"], 0,
+         r"over the 2 question ids of subset type=x", two_runs),
+    Case("report unknown subset", "report", ["{tmp}/runs", "--subset", "type=z"], 1, r"type=z", two_runs),
+]
+# fmt: on
+
+
+def expand(args: list[str], tmp: Path, extra: dict[str, str]) -> list[str]:
+    return [a.format(tmp=tmp, **extra) for a in args]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished run of BASE, copied into each row's run dir."""
+    path = tmp_path_factory.mktemp("finished") / "run"
+    from rag_lab.config import compose
+    from rag_lab.run import run
+
+    cfg = compose(BASE)
+    run(cfg, path, {"config": cfg, "overrides": [*BASE]})
+    assert (path / "metrics.json").exists()
+    return path
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_ends_in_one_line(case: Case, tmp_path, finished_run, tiny_lm, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Hydra's default outputs/ and report.csv land here
+    run_dir = tmp_path / "run"
+    if case.module == "run" and case.run_dir == "finished":
+        shutil.copytree(finished_run, run_dir)
+    if case.setup:
+        case.setup(tmp_path)
+    port = (tmp_path / "port").read_text() if (tmp_path / "port").exists() else "0"
+    args = expand(case.args, tmp_path, {"tiny_lm": tiny_lm, "port": port})
+    if case.module == "run":
+        args = [*base_for(args), *args] + ([] if case.run_dir == "none" else [f"hydra.run.dir={run_dir}"])
+    before = snapshot(run_dir) if run_dir.exists() else {}
+
+    rc, output = cli(case.module, args, capfd, monkeypatch)
+    if getattr(busy_port, "sock", None):
+        busy_port.sock.close()
+        busy_port.sock = None
+
+    assert rc == case.rc, output
+    assert "Traceback" not in output, output
+    assert re.search(case.says, output), output
+    if rc != 0:
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert case.rc == 2 or len(errors) == 1, output  # argparse's usage + one error line
+        after = snapshot(run_dir) if run_dir.exists() else {}
+        assert {k: v for k, v in after.items() if k in before} == before, "a failed run changed the run dir"
+        assert not (set(after) - set(before)) & {"records.jsonl", "metrics.json"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /sys, read-only even for root")
+def test_read_only_output_dir_is_one_line(tmp_path, capfd, monkeypatch):
+    if os.geteuid() == 0:
+        target = "/sys"  # an existing dir root cannot write into (chmod does not stop root)
+    else:
+        target = str(tmp_path / "ro")
+        os.mkdir(target, 0o555)
+    rc, output = cli("run", [*BASE, f"hydra.run.dir={target}"], capfd, monkeypatch)
+    assert rc == 1 and "Traceback" not in output, output
+    assert re.search(rf"error: {re.escape(target)}/run\.log: Permission denied", output), output
+
+
+def test_skipped_lines_and_duplicates_are_counted(tmp_path, capfd, monkeypatch):
+    """data.skip_malformed=true: the run goes on, and says what it dropped (log and metrics.json)."""
+    flashrag(tmp_path, test=[question("q0"), '{"id": ', question("q1"), question("q0")])
+    data = [*expand(DATA, tmp_path, {}), "data.skip_malformed=true"]
+    args = [*base_for(data), *data, f"hydra.run.dir={tmp_path / 'run'}"]
+    rc, output = cli("run", args, capfd, monkeypatch)
+    assert rc == 0, output
+    assert re.search(r"data\.skip_malformed dropped 1 skipped_lines, 1 duplicate_ids", output), output
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["all"]["n"] == 2
+    assert (metrics["all"]["skipped_lines"], metrics["all"]["duplicate_ids"]) == (1, 1)
+
+
+def test_resume_false_sets_the_old_run_aside(finished_run, tmp_path, capfd, monkeypatch):
+    """eval.resume=false, then a failure: the old run's files are all kept, together, under replaced/,
+    so no report shows the old numbers under the new config."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    before = snapshot(run_dir)
+    args = [*BASE, "policy=direct", "eval.resume=false", f"hydra.run.dir={run_dir}"]
+    rc, output = cli("run", args, capfd, monkeypatch)
+    assert rc == 1 and "generator: this policy needs a generator" in output, output
+    (aside,) = (run_dir / "replaced").iterdir()
+    assert snapshot(aside) == {k: v for k, v in before.items() if k != "run.log"}
+    assert not (run_dir / "metrics.json").exists() and not (run_dir / "records.jsonl").exists()
+
+
+def test_refused_resume_keeps_the_old_labels(finished_run, tmp_path, capfd, monkeypatch):
+    """A refused run leaves .hydra/overrides.yaml as it was, so report still labels the old run right."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    labels = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    rc, output = cli("run", [*BASE, "policy=retrieve_only", f"hydra.run.dir={run_dir}"], capfd, monkeypatch)
+    assert rc == 1 and "different config" in output
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == labels

@@ -1,0 +1,246 @@
+"""``python -m rag_lab.report`` and ReportCallback on tiny fake run dirs (no model runs), the column
+legend, the token count of generators that count none, and README's generated config-group table."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from rag_lab import CONF_DIR
+from rag_lab.config import group_options
+from rag_lab.data.base import QAExample
+from rag_lab.docs import BEGIN, END, README, config_groups_table, with_table
+from rag_lab.env.episode import Episode, Step
+from rag_lab.eval.evaluate import aggregate, score_record
+from rag_lab.eval.metrics import SCORERS
+from rag_lab.eval.table import DESCRIPTIONS, MISSING
+from rag_lab.report import ReportCallback, build_table, compare, main
+
+
+def record(qid: str, kind: str, score: float, tokens: int | None = 10) -> dict:
+    """The fields of a records.jsonl line that the report and ``aggregate`` read."""
+    return {"id": qid, "type": kind, "em": score, "f1": score, "acc": score, "format_failure": False,
+            "retrieval_count": 1, "n_steps": 2, "tokens_total": tokens}  # fmt: skip
+
+
+def write_run(run: Path, overrides: list[str], records: list[dict], finished: bool = True) -> Path:
+    """A Hydra run dir; ``finished=False`` is a job killed before it wrote metrics.json."""
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if finished:
+        (run / "metrics.json").write_text(json.dumps(aggregate(records)))
+    return run
+
+
+def demo_sweep(sweep: Path, killed: bool = False) -> list[Path]:
+    """generator x policy, like conf/experiment/demo.yaml; with ``killed``, job 3 never finished."""
+    runs = []
+    for i, (generator, policy) in enumerate([("tiny", "direct"), ("tiny", "fixed_iter"),
+                                             ("teacher", "direct"), ("teacher", "fixed_iter")]):  # fmt: skip
+        records = [record(f"q{j}", "bridge", float(j < i)) for j in range(4)]
+        overrides = ["+experiment=demo", f"generator={generator}", f"policy={policy}"]
+        runs.append(write_run(sweep / str(i), overrides, records, finished=not (killed and i == 3)))
+    return runs
+
+
+def report(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``python -m rag_lab.report`` in-process: (exit status, stdout, stderr)."""
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def cells(markdown: str) -> list[list[str]]:
+    """The cells of the first markdown table in ``markdown``: header first, the rule line dropped."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|") and not line.startswith("|:")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def callback_report(sweep: Path, **config) -> str:
+    ReportCallback(columns=["N", "EM", "Tokens"]).on_multirun_end(
+        OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, **config})
+    )
+    return (sweep / "report.md").read_text()
+
+
+# 1. Runs without metrics.json are named, not silently dropped.
+def test_runs_without_metrics_are_named_and_counted(tmp_path, capsys):
+    demo_sweep(tmp_path, killed=True)
+    code, out, err = report(capsys, str(tmp_path))
+    assert code == 0
+    assert f"notice: {tmp_path / '3'} has no metrics.json" in err
+    assert f"3 runs (1 without metrics.json left out: {tmp_path / '3'})" in out
+
+    text = callback_report(tmp_path)
+    assert f"3 runs (1 without metrics.json left out: {tmp_path / '3'})" in text
+    assert f"notice: {tmp_path / '3'} has no metrics.json" in capsys.readouterr().err
+
+
+def test_a_sweep_where_every_run_finished_leaves_nothing_out(tmp_path, capsys):
+    demo_sweep(tmp_path)
+    code, out, err = report(capsys, str(tmp_path))
+    assert code == 0 and "4 runs; subset all" in out and "left out" not in out and err == ""
+
+
+# 2. --compare --subset pairs only the subset's question ids.
+@pytest.fixture
+def two_runs(tmp_path) -> tuple[Path, Path]:
+    # Type a: A scores [1, 1, 0, 1], B [0, 1, 0, 0]; type b: A all 0, B all 1. a4 is answered by A only.
+    a = [record(f"a{i}", "a", s) for i, s in enumerate([1, 1, 0, 1])] + [
+        record(f"b{i}", "b", 0) for i in range(4)
+    ]
+    b = [record(f"a{i}", "a", s) for i, s in enumerate([0, 1, 0, 0])] + [
+        record(f"b{i}", "b", 1) for i in range(4)
+    ]
+    run_a = write_run(tmp_path / "A", ["policy=a"], [*a, record("a4", "a", 1)])
+    run_b = write_run(tmp_path / "B", ["policy=b"], b)
+    return run_a, run_b
+
+
+def test_compare_uses_only_the_subset_ids(two_runs, capsys):
+    run_a, run_b = two_runs
+    subset = compare(run_a, run_b, "type=a").set_index("metric").loc["em"]
+    assert subset["n"] == 4 and subset["delta"] == pytest.approx(3 / 4 - 1 / 4)
+    everything = compare(run_a, run_b).set_index("metric").loc["em"]
+    assert everything["n"] == 8 and everything["delta"] == pytest.approx(3 / 8 - 5 / 8)
+
+    code, out, _ = report(capsys, str(run_a), str(run_b), "--subset", "type=a", "--compare", "--out",
+                          str(run_a.parent / "r.csv"))  # fmt: skip
+    assert code == 0
+    assert "paired bootstrap over the 4 question ids of subset type=a that both runs answered" in out
+
+
+# 3. --help explains the command; errors are one line.
+def test_help_says_what_it_does_with_options_and_an_example(capsys):
+    code, out, _ = report(capsys, "--help")
+    assert code == 0
+    assert "Fold runs into one table" in out and "--subset" in out and "--compare" in out
+    assert "examples:\n  python -m rag_lab.report multirun/" in out
+    assert f"  Ans R: {DESCRIPTIONS['Ans R']}" in out
+
+
+@pytest.mark.parametrize(
+    ("breakage", "args", "message"),
+    [
+        ("metrics", [], "A/metrics.json:1: not JSON"),
+        ("none", ["--subset", "type=nope"], "A/metrics.json has no subset 'type=nope'"),
+        ("records", ["--compare"], "A/records.jsonl:2: malformed record"),
+        ("none", ["--columns", "EM", "Nope"], "no column Nope"),
+    ],
+)
+def test_errors_are_one_line(two_runs, capsys, breakage, args, message):
+    run_a, run_b = two_runs
+    if breakage == "metrics":
+        (run_a / "metrics.json").write_text('{"all": ')
+    if breakage == "records":
+        lines = (run_a / "records.jsonl").read_text().splitlines(keepends=True)
+        (run_a / "records.jsonl").write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    code, _, err = report(capsys, str(run_a), str(run_b), "--out", str(run_a.parent / "r.csv"), *args)
+    assert code == 1
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+# 4. Where the csv goes: DIR/report.csv for one DIR, ./report.csv for several, --out wins.
+def test_csv_goes_where_readme_and_help_say(two_runs, tmp_path, monkeypatch, capsys):
+    run_a, run_b = two_runs
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    report(capsys, str(run_a))
+    assert (run_a / "report.csv").exists()
+    report(capsys, str(run_a), str(run_b))
+    assert (cwd / "report.csv").read_text().count("\n") == 3  # header + 2 runs
+    report(capsys, str(run_a), str(run_b), "--out", str(tmp_path / "x.csv"))
+    assert (tmp_path / "x.csv").exists()
+    assert "./report.csv" in README.read_text() and "DIR/report.csv" in README.read_text()
+
+
+# 5. report.md: a title, rows named by the varying overrides, a legend of every column shown.
+def test_callback_report_has_a_title_override_labels_and_a_legend(tmp_path):
+    runs = demo_sweep(tmp_path)
+    text = callback_report(tmp_path, experiment={"name": "demo"})
+    assert text.startswith("# demo\n\nCommon overrides: `+experiment=demo`\n")
+    columns, *rows = cells(text)
+    assert columns == ["generator", "policy", "N", "EM", "Tokens", "run"]
+    # The label people read comes first; the run dir stays, last.
+    assert [row[:2] + row[-1:] for row in rows] == [
+        ["tiny", "direct", str(runs[0])], ["tiny", "fixed_iter", str(runs[1])],
+        ["teacher", "direct", str(runs[2])], ["teacher", "fixed_iter", str(runs[3])],
+    ]  # fmt: skip
+    for column in columns[2:]:
+        assert f"- **{column}**: {DESCRIPTIONS[column]}" in text
+    assert callback_report(tmp_path).startswith(f"# {tmp_path.name}\n")  # no experiment name
+
+
+def test_every_column_of_the_demo_report_has_a_description():
+    demo = yaml.safe_load((CONF_DIR / "experiment" / "demo.yaml").read_text())
+    columns = demo["hydra"]["callbacks"]["report"]["columns"]
+    assert [c for c in columns if c not in DESCRIPTIONS] == []
+
+
+# 6. A generator that counts no tokens: null in records, None in metrics, "—" in the table.
+@pytest.mark.parametrize(
+    ("steps", "prompt", "completion", "expected"),
+    [
+        ([Step(text="Paris", action="answer")], 0, 0, None),  # the teacher: text, no token counts
+        ([Step(text="Paris", action="answer")], 5, 2, 7),  # an LM
+        ([Step(action="search", query="Paris")], 0, 0, 0),  # LM-free: no generation, truly 0 tokens
+    ],
+)
+def test_tokens_are_missing_when_the_generator_counts_none(steps, prompt, completion, expected):
+    ex = QAExample(id="q", question="Where?", answers=("Paris",))
+    episode = Episode("q", "Where?", steps=steps, prediction="Paris", prompt_tokens=prompt,
+                      completion_tokens=completion)  # fmt: skip
+    assert score_record(ex, episode, "squad", corpus=None)["tokens_total"] == expected
+
+
+def test_tokens_column_shows_missing_for_the_teacher(tmp_path):
+    tiny = [record("q0", "x", 1, tokens=30), record("q1", "x", 1, tokens=10)]
+    teacher = [record("q0", "x", 1, tokens=None), record("q1", "x", 1, tokens=None)]
+    mixed, alone = tmp_path / "mixed", tmp_path / "alone"
+    write_run(mixed / "0", ["generator=tiny"], tiny)
+    write_run(mixed / "1", ["generator=teacher"], teacher)
+    write_run(alone / "0", ["generator=teacher"], teacher)
+    assert json.loads((mixed / "1" / "metrics.json").read_text())["all"]["tokens_total"] is None
+    table, _ = build_table([mixed / "0", mixed / "1"])
+    assert table["Tokens"].iloc[0] == (30 + 10) / 2
+    _, tiny_row, teacher_row = cells(callback_report(mixed))
+    assert tiny_row[:4] == ["tiny", "2", "100", "20"] and teacher_row[:4] == ["teacher", "2", "100", MISSING]
+    # A sweep of the teacher alone keeps the column it asks for, all missing (not an error).
+    header, teacher_row = cells(callback_report(alone))
+    assert header[:4] == ["generator", "N", "EM", "Tokens"] and teacher_row[3] == MISSING
+
+
+# 7. Acc is FlashRAG's character-substring rule, quirk included, for every scorer.
+@pytest.mark.parametrize("scorer", sorted(SCORERS))
+@pytest.mark.parametrize(
+    ("prediction", "golds", "acc"),
+    [("unknown", ["no"], 1.0), ("no", ["unknown"], 0.0), ("The Eiffel Tower.", ["eiffel tower"], 1.0)],
+)
+def test_acc_is_flashrags_substring_rule(scorer, prediction, golds, acc):
+    assert SCORERS[scorer]["acc"](prediction, golds) == acc
+    assert "'unknown'" in DESCRIPTIONS["Acc"] and "FlashRAG" in DESCRIPTIONS["Acc"]
+
+
+# 8. README's config-group table is generated from conf/.
+def test_readme_config_group_table_is_generated_from_conf():
+    text = README.read_text()
+    assert with_table(text, config_groups_table()) == text, (
+        "README.md's config-group table is stale: run `python -m rag_lab.docs`"
+    )
+
+
+def test_config_group_table_lists_every_option_and_replaces_only_the_marked_part():
+    table = config_groups_table()
+    for group in ["data", "experiment", "generator", "policy"]:
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{group}` "))
+        assert all(f"`{option}`" in row for option in group_options(group)), group
+    old = f"intro\n{BEGIN}\n| old |\n{END}\noutro\n"
+    assert with_table(old, "| new |\n") == f"intro\n{BEGIN}\n| new |\n{END}\noutro\n"
