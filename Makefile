@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo test test-slow lint format bench clean \
+.PHONY: help install install-gpu demo test test-slow lint format docs bench clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -46,6 +46,9 @@ lint: install ## ruff check + format check
 format: install ## Apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+docs: install ## Regenerate README's config-group table from conf/ (a test fails when it drifts)
+	$(PY) -m rag_lab.docs
 
 bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/
 	@for f in experiments/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -312,7 +312,9 @@ def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
         text = path.read_text()
         groups = [g for g in (CONF_DIR.iterdir()) if g.is_dir() and f"- {g.name}:" in text]
         listing = "".join(f"  {g.name}: {', '.join(group_options(g.name))}\n" for g in sorted(groups))
-        print(f"{doc.strip()}\n\nConfig groups (group=option):\n{listing}\nOptions (key=value), {path}:\n{text}")
+        print(
+            f"{doc.strip()}\n\nConfig groups (group=option):\n{listing}\nOptions (key=value), {path}:\n{text}"
+        )
         raise SystemExit(0)
     flags = [a for a in argv if a.startswith("-")]
     if flags:

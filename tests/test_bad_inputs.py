@@ -195,6 +195,10 @@ CASES = [
          run_dir="fresh"),
     Case("policy needs a retriever", "run", ["policy=retrieve_only", "~retriever"], 1,
          r"retriever: this policy searches", run_dir="fresh"),
+    Case("stoprag target", "run", ["policy=stoprag", "policy.target=nope"], 1,
+         r"policy\.target must be one of", run_dir="fresh"),
+    Case("stoprag lambda schedule", "run", ["policy=stoprag", "policy.lambda_schedule=nope"], 1,
+         r"policy\.lambda_schedule must be one of", run_dir="fresh"),
     # ---- run: the run dir ------------------------------------------------------------------------
     Case("resume with another config", "run", ["policy=retrieve_only"], 1,
          r"holds results of a different config \(changed: policy"),

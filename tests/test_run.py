@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from hydra.utils import instantiate
 
+from rag_lab.env import Env, Episode
 from rag_lab.errors import RagLabError
+from rag_lab.eval.evaluate import evaluate
 from rag_lab.records import read_records
 from rag_lab.report import build_table, find_runs
 from rag_lab.run import run
@@ -128,3 +131,32 @@ def test_retrieval_eval_sweeps_retrievers_into_one_table(repo_root, tmp_path):
     ranked = list(dict.fromkeys(r["retrieved_ids"]))
     assert r["recall@5"] == len(set(ranked[:5]) & gold) / len(gold)
     assert r["precision@5"] == len(set(ranked[:5]) & gold) / 5
+
+
+class BatchEcho:
+    """A policy whose answer depends on its batch (as batched generation can): the batch's first id."""
+
+    trains = False
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def rollout(self, env, batch):
+        self.calls.append([ex.id for ex in batch])
+        return [Episode(ex.id, ex.question, prediction=batch[0].id) for ex in batch]
+
+
+def test_resumed_evaluation_rolls_out_the_uninterrupted_batches(tiny_cfg, tmp_path):
+    cfg = tiny_cfg()
+    data = instantiate(cfg.data)
+    examples, env = data.split("test")[:10], Env(data.corpus)
+    full = evaluate(BatchEcho(), env, examples, tmp_path / "full.jsonl", data.scorer, batch_size=4)
+    # killed after the first batch and two records of the second
+    lines = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "killed.jsonl").write_text("".join(lines[:6]))
+    policy = BatchEcho()
+    resumed = evaluate(policy, env, examples, tmp_path / "killed.jsonl", data.scorer, batch_size=4)
+    ids = [ex.id for ex in examples]
+    assert policy.calls == [ids[4:8], ids[8:]]  # the second batch again, whole
+    assert resumed == full
+    assert (tmp_path / "killed.jsonl").read_text() == (tmp_path / "full.jsonl").read_text()

@@ -1,9 +1,14 @@
 """Stop-RAG: Q(λ) / MC / Q(0) / binary targets on hand-worked trajectories (T = 3 and 4), the
 filter, λ schedules, the Q-network on a tiny random encoder, and fit → τ curve → rollout on the
-tiny world with the teacher (offline data batched, cached and resumed)."""
+tiny world with the teacher (offline data batched, cached and resumed; a fit killed mid-training
+resumes to the uninterrupted numbers)."""
 
 import json
 import math
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +17,8 @@ from rag_lab.config import compose
 from rag_lab.policies.stoprag.offline import Trajectory
 from rag_lab.policies.stoprag.policy import StopRAG, stop_times
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
+
+from conftest import TINY_DATA
 
 # T = 3: decisions at s_1, s_2; r(s_3, STOP) is r(s_2, CONT).
 R3 = torch.tensor([[0.0, 0.2, 0.5, 0.1]])
@@ -192,28 +199,107 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     assert again["all"] == metrics["all"]
 
 
+# `python -m rag_lab.run`, SIGKILLed by itself right after the checkpoint of step argv[1] is on disk
+# (a test-side patch: the tiny fit trains ~150 steps/s, too fast to kill reliably from outside).
+KILLED_AFTER_CHECKPOINT = """
+import os, runpy, signal, sys
+from rag_lab.policies.stoprag import policy
+
+kill_at, save = int(sys.argv.pop(1)), policy.save_atomic
+
+def save_then_die(obj, path):
+    save(obj, path)
+    if path.name == "qnet_checkpoint.pt" and obj["step"] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+policy.save_atomic = save_then_die
+runpy.run_module("rag_lab.run", run_name="__main__")
+"""
+
+
+def test_a_killed_fit_resumes_to_the_uninterrupted_numbers(tiny_encoder, tmp_path):
+    """Killed after step 50's checkpoint, mid-way through the second epoch (so the data order, the
+    heads' dropout, AdamW, the schedules, the log and the stats all have to come back), the fit rerun
+    in the same directory ends byte-identical to an uninterrupted one."""
+    kill_at = 50
+    args = [*TINY_DATA, "policy=stoprag", "generator=teacher", "policy.iterations=3", "policy.samples=3",
+            f"policy.encoder={tiny_encoder}", "policy.max_length=64", "policy.train_limit=200",
+            "policy.batch_size=8", "policy.epochs=3", "policy.checkpoint_every=10",
+            "eval.limit=20"]  # fmt: skip
+
+    def run(name: str, *entry: str) -> tuple[subprocess.Popen, Path]:
+        # a cache per run directory (the offline data too), so the generator-call counts match as well
+        own = [f"cache_dir={tmp_path / f'cache-{name}'}", f"hydra.run.dir={tmp_path / name}"]
+        cmd = [sys.executable, *(entry or ["-m", "rag_lab.run"]), *args, *own]
+        out = tmp_path / f"{name}-{len(list(tmp_path.glob(f'{name}-*.out')))}.out"
+        with out.open("w") as f:
+            return subprocess.Popen(cmd, cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT), out
+
+    def finish(started: tuple[subprocess.Popen, Path]) -> tuple[int, str]:
+        started[0].wait(timeout=300)
+        return started[0].returncode, started[1].read_text()
+
+    whole = run("whole")  # side by side with the killed run and its resumption
+    rc, out = finish(run("resumed", "-c", KILLED_AFTER_CHECKPOINT, str(kill_at)))
+    assert rc == -signal.SIGKILL, out[-3000:]
+    ckpt = tmp_path / "resumed" / "checkpoints"
+    assert torch.load(ckpt / "qnet_checkpoint.pt", weights_only=False)["step"] == kill_at
+    assert not (ckpt / "qnet.pt").exists() and not (tmp_path / "resumed" / "metrics.json").exists()
+    rc, out = finish(run("resumed"))
+    assert rc == 0 and f"resuming Q-network training at step {kill_at}" in out, out[-3000:]
+    rc, out = finish(whole)
+    assert rc == 0, out[-3000:]
+
+    stats = json.loads((tmp_path / "whole" / "checkpoints" / "stoprag.json").read_text())
+    per_epoch, total = math.ceil(stats["states"]["train"] / 8), stats["train"]["step"]
+    assert per_epoch < kill_at < 2 * per_epoch < total  # the kill fell inside the second epoch
+    for name in ["checkpoints/train_log.jsonl", "checkpoints/stoprag.json", "checkpoints/tau_curve.csv",
+                 "records.jsonl", "metrics.json"]:  # fmt: skip
+        assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    heads = [torch.load(tmp_path / r / "checkpoints" / "qnet.pt", weights_only=False)["model"]
+             for r in ("whole", "resumed")]  # fmt: skip
+    assert heads[0].keys() == heads[1].keys()
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+class RecordingGenerator:
+    """A generator wrapper that keeps every call's prompts."""
+
+    def __init__(self, generator):
+        self.inner, self.chat, self.calls = generator, getattr(generator, "chat", False), []
+
+    def generate(self, prompts, sampling):
+        self.calls.append(repr(prompts))
+        return self.inner.generate(prompts, sampling)
+
+
 def test_offline_collection_resumes_after_a_kill(tiny_cfg, tmp_path):
     from hydra.utils import instantiate
 
     from rag_lab.env import Env
     from rag_lab.policies.pipeline import IterativePipeline
-    from rag_lab.policies.stoprag.offline import CountingGenerator, collect
+    from rag_lab.policies.stoprag.offline import collect
 
     cfg = tiny_cfg("generator=teacher")
     data = instantiate(cfg.data)
-    gen = CountingGenerator(instantiate(cfg.generator))
+    gen = RecordingGenerator(instantiate(cfg.generator))
     env = Env(data.corpus, instantiate(cfg.retriever, corpus=data.corpus), gen)
     pipeline = IterativePipeline(iterations=2)
     questions = data.split("train")[:10]
     full = collect(pipeline, env, questions, tmp_path / "all.jsonl", samples=2, batch_size=4)
+    uninterrupted = set(gen.calls)
+    assert len(gen.calls) == 3 * (2 * 2 + 1)  # batches of 4, 4 and 2 questions
+    # a kill cut the second batch's append short: two of its rows whole, the third torn
+    rows = (tmp_path / "all.jsonl").read_text().splitlines(keepends=True)
     part = tmp_path / "part.jsonl"
-    collect(pipeline, env, questions[:4], part, samples=2, batch_size=4)
-    with part.open("a") as f:
-        f.write('{"question_id": "broken')  # a kill mid-append
-    calls = gen.calls
+    part.write_text("".join(rows[:6]) + rows[6][:25])
+    before = len(gen.calls)
     resumed = collect(pipeline, env, questions, part, samples=2, batch_size=4)
     assert resumed == full
-    assert gen.calls - calls == 2 * (2 * 2 + 1)  # only the 6 missing questions ran (two batches)
+    # the torn batch ran again whole, and the last one: the very calls of the uninterrupted collection
+    again = gen.calls[before:]
+    assert len(again) == 2 * (2 * 2 + 1) and set(again) <= uninterrupted
+    assert len(part.read_text().splitlines()) == 10
     assert all(len(t.rewards) == 3 and 0 <= min(t.rewards) and max(t.rewards) <= 1 for t in full)
 
 

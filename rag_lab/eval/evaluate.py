@@ -86,11 +86,16 @@ def evaluate(
     if not resume:
         records_path.unlink(missing_ok=True)
     done = {r["id"] for r in read_records(records_path)}
-    todo = [ex for ex in examples if ex.id not in done]
+    # Batches are fixed by question order, not formed from what is left: a resumed run rolls out
+    # every batch with the same questions as an uninterrupted one (batched generation can depend on
+    # the batch: padding, sampling streams), and writes only the records it lacks.
+    batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
     writer = RecordWriter(records_path)
-    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="evaluate", unit="q") as bar:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start : start + batch_size]
+    initial = sum(ex.id in done for ex in examples)
+    with tqdm(total=len(examples), initial=initial, desc="evaluate", unit="q") as bar:
+        for batch in batches:
+            if all(ex.id in done for ex in batch):
+                continue
             episodes = policy.rollout(env, batch)
             if len(episodes) != len(batch):
                 raise RuntimeError(
@@ -99,13 +104,14 @@ def evaluate(
             records = [
                 score_record(ex, ep, scorer, env.corpus, recall_at)
                 for ex, ep in zip(batch, episodes, strict=True)
+                if ex.id not in done
             ]
             if judge is not None:
                 verdicts = judge([r["prediction"] for r in records], [r["answers"] for r in records])
                 for record, verdict in zip(records, verdicts, strict=True):
                     record["judge_acc"] = verdict
             writer.write(records)
-            bar.update(len(batch))
+            bar.update(len(records))
     by_id = {r["id"]: r for r in read_records(records_path)}
     return [by_id[ex.id] for ex in examples]
 

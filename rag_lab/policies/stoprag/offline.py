@@ -10,7 +10,10 @@ intermediate answers), and the N samples of *every* state of the batch go throug
 ``n = N`` — 2T + 1 calls per batch instead of T·(2 + N) per question. Rows are appended to a jsonl
 under ``cache_dir/stoprag/<hash of world, questions, generator and settings>.jsonl`` one flushed
 batch at a time, so a killed collection resumes at the next unfinished batch and a second run with
-the same settings reuses the file.
+the same settings reuses the file. The batches are fixed by the question order, not by what is
+left: a batch that a kill cut mid-append runs again whole, so every generator call of a resumed
+collection sees the prompts it saw in an uninterrupted one (a sampling generator seeded per call,
+or one whose padding depends on the batch, gives the same rows).
 """
 
 import dataclasses
@@ -121,14 +124,14 @@ def collect(
     stopping policy's own answer at each possible stop)."""
     metric = SCORERS["squad"][score]
     done = {r["question_id"]: r for r in read_records(path)} if path.exists() else {}
-    todo = [ex for ex in examples if ex.id not in done]
+    every = [examples[start : start + batch_size] for start in range(0, len(examples), batch_size)]
+    todo = [batch for batch in every if any(ex.id not in done for ex in batch)]
     writer = RecordWriter(path)
     sampling = Sampling(
         n=samples, temperature=temperature, top_p=top_p, max_new_tokens=pipeline.sampling.max_new_tokens
     )
     greedy = Sampling(max_new_tokens=pipeline.sampling.max_new_tokens)
-    for start in tqdm(range(0, len(todo), batch_size), desc=desc, unit="batch", disable=not todo):
-        batch = todo[start : start + batch_size]
+    for batch in tqdm(todo, desc=desc, unit="batch", disable=not todo):
         states = run_to_horizon(pipeline, env, batch)
         flat = [s for state in states for s in prefixes(state)]
         sampled = final_answers(pipeline, env, flat, sampling) if samples else None
@@ -143,7 +146,7 @@ def collect(
                 ex.id, ex.question, [[p.contents for p in turn.passages] for turn in state.turns], rewards,
                 [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else [],
             )))  # fmt: skip
-        writer.write(rows)
+        writer.write([r for r in rows if r["question_id"] not in done])
         done.update((r["question_id"], r) for r in rows)
     return [Trajectory(**done[ex.id]) for ex in examples]
 

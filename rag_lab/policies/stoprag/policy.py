@@ -14,8 +14,25 @@ The wrapped loop is anything with the pipeline interface (``iterations``, ``iter
 :class:`rag_lab.policies.pipeline.IterativePipeline`, built from the same ``iterations`` / ``k`` /
 ``exclude_seen`` / ``max_new_tokens`` keys as ``policy=fixed_iter`` (so one override sets all three
 policies of a comparison); any other loop with that interface can be passed as ``pipeline``.
-Checkpoints (every ``checkpoint_every`` steps, atomic) let a killed fit resume; a finished fit is
-reused by a rerun of the same run directory.
+A killed fit, rerun in the same run directory, ends byte-identical to an uninterrupted one; a
+finished fit is reused. Every stage resumes from what it wrote, and whatever a later stage depends
+on is either written or a pure function of the config:
+
+- offline data and the dev trajectories: one flushed batch of rows at a time, batches fixed by the
+  question order (offline.py), so a rerun batch holds the same prompts as in an uninterrupted run;
+- state encodings: cached whole (atomic), and never memoised from one stage into the next (an
+  encoding differs in the last bit with the other states of its forward pass);
+- training: a checkpoint every ``checkpoint_every`` steps (atomic) holds the heads (the encoder too
+  when it trains), AdamW, the lr schedule, the step, torch's RNG states (CPU and GPU: dropout), the
+  log rows and ``stats``. The data order needs no state: epoch e is the (e+1)-th shuffle of one
+  stream seeded by ``seed`` and step s is batch s mod B of epoch s // B (:func:`batches`); λ is a
+  function of the step. Training starts from torch's RNG state right after the heads are
+  initialised, whatever the generator did to it meanwhile (``generator=hf`` reseeds torch on every
+  call, and a cached offline set makes no calls); numpy and python's global RNGs are not used;
+- τ: a function of the trained network and the dev trajectories.
+
+Not results but costs, the generator-call counts of ``stoprag.json`` count the calls made: a kill
+during data collection or τ tuning loses the killed process's count of those stages.
 """
 
 import csv
@@ -25,7 +42,8 @@ import logging
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +53,13 @@ from tqdm.auto import tqdm
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
+from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.policies.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, cache_path, collect
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import TARGETS, keep, lambda_at, targets
-from rag_lab.records import atomic_write_json
+from rag_lab.records import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +77,42 @@ def stop_times(margins: torch.Tensor, tau: float) -> torch.Tensor:
     hit = margins[:, 1:] > tau
     first = hit.float().argmax(dim=1) + 1
     return torch.where(hit.any(dim=1), first, torch.full_like(first, horizon))
+
+
+def batches(pairs: list, batch_size: int, seed: int, start: int = 0) -> Iterator[list]:
+    """The training batches from step ``start`` on, a pure function of the arguments: epoch e is the
+    (e+1)-th shuffle of one stream seeded by ``seed`` (a resume replays the e shuffles, cheap next to
+    a step), and step s is batch s mod B of epoch s // B, B = ceil(len(pairs) / batch_size).
+
+    >>> from itertools import islice
+    >>> pairs = list(range(10))
+    >>> list(islice(batches(pairs, 4, 0, start=5), 2)) == list(islice(batches(pairs, 4, 0), 7))[5:]
+    True
+    """
+    per_epoch = math.ceil(len(pairs) / batch_size)
+    rng = random.Random(f"{seed}:0")  # the stream's seed from before: uninterrupted runs keep their numbers
+    epoch = 0
+    while per_epoch:
+        order = pairs[:]
+        rng.shuffle(order)
+        for b in range(max(0, start - epoch * per_epoch), per_epoch):
+            yield order[b * batch_size : (b + 1) * batch_size]
+        epoch += 1
+
+
+def rng_state() -> dict:
+    """Torch's RNG states (CPU, and every GPU's): what dropout draws from."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Back to a :func:`rng_state` (its tensors on any device: a checkpoint loads onto the GPU)."""
+    torch.set_rng_state(state["cpu"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -137,7 +192,7 @@ class StopRAG:
         batch_questions: int = 64,
     ):
         if target not in TARGETS:
-            raise ValueError(f"policy.target must be one of {TARGETS}, got {target!r}")
+            raise RagLabError(f"policy.target must be one of {TARGETS}, got {target!r}")
         self.pipeline = pipeline or IterativePipeline(None, iterations, k, exclude_seen, max_new_tokens)
         self.cache_dir = cache_dir
         self.samples, self.temperature, self.top_p, self.score = samples, temperature, top_p, score
@@ -166,6 +221,7 @@ class StopRAG:
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.seed)
         self.qnet = QNetwork(**self.qnet_args).to("cuda" if torch.cuda.is_available() else "cpu")
+        rng = rng_state()  # where training's dropout starts (module doc)
         final = out_dir / "qnet.pt"
         if final.exists():
             saved = torch.load(final, weights_only=False, map_location=self.device)
@@ -191,12 +247,15 @@ class StopRAG:
             {k: self.qnet_args[k] for k in ("encoder", "pooling", "max_length", "truncation")}
         )
         digest = hashlib.sha256(encoder_key.encode()).hexdigest()[:8]
-        self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{digest}.pt"))
+        self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{digest}.pt"), rng)
+        calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
         if self.tau is None:
             self.tune_tau(env, dev, out_dir)
-        self.stats["generator_calls"] = counting.calls
-        save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
+        self.qnet.clear_cache()  # the evaluation encodes as a reused fit does (module doc)
+        self.stats["generator_calls"] = self.stats["offline"]["generator_calls"] + counting.calls - calls
+        # stoprag.json first: a kill between the two leaves no qnet.pt, and the rerun writes both
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
+        save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
 
     @property
     def device(self) -> torch.device:
@@ -209,11 +268,19 @@ class StopRAG:
         return state
 
     # ---------------------------------------------------------------------------------------------
-    def train(self, trajs: list[Trajectory], out_dir: Path, features_path: Path | None = None) -> None:
+    def train(
+        self,
+        trajs: list[Trajectory],
+        out_dir: Path,
+        features_path: Path | None = None,
+        rng: dict | None = None,
+    ) -> None:
         """Q(λ) regression (Algorithm 1): sample a batch of kept states, bootstrap from the current
         network under no-grad over each state's future, squared error on both heads. With a frozen
         encoder the states are encoded once (and kept at ``features_path``, beside the offline data,
-        so runs that differ only in targets, λ or seeds of the heads reuse them)."""
+        so runs that differ only in targets, λ or seeds of the heads reuse them). Training starts
+        from torch's RNG state ``rng`` (:func:`rng_state`; None: the current one), or resumes exactly
+        from ``out_dir/qnet_checkpoint.pt`` (module doc)."""
         from transformers import get_cosine_schedule_with_warmup
 
         qnet, horizon = self.qnet, self.pipeline.iterations
@@ -242,19 +309,28 @@ class StopRAG:
             features = torch.cat(pooled).view(len(trajs), horizon - 1, -1) if flat else None
             if features_path is not None and features is not None:
                 save_atomic(features, features_path)
+        qnet.clear_cache()  # held in `features`; a cached file or a resume never filled the memo
         params = [p for p in qnet.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         per_epoch = max(1, math.ceil(len(train_pairs) / self.batch_size))
         total = max(1, math.ceil(self.epochs * per_epoch))
         sched = get_cosine_schedule_with_warmup(opt, int(self.warmup_ratio * total), total)
-        ckpt, step = out_dir / "qnet_checkpoint.pt", 0
-        if ckpt.exists():
-            saved = torch.load(ckpt, weights_only=False, map_location=device)
+        ckpt, step, rows = out_dir / "qnet_checkpoint.pt", 0, []
+        saved = torch.load(ckpt, weights_only=False, map_location=device) if ckpt.exists() else None
+        if saved is not None and "rng" not in saved:
+            log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
+            saved = None
+        if saved is not None:
             qnet.load_state_dict(saved["model"], strict=False)
             opt.load_state_dict(saved["optimizer"])
             sched.load_state_dict(saved["scheduler"])
-            step = saved["step"]
+            step, rows, rng = saved["step"], saved["log"], saved["rng"]
+            self.stats.update(saved["stats"])
             log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
+        if rng is not None:
+            set_rng_state(rng)
+        log_path = out_dir / "train_log.jsonl"  # the checkpoint's rows: none after it, none twice
+        atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
         # bf16 where supported (a GPU with bf16); CPU runs stay in float32
         amp = self.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
 
@@ -293,45 +369,42 @@ class StopRAG:
                 )
             return ((stop_t - stop) ** 2 + (cont_t - cont) ** 2).sum()
 
-        log_path = out_dir / "train_log.jsonl"
-        rng = random.Random(f"{self.seed}:{step}")
         bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({self.target})", unit="step")
         qnet.train()
         if qnet.frozen:
             qnet.encoder.eval()
-        while step < total and train_pairs:
-            epoch = train_pairs[:]
-            rng.shuffle(epoch)
-            for start in range(0, len(epoch), self.batch_size):
-                if step >= total:
-                    break
-                lam = lambda_at(step / total, *self.lambdas)
-                loss = loss_of(epoch[start : start + self.batch_size], lam)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                step += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item() / self.batch_size:.4f}", lam=f"{lam:.2f}")
-                if step % self.checkpoint_every == 0 or step == total:
-                    row = {"step": step, "loss": loss.item() / len(epoch[start : start + self.batch_size]),
-                           "lambda": lam, "lr": sched.get_last_lr()[0]}  # fmt: skip
-                    if val_pairs:
-                        qnet.eval()
-                        with torch.no_grad():  # in training-size chunks (a fine-tuned encoder's memory)
-                            chunks = range(0, len(val_pairs), self.batch_size)
-                            val = sum(loss_of(val_pairs[c : c + self.batch_size], lam).item() for c in chunks)
-                            row["val_loss"] = val / len(val_pairs)
-                        qnet.train()
-                        if qnet.frozen:
-                            qnet.encoder.eval()
-                    with log_path.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    state = {"model": self.trainable_state(), "optimizer": opt.state_dict(),
-                             "scheduler": sched.state_dict(), "step": step}  # fmt: skip
-                    save_atomic(state, ckpt)
-                    self.stats["train"] = row
+        for batch in batches(train_pairs, self.batch_size, self.seed, step):
+            if step >= total:
+                break
+            lam = lambda_at(step / total, *self.lambdas)
+            loss = loss_of(batch, lam)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item() / self.batch_size:.4f}", lam=f"{lam:.2f}")
+            if step % self.checkpoint_every == 0 or step == total:
+                row = {"step": step, "loss": loss.item() / len(batch), "lambda": lam,
+                       "lr": sched.get_last_lr()[0]}  # fmt: skip
+                if val_pairs:
+                    qnet.eval()
+                    with torch.no_grad():  # in training-size chunks (a fine-tuned encoder's memory)
+                        chunks = range(0, len(val_pairs), self.batch_size)
+                        val = sum(loss_of(val_pairs[c : c + self.batch_size], lam).item() for c in chunks)
+                        row["val_loss"] = val / len(val_pairs)
+                    qnet.train()
+                    if qnet.frozen:
+                        qnet.encoder.eval()
+                rows.append(row)
+                self.stats["train"] = row
+                state = {"model": self.trainable_state(), "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "step": step, "rng": rng_state(), "log": rows,
+                         "stats": deepcopy(self.stats)}  # fmt: skip
+                save_atomic(state, ckpt)
+                with log_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
         bar.close()
         qnet.eval()
 

@@ -16,6 +16,7 @@ per state text and kept in memory (:meth:`QNetwork.encode`).
 import torch
 from torch import nn
 
+from rag_lab.errors import RagLabError
 from rag_lab.retrievers.dense import resolve_model
 
 
@@ -38,9 +39,9 @@ class QNetwork(nn.Module):
         from transformers import AutoModel, AutoTokenizer
 
         if pooling not in ("mean", "cls"):
-            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+            raise RagLabError(f"policy.pooling must be 'mean' or 'cls', got {pooling!r}")
         if truncation not in ("per_passage", "end"):
-            raise ValueError(f"truncation must be 'per_passage' or 'end', got {truncation!r}")
+            raise RagLabError(f"policy.truncation must be 'per_passage' or 'end', got {truncation!r}")
         path = resolve_model(encoder)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.encoder = AutoModel.from_pretrained(path)
@@ -90,6 +91,12 @@ class QNetwork(nn.Module):
             pooled = self.pool([self.inputs(q, list(ps)) for q, ps in chunk])
             self._cache.update(zip(chunk, pooled, strict=True))
         return torch.stack([self._cache[k] for k in keys]) if keys else torch.zeros(0)
+
+    def clear_cache(self) -> None:
+        """Forget the memoised encodings: an encoding differs in the last bit with the other states of
+        its forward pass, so a memo carried from one stage into the next would make the next stage's
+        numbers depend on what ran before it in this process (policy.py's module doc)."""
+        self._cache.clear()
 
     def heads(self, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = pooled.to(self.stop_head[1].weight.device)

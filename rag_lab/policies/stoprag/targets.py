@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from rag_lab.errors import RagLabError
+
 TARGETS = ("qlambda", "mc", "q0", "binary")
 SCHEDULES = ("cosine", "linear", "constant")
 
@@ -25,7 +27,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 def lambda_at(progress: float, start: float = 1.0, end: float = 0.1, schedule: str = "cosine") -> float:
     """λ after ``progress`` ∈ [0, 1] of training: cosine (default) or linear decay, or constant ``start``."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"lambda schedule must be one of {SCHEDULES}, got {schedule!r}")
+        raise RagLabError(f"policy.lambda_schedule must be one of {SCHEDULES}, got {schedule!r}")
     p = min(max(progress, 0.0), 1.0)
     if schedule == "constant":
         return start
