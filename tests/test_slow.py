@@ -20,9 +20,10 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 @pytest.mark.slow
 @pytest.mark.parametrize("name", group_options("experiment"))
 def test_experiment_smoke(name, tmp_path):
-    cfg = compose([f"+experiment={name}", *TINY_DATA])
+    cfg = compose([f"+experiment={name}"])
     if cfg.generator and cfg.generator._target_.endswith("VLLMGenerator"):
         pytest.skip("the paper's configuration: needs a GPU, vLLM and the dataset files")
+    cfg = compose([f"+experiment={name}", *TINY_DATA])
     metrics = run(cfg, tmp_path)
     assert metrics["all"]["n"] > 0
 
