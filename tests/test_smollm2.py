@@ -62,3 +62,103 @@ def test_logprobs_equal_a_forward_pass(lm):
         logits = lm.model(full).logits[0, ids.shape[1] - 1 : -1].float()
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
     torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-3, rtol=0)
+
+
+# ---- every trainer runs on the real model: 2 steps each (loss finite, the trainable weights moved) ----
+QUESTIONS = ["Where was Ada Lovelace born?", "What is the capital of France?", "Who wrote Hamlet?",
+             "What is two plus two?"]  # fmt: skip
+ANSWERS = ["London", "Paris", "Shakespeare", "Four"]
+CPU = {"bf16": False, "gradient_checkpointing": False, "report_to": [], "save_strategy": "no",
+       "max_steps": 2, "logging_steps": 1, "dataloader_pin_memory": False, "seed": 0}  # fmt: skip
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def assistant(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(lm):
+    return lm.model.name_or_path
+
+
+def load(model_dir: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def losses(trainer) -> list[float]:
+    return [row["loss"] for row in trainer.state.log_history if "loss" in row]
+
+
+@pytest.mark.slow
+def test_sft_two_steps(model_dir, tmp_path):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    model, tokenizer = load(model_dir)
+    before = snapshot(model)
+    rows = {"prompt": [user(q) for q in QUESTIONS], "completion": [assistant(a) for a in ANSWERS]}
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_length=128, **CPU)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tokenizer
+    )
+    trainer.train()
+    assert len(losses(trainer)) == 2 and all(torch.isfinite(torch.tensor(losses(trainer))))
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+@pytest.mark.slow
+def test_dpo_with_lora_two_steps_moves_only_the_adapters(model_dir, tmp_path):
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    model, tokenizer = load(model_dir)
+    before = snapshot(model)
+    rows = {"prompt": [user(q) for q in QUESTIONS], "chosen": [assistant(a) for a in ANSWERS],
+            "rejected": [assistant("I do not know.") for _ in ANSWERS]}  # fmt: skip
+    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_length=128,
+                     learning_rate=1e-3, **CPU)  # fmt: skip
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows),
+                         processing_class=tokenizer, peft_config=lora)  # fmt: skip
+    trainer.train()
+    assert len(losses(trainer)) == 2 and all(torch.isfinite(torch.tensor(losses(trainer))))
+    after = dict(trainer.model.named_parameters())
+    adapters = [n for n in after if "lora_B" in n]
+    assert adapters and any(after[n].abs().sum() > 0 for n in adapters)  # lora_B starts at zero
+    for name, value in before.items():  # the base weights, under PEFT's names, did not move
+        peft_name = next(n for n in after if n.endswith(name.replace(".weight", ".base_layer.weight"))
+                         or n.endswith(name))  # fmt: skip
+        assert torch.equal(after[peft_name].detach(), value), name
+
+
+@pytest.mark.slow
+def test_grpo_two_steps(model_dir, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tokenizer = load(model_dir)
+    before = snapshot(model)
+
+    def length_reward(completions, **kwargs) -> list[float]:
+        """Any reward that differs within a group gives a gradient."""
+        return [float(len(c[0]["content"])) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, learning_rate=1e-4, epsilon_high=0.28, **CPU)  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": [user(q) for q in QUESTIONS]}),
+                          processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    assert len(losses(trainer)) == 2 and all(torch.isfinite(torch.tensor(losses(trainer))))
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
