@@ -112,27 +112,26 @@ class Corpus(Sequence[Passage]):
         return digest.hexdigest()
 
 
-def check_examples(examples: list[QAExample], source: str, skip_duplicates: bool = False) -> tuple[list, int]:
-    """A split as read: not empty, and each question id once.
+def kept_questions(ids: list[str], source: str, skip_duplicates: bool = False) -> list[int]:
+    """The positions of a split's questions to keep: the split must not be empty, and each id once.
 
     A repeated id is an error naming it (records are keyed by id, so both copies could not be
     scored or resumed); with ``skip_duplicates`` (``data.skip_malformed=true``) later copies are
-    dropped and counted. Returns the examples and the number dropped.
+    dropped (the caller counts them as ``len(ids) - len(kept)``).
     """
-    if not examples:
+    if not ids:
         raise DataError(f"{source}: no questions (an empty file, or every line was skipped)")
-    seen: set[str] = set()
-    dups = [ex.id for ex in examples if ex.id in seen or seen.add(ex.id)]
-    if dups and not skip_duplicates:
-        shown = ", ".join(dict.fromkeys(dups[:5]))
+    first: dict[str, int] = {}
+    for i, qid in enumerate(ids):
+        first.setdefault(qid, i)
+    if len(first) < len(ids) and not skip_duplicates:
+        seen: set[str] = set()
+        dups = [qid for qid in ids if qid in seen or seen.add(qid)]
         raise DataError(
-            f"{source}: {len(dups)} duplicate question id(s): {shown} "
+            f"{source}: {len(dups)} duplicate question id(s): {', '.join(dict.fromkeys(dups[:5]))} "
             "(each id must be unique; data.skip_malformed=true keeps the first of each)"
         )
-    if dups:
-        first: set[str] = set()
-        examples = [ex for ex in examples if ex.id not in first and not first.add(ex.id)]
-    return examples, len(dups)
+    return sorted(first.values())
 
 
 class Dataset(Protocol):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from rag_lab.data.base import Corpus, DataError, QAExample, check_examples
+from rag_lab.data.base import Corpus, DataError, QAExample, kept_questions
 from rag_lab.data.flashrag import missing_file
 
 
@@ -96,12 +96,9 @@ class ContextDataset:
                     supporting_titles=tuple(c.title for c in support),
                 )
                 rows.append((ex, contexts))
-            kept, self.duplicates[path.name] = check_examples(
-                [ex for ex, _ in rows], str(path), self.skip_malformed
-            )
-            if len(kept) < len(rows):
-                first: set[str] = set()
-                rows = [(ex, c) for ex, c in rows if ex.id not in first and not first.add(ex.id)]
+            kept = kept_questions([ex.id for ex, _ in rows], str(path), self.skip_malformed)
+            self.duplicates[path.name] = len(rows) - len(kept)
+            rows = [rows[i] for i in kept]
             self._loaded[path] = rows
         return self._loaded[path]
 

@@ -9,7 +9,7 @@ embedded world is written in. Gold supports and decompositions, where present, r
 from functools import cached_property
 from pathlib import Path
 
-from rag_lab.data.base import Corpus, DataError, QAExample, SubQuestion, check_examples
+from rag_lab.data.base import Corpus, DataError, QAExample, SubQuestion, kept_questions
 from rag_lab.data.jsonl import FieldError, read_jsonl, require, require_int, require_text
 
 
@@ -130,7 +130,9 @@ class FlashRAGDataset:
             raise missing_file(path, f"{self.name} split '{name}'", self.source, self.make_target)
         counter: dict[str, int] = {}
         examples = list(read_jsonl(path, parse_example, self.skip_malformed, counter))
-        examples, self.duplicates[name] = check_examples(examples, str(path), self.skip_malformed)
+        kept = kept_questions([ex.id for ex in examples], str(path), self.skip_malformed)
+        self.duplicates[name] = len(examples) - len(kept)
+        examples = [examples[i] for i in kept]
         self.skipped[name] = counter.get("skipped", 0)
         return examples
 
