@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo test test-slow lint format docs bench clean \
+.PHONY: help install install-gpu demo tiny-lm test test-slow lint format docs bench clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -32,8 +32,13 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
-demo: install ## Run the main job on the embedded default (generated world, BM25, baseline)
+demo: install ## The embedded default end to end: the default LM and the teacher, then Stop-RAG (~15 min)
 	$(PY) -m rag_lab.run +experiment=demo hydra.sweep.dir=outputs/demo
+	$(PY) -m rag_lab.run +experiment=stoprag_synth hydra.sweep.dir=outputs/demo/stoprag
+	@cat outputs/demo/report.md outputs/demo/stoprag/tables.md
+
+tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~1-2 h on 2 cores)
+	$(PY) -m rag_lab.train.tiny_world $(if $(SCORES),--scores $(SCORES))
 
 test: install ## Fast test suite (CPU, offline; < 10 min on 2 cores)
 	$(PY) -m pytest -q

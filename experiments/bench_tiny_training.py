@@ -20,8 +20,9 @@ import torch
 from benchlib import peak_rss_mb, publish
 
 from rag_lab.data.synth import SynthDataset
-from rag_lab.generators import tiny
-from rag_lab.generators.tiny_world import (
+from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.train import tiny_lm as tiny
+from rag_lab.train.tiny_world import (
     group_by_length,
     intermediate_reading_item,
     page_facts,
@@ -30,7 +31,6 @@ from rag_lab.generators.tiny_world import (
     qa_reading_item,
     renamer,
 )
-from rag_lab.retrievers.bm25 import BM25Retriever
 
 
 def main() -> None:

@@ -56,6 +56,9 @@ class EvalConfig:
     resume: bool = True
     # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
     recall_at: list[int] = field(default_factory=list)
+    # Rollouts per question (ids <id>#s<j>); above 1, metrics add the share of mixed groups
+    # (rag_lab/eval/groups.py). A sampling policy (policy.temperature > 0) makes them differ.
+    samples: int = field(default=1, metadata={"min": 1})
 
 
 @dataclass
@@ -69,6 +72,8 @@ class RunConfig:
     reward: Any = None
     logger: Any = MISSING
     judge: Any = None
+    # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start.py).
+    cold_start: Any = None
     seed: int = 0
     cache_dir: str = "~/.cache/rag_lab"
     # The split a training policy fits on.

@@ -28,6 +28,7 @@ PACKAGES = {
     "reward": "`rewards/` — pure functions with TRL's signature",
     "logger": "`loggers/`",
     "judge": "`eval/judge.py` — LLM-as-judge accuracy (DAPO paper B.4 prompt) through any generator",
+    "cold_start": "`train/cold_start.py` — SFT on rejection-sampled teacher demonstrations",
     "experiment": "— `# @package _global_` deltas over the defaults",
 }
 

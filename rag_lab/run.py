@@ -21,6 +21,7 @@ from rag_lab.config import check_yaml_files, user_config_dirs, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
+from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.table import metrics_table
 from rag_lab.seeding import seed_everything
 
@@ -37,7 +38,7 @@ def data_counts(data) -> dict[str, int]:
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
-    examples = data.split(cfg.eval.split)[: cfg.eval.limit]
+    examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
     config = rundir.prepare(run_dir, cfg, hydra_files)
     seed_everything(cfg.seed)
 
@@ -59,6 +60,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
         batch_size=cfg.eval.batch_size, resume=cfg.eval.resume, recall_at=list(cfg.eval.recall_at),
     )  # fmt: skip
     metrics = aggregate(records)
+    if cfg.eval.samples > 1:
+        metrics["all"] |= group_stats(records)
     dropped = data_counts(data)
     metrics["all"] |= dropped
     markdown = rundir.write_results(run_dir, metrics)

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from rag_lab.errors import RagLabError
-from rag_lab.generators import tiny
 from rag_lab.generators.base import Sampling
-from rag_lab.generators.tiny import (
+from rag_lab.train import tiny_lm as tiny
+from rag_lab.train.tiny_lm import (
     TinyConfig,
     build_model,
     build_tokenizer,

@@ -19,8 +19,12 @@ COLUMNS = {
     "ret_recall": "Ret R",
     "answer_recall": "Ans R",
     "judge_acc": "Judge",
+    "format_failure_rate": "Fmt",
+    "mixed_groups": "Mixed",
+    "solved_groups": "Solved",
 }
-PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc"}
+PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc",
+           "format_failure_rate", "mixed_groups", "solved_groups"}  # fmt: skip
 # Shown in a table cell whose metric was not measured (e.g. tokens of a generator that counts none).
 MISSING = "—"
 
@@ -42,6 +46,10 @@ DESCRIPTIONS = {
     "Ret R": "retrieval recall: the share of the gold supporting passages that were retrieved (%)",
     "Ans R": "answer recall: a normalised gold answer occurs in a retrieved passage (%; FlashRAG's rule)",
     "Judge": "LLM-as-judge accuracy (%; DAPO paper B.4 prompt)",
+    "Fmt": "format failures: episodes the protocol could not parse a step of (%; scored as wrong)",
+    "Mixed": "with eval.samples=n: questions whose n samples are neither all right nor all wrong by EM (%; "
+    "the groups GRPO / DAPO learn from)",
+    "Solved": "with eval.samples=n: questions with at least one right sample (%; pass@n by EM)",
     "R@k": "recall of the gold supporting passages within the first k distinct passages retrieved (%)",
     "P@k": "the share of the first k retrieved slots holding a gold supporting passage (%)",
     "run": "the run's output dir",

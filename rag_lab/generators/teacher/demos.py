@@ -26,10 +26,11 @@ from rag_lab.retrievers.base import Retriever
 
 
 class Recorder:
-    """A generator wrapper that keeps every (prompt, completion text) it serves."""
+    """A generator wrapper that keeps every (prompt, completion text) it serves. ``chat``: whether the
+    policies behind it render chat messages (for a chat model's demonstrations) or plain text."""
 
-    def __init__(self, inner):
-        self.inner, self.chat = inner, False
+    def __init__(self, inner, chat: bool = False):
+        self.inner, self.chat = inner, chat
         self.pairs: list[tuple[Prompt, str]] = []
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:

@@ -3,7 +3,7 @@
 Data: the corpus (pretraining texts, ``title\\ntext``) and the world teacher's demonstrations of
 every protocol on the *training* questions (rag_lab.generators.teacher.demos; BM25 retrieval,
 ``k`` passages per search, Stop-RAG pipelines of ``iterations``). Training: ``train_tiny_lm``
-(rag_lab.generators.tiny). The checkpoint lives under ``cache_dir/tiny_lm/<hash of config and
+(rag_lab.train.tiny_lm). The checkpoint lives under ``cache_dir/tiny_lm/<hash of config and
 data>``, so the first run trains it and every later run with the same world and sizes reuses it;
 ``train_seed`` (not the run's seed) seeds training, so runs over several seeds share one LM.
 The result is an ordinary ``HFGenerator`` with plain-text prompts (no chat template).
@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import re
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -24,12 +25,11 @@ from rag_lab.env.protocols.base import PROTOCOLS, SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.env.protocols.stoprag import StopRAGIntermediate
 from rag_lab.errors import RagLabError
-from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
 from rag_lab.generators.teacher.reader import answer_from, parse_question
-from rag_lab.generators.tiny import TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
 from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.train.tiny_lm import TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ def draw_reading(
     return [item for items in group_by_length(drawn, random.Random(seed)) for item in items]
 
 
-def tiny_lm(
+def train(
     data,
     cache_dir: str,
     # demonstrations per protocol, in words (sampled from the teacher's rollouts on the training split)
@@ -365,7 +365,7 @@ def tiny_lm(
     warmup_steps: int = 50,
     completion_only_loss: bool = False,
     # multi-word entity names (titles) as one token each (true), or as their words (false: each name part
-    # is a frequent word; copied far sooner, experiments/results/probe_tiny_names.md)
+    # is a frequent word; copied far sooner, experiments/results/tiny_lm.md)
     whole_names: bool = True,
     # the names' embeddings: drawn at this std (0: the model's init) and kept frozen (TinyConfig)
     name_std: float = 0.0,
@@ -377,10 +377,8 @@ def tiny_lm(
     # each SFT example gets its entities renamed at random (renamer), a fresh renaming per epoch
     rename_entities: bool = False,
     train_seed: int = 0,
-    # generation
-    generate_batch_size: int = 64,
-    seed: int = 0,
-) -> HFGenerator:
+) -> Path:
+    """The recipe: the tiny LM trained on ``data`` (cached under ``cache_dir/tiny_lm/<hash>``); its path."""
     layouts = _layouts(reading_layout, protocols, "reading_layout")
     tune_layouts = _layouts(tune_layout, protocols, "tune_layout") if tune_steps else []
     # the layouts of the stages that run
@@ -399,7 +397,8 @@ def tiny_lm(
     if rename_entities:
         pairs = [rename(pair, rng) for _ in range(math.ceil(epochs)) for pair in pairs]
     # The reading stage always renames: its drills are the corpus's own facts, so with real names a
-    # model memorises them (probe_tiny_reading: held-out 0.36 vs train 0.75) instead of reading.
+    # model memorises them (held-out 0.36 vs train 0.75, experiments/results/tiny_lm.md) instead of
+    # reading.
     neighbours = page_neighbours(facts, retriever, 4) if "qa" in bases else []
     pool = reading_pages(facts) if "drill" in bases else []
     chosen = {
@@ -473,10 +472,7 @@ def tiny_lm(
         if not out.exists():
             log.info("training the tiny LM's protocol stage (%d steps) on %s into %s", tune_steps, path, out)
         path = tune_tiny_lm(path, tuning, tune_config, out, tune_hash, entities)
-    tokenizer = str(path / "tokenizer")
-    return HFGenerator(
-        str(path), tokenizer, batch_size=generate_batch_size, seed=seed, chat=False, dtype="float32"
-    )
+    return path
 
 
 def _layouts(value: str | Sequence[str], protocols: list[str] | None, field: str) -> list[str]:
@@ -499,3 +495,125 @@ def _layouts(value: str | Sequence[str], protocols: list[str] | None, field: str
                 f" ({', '.join(protocols)}) leaves out"
             )
     return layouts
+
+
+# What the model card copies from the trained model's directory (the rest of it is training scratch).
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "train.json", "tokenizer")
+
+
+def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | None = None) -> Path:
+    """``make tiny-lm``: train ``generator=tiny``'s recipe on the embedded world (``data=synth``; both
+    with ``overrides``) and write the checkpoint that ``generator=tiny`` loads: the model, its tokenizer,
+    ``recipe.json`` (the settings and the world's fingerprint) and a model card (``README.md``: recipe,
+    hardware, time, and the table of ``scores``, a report.md, when given). The previous checkpoint is
+    replaced only once the new one is complete."""
+    import platform
+    import subprocess
+
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rag_lab.config import compose
+    from rag_lab.generators.tiny import SHIPPED, recipe_settings, world_fingerprint
+
+    out = Path(out or SHIPPED)
+    cfg = compose(["data=synth", "generator=tiny", *overrides])
+    generator = OmegaConf.to_container(cfg.generator, resolve=True)
+    recipe = {
+        k: v
+        for k, v in generator.items()
+        if k not in ("_target_", "data", "cache_dir", "generate_batch_size", "seed")
+    }
+    settings = recipe_settings(recipe)
+    data = instantiate(cfg.data)
+    path = train(data, cfg.cache_dir, **settings)
+    stats = json.loads((path / "train.json").read_text())
+    seconds = stats.get("total_wall_s", stats["wall_s"])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    )
+    card = {
+        "recipe": settings,
+        "world": world_fingerprint(data),
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "trained": path.name,
+        "train_time": f"{seconds / 60:.0f} min",
+        "hardware": f"{_cpu_name() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}",
+        "commit": commit.stdout.strip() or None,
+    }
+    tmp = out.with_name(f".{out.name}.new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in SHIPPED_FILES:
+        source = path / name
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, tmp / name)
+    (tmp / "recipe.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
+    (tmp / "README.md").write_text(model_card(card, stats, scores.read_text() if scores else None))
+    old = out.with_name(f".{out.name}.old")
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    log.info("shipped %s (trained in %s) to %s", path.name, card["train_time"], out)
+    return out
+
+
+def _cpu_name() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+def model_card(card: dict, stats: dict, scores: str | None) -> str:
+    """The shipped checkpoint's README: what it is, its recipe, where and how long it trained, scores."""
+    settings = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in card["recipe"].items())
+    parameters = stats.get("parameters")
+    return f"""# The tiny LM (`generator=tiny`)
+
+A Qwen2-style causal LM of {parameters:,} parameters, vocabulary {stats.get("vocab_size")}, trained from
+scratch by `rag_lab.train.tiny_world.train` on the embedded world (`data=synth`, world fingerprint
+`{card["world"]}`): a reading stage over renamed pages, SFT on the world teacher's demonstrations of every
+protocol, then a protocol stage. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
+how the recipe was found.
+
+- Trained on: {card["hardware"]}, in {card["train_time"]} (commit {card["commit"]}).
+- Loaded by `generator=tiny` when the run's world and settings match `recipe.json`; otherwise the
+  recipe trains a model for the run (cached) and the log says which fingerprint differs.
+
+## Scores
+
+{scores.strip() if scores else "(not measured)"}
+
+## Recipe
+
+| setting | value |
+|---|---|
+{settings}
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    from rag_lab.errors import one_line_errors
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rag_lab.train.tiny_world",
+        description="Train generator=tiny's recipe on the embedded world and ship the checkpoint "
+        "(rag_lab/checkpoints/tiny_lm).",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. generator.reading_steps=3000")
+    parser.add_argument("--out", type=Path, default=None, help="where to write it (default: the shipped one)")
+    parser.add_argument("--scores", type=Path, default=None, help="a report.md whose table goes on the card")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with one_line_errors():
+        print(ship(args.overrides, args.out, args.scores))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,549 @@
+"""Cold start: supervised fine-tuning of any causal LM on rejection-sampled teacher demonstrations.
+
+Follows R3-RAG's cold start (papers/r3-rag.txt, algorithms 1 and 2): a strong teacher rolls out
+several trajectories per training question at varied temperature; a trajectory is kept only when
+its final answer is correct and every step is well formed; each kept trajectory of L steps gives L
+(prompt = question + the steps so far, completion = the next step) SFT pairs. APEX's executor SFT
+on filtered teacher traces is the same recipe on the ``apex_exec`` protocol, and DAPO and EVO-RAG
+start from it on the embedded world (``protocols`` picks the formats).
+
+- The teacher is the world teacher (``rag_lab.generators.teacher``: a rule-based SIMULATOR of a strong
+  LLM, ``data=synth`` only), put behind the real policies (:func:`~rag_lab.generators.teacher.demos.
+  demonstration_policies`: the policies that render a prompt of a chosen protocol) on the ``split``,
+  so the pairs are exactly the prompts the policies render at inference. Each sample is one rollout
+  at one temperature and seed (:class:`AtTemperature`). Deviation: the world teacher reads a
+  temperature only as greedy (0: its noise drawn once per prompt) or sampled (any other: drawn per
+  seed); ``noise`` sets how often it errs, which is what rejection sampling filters.
+- Rejection, per episode: kept when the prediction scores EM 1 under the dataset's official scorer
+  (``rag_lab.eval.metrics``) and no step broke its protocol (every completion parses, no format
+  failure or step error). Identical pairs are kept once. ``counts`` per protocol: episodes sampled,
+  kept, rejected as wrong, rejected as malformed (malformed wins when both), unique pairs kept.
+- SFT is TRL's ``SFTTrainer`` (optionally with a PEFT LoRA adapter, merged into the saved model), loss
+  on the completion only, float32 unless bf16 is asked for or a GPU has it.
+
+Hand-written, and why:
+
+- The rejection sampling. TRL has no sampler of agent episodes, and the per-episode verdict needs to
+  know which generate calls belong to which episode: each rollout here is one question (the
+  policies' episodes do not depend on their batch, so this changes no episode), and a fresh
+  :class:`~rag_lab.generators.teacher.demos.Recorder` serves it.
+- The SFT rows (``rag_lab.train.tiny_lm.sft_dataset``): prompt and completion are tokenized apart
+  and joined as ids, EOS after the completion, a long prompt cut from the left. A chat prompt is
+  first rendered by :func:`rag_lab.generators.base.render`, the function ``HFGenerator`` renders it
+  with at inference. Deviation from TRL's conversational prompt-completion format, on purpose:
+  DAPO's later turns are a partial assistant message the model continues
+  (``continue_final_message``); TRL would close that message and open a new assistant turn, so the
+  model would train on a context it never sees.
+- The cache (``<cache_dir>/cold_start/<hash of the base model's files, the pairs, the settings>``,
+  published in one rename) and the resume (Trainer checkpoints every ``save_steps`` in a ``.work``
+  dir beside it; a killed run resumes from the last one, and ends with the weights an uninterrupted
+  run of the same seed gives). The demonstrations are cached too (``cold_start/demos/``, keyed by the
+  questions, the corpus, the sampling settings and the sampling code's source: :func:`demonstrations`),
+  so a second call neither samples (about 100 s for the whole synth training split) nor trains.
+
+``python -m rag_lab.train.cold_start generator=tiny cold_start.protocols=[dapo]`` prints the model's
+directory; ``generator=hf generator.model=<dir>`` loads it (with ``generator.tokenizer=<dir>/tokenizer``
+for a base whose tokenizer lived in its own folder, as the tiny LM's does: :func:`load` knows which).
+"""
+
+import fnmatch
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import torch
+from tqdm.auto import tqdm
+
+from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.base import INVALID, PROTOCOLS, Protocol, identify
+from rag_lab.errors import RagLabError
+from rag_lab.eval.metrics import SCORERS
+from rag_lab.generators.base import Completion, Prompt, Sampling, render
+from rag_lab.generators.teacher.agent import Noise
+from rag_lab.generators.teacher.demos import Recorder, demonstration_policies
+from rag_lab.retrievers.cache import publish
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+    from trl import SFTTrainer
+
+    from rag_lab.generators.hf import HFGenerator
+
+log = logging.getLogger(__name__)
+
+# The settings that make the demonstrations (the rest are training's).
+SAMPLING = ("protocols", "split", "limit", "temperatures", "samples", "noise", "k", "iterations", "seed")
+# Questions each demonstration policy is probed on to learn which protocols its prompts use.
+PROBE = 4
+
+
+@dataclass(frozen=True)
+class LoRA:
+    # adapter rank; 0: no adapter (every weight trains)
+    r: Annotated[int, AtLeast(0)] = 0
+    alpha: PositiveInt = 16
+    dropout: float = 0.05
+    # names of the modules that get an adapter (the last part of their dotted name)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+
+@dataclass(frozen=True)
+class ColdStartConfig:
+    # the protocols to demonstrate: names of rag_lab/env/protocols, or patterns (apex_*, stoprag_*)
+    protocols: tuple[str, ...] = ("dapo", "evorag", "r3rag", "apex_*")
+    split: str = "train"
+    # the first `limit` questions of the split (null: all)
+    limit: Annotated[int | None, AtLeast(1)] = None
+    # one rollout per question at each temperature (0: greedy), `samples` of them above 0
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+    samples: PositiveInt = 1
+    # the teacher's mistakes, each a probability per decision (null: none; the yaml sets some, for
+    # rejection sampling to filter out)
+    noise: Noise | None = None
+    # passages per search, and the Stop-RAG pipelines' iterations (demonstration_policies)
+    k: PositiveInt = 3
+    iterations: PositiveInt = 6
+    # SFT: passes over the kept pairs, or a fixed step count (max_steps > 0 wins)
+    epochs: float = 1.0
+    max_steps: Annotated[int, AtLeast(0)] = 0
+    batch_size: PositiveInt = 8
+    lr: float = 1e-4
+    warmup_steps: Annotated[int, AtLeast(0)] = 10
+    # rows longer than this lose the start of their prompt, never the completion
+    max_length: PositiveInt = 1024
+    completion_only_loss: bool = True
+    # LoRA adapters, merged into the saved model (null or r 0: every weight trains)
+    lora: LoRA | None = None
+    # a Trainer checkpoint every save_steps (a killed run resumes from the last)
+    save_steps: PositiveInt = 50
+    # mixed precision (null: bf16 where a GPU supports it, float32 on CPU)
+    bf16: bool | None = None
+    # seeds the teacher's samples and the training
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("protocols", "temperatures"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.protocols or not self.temperatures or min(self.temperatures) < 0:
+            raise RagLabError(
+                "cold_start: protocols and temperatures must be non-empty lists, temperatures >= 0 "
+                f"(got {list(self.protocols)}, {list(self.temperatures)})"
+            )
+
+
+# ---- rejection-sampled demonstrations (R3-RAG's algorithm 1) ------------------------------------------
+
+
+class AtTemperature:
+    """A generator wrapper that serves every call at one temperature and seed (the policies ask for
+    greedy; a sample of the teacher is the same rollout at another temperature and seed)."""
+
+    def __init__(self, inner, temperature: float, seed: int):
+        self.inner, self.temperature, self.seed = inner, temperature, seed
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        return self.inner.generate(prompts, replace(sampling, temperature=self.temperature, seed=self.seed))
+
+
+@dataclass
+class Demonstrations:
+    # (prompt, completion) pairs of kept episodes, each distinct pair once, in the order sampled
+    pairs: list[tuple[Prompt, str]]
+    # protocol -> {"episodes", "kept", "wrong", "malformed", "pairs"}
+    counts: dict[str, dict[str, int]]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.pairs).encode()).hexdigest()
+
+
+def chosen_protocols(patterns: Sequence[str]) -> list[str]:
+    """The protocol names that ``patterns`` (names or fnmatch patterns) pick, in order, each once."""
+    names, out = sorted(PROTOCOLS), []
+    for pattern in patterns:
+        hits = fnmatch.filter(names, pattern)
+        if not hits:
+            raise RagLabError(
+                f"cold_start.protocols: {pattern!r} names no protocol (known: {', '.join(names)})"
+            )
+        out += hits
+    return list(dict.fromkeys(out))
+
+
+def protocol_of(prompt: Prompt) -> Protocol | None:
+    found = identify(prompt)
+    return found[0] if found else None
+
+
+def rollout_one(policy, generator, env: Env, example: QAExample, chat: bool) -> tuple[Episode, list]:
+    """One episode of ``policy`` on ``example`` and every (prompt, completion) the generator served it."""
+    recorder = Recorder(generator, chat=chat)
+    (episode,) = policy.rollout(Env(env.corpus, env.retriever, recorder), [example])
+    return episode, recorder.pairs
+
+
+def speakers(
+    teacher, env: Env, questions: Sequence[QAExample], wanted: set[str], config: ColdStartConfig, chat: bool
+) -> list:
+    """The demonstration policies whose prompts use any of the ``wanted`` protocols, found by rolling
+    each out on a few questions (a policy does not name the protocols its pipeline renders)."""
+    chosen, spoken = [], set()
+    for policy in demonstration_policies(config.k, config.iterations):
+        prompts = [
+            p for example in questions[:PROBE] for p, _ in rollout_one(policy, teacher, env, example, chat)[1]
+        ]
+        names = {protocol.name for protocol in map(protocol_of, prompts) if protocol}
+        spoken |= names
+        if names & wanted:
+            chosen.append(policy)
+    if not chosen:
+        raise RagLabError(
+            f"cold_start.protocols: no demonstration policy renders {', '.join(sorted(wanted))} "
+            f"(they render {', '.join(sorted(spoken))})"
+        )
+    return chosen
+
+
+def verdict(episode: Episode, named: list[tuple], example: QAExample, em) -> str:
+    """``malformed`` (a step broke its protocol), else ``wrong`` (EM 0), else ``kept``."""
+    broken = episode.format_failure or any(s.error for s in episode.steps)
+    if broken or any(p is None or p.parse(text).kind == INVALID for p, _, text in named):
+        return "malformed"
+    return "kept" if em(episode.prediction, list(example.answers)) else "wrong"
+
+
+def sample_demonstrations(
+    data, config: ColdStartConfig, retriever, chat: bool = False, teacher=None
+) -> Demonstrations:
+    """Rejection-sampled demonstrations of ``config.protocols`` on ``config.split`` (see the module
+    docstring). ``teacher``: the generator to sample (default: the world teacher with ``config.noise``);
+    ``chat``: render chat prompts (for a chat model) instead of plain text."""
+    from rag_lab.generators.teacher.generator import TeacherGenerator
+
+    wanted = chosen_protocols(config.protocols)
+    teacher = teacher or TeacherGenerator(data, **asdict(config.noise or Noise()), seed=config.seed)
+    questions = list(data.split(config.split))[: config.limit]
+    if not questions:
+        raise RagLabError(f"cold_start.split: the split {config.split!r} of {data.name} has no questions")
+    env, em = Env(data.corpus, retriever), SCORERS[getattr(data, "scorer", "squad")]["em"]
+    plan = [(t, config.seed * 1000 + j) for j, t in enumerate(
+        t for t in config.temperatures for _ in range(1 if t == 0 else config.samples))]  # fmt: skip
+    counts = {name: dict.fromkeys(("episodes", "kept", "wrong", "malformed", "pairs"), 0) for name in wanted}
+    kept: dict[str, tuple[Prompt, str, str]] = {}
+    policies = speakers(teacher, env, questions, set(wanted), config, chat)
+    for policy in tqdm(policies, desc="cold start: teacher episodes", leave=False):
+        for example in questions:
+            for temperature, seed in plan:
+                episode, pairs = rollout_one(
+                    policy, AtTemperature(teacher, temperature, seed), env, example, chat
+                )
+                named = [(protocol_of(prompt), prompt, text) for prompt, text in pairs]
+                spoken = {p.name for p, _, _ in named if p is not None and p.name in counts}
+                if not spoken:
+                    continue
+                outcome = verdict(episode, named, example, em)
+                for name in spoken:
+                    counts[name]["episodes"] += 1
+                    counts[name][outcome] += 1
+                if outcome == "kept":
+                    for p, prompt, text in named:
+                        if p.name in counts:
+                            kept.setdefault(json.dumps([prompt, text]), (prompt, text, p.name))
+    for _, _, name in kept.values():
+        counts[name]["pairs"] += 1
+    for name, c in counts.items():
+        log.info("cold start: %s: %d episodes, %d kept, %d wrong, %d malformed; %d distinct pairs",
+                 name, c["episodes"], c["kept"], c["wrong"], c["malformed"], c["pairs"])  # fmt: skip
+    return Demonstrations([(prompt, text) for prompt, text, _ in kept.values()], counts)
+
+
+# What the demonstrations are made by: their cache key holds this code's text, so a changed teacher,
+# protocol or policy samples afresh.
+SOURCES = ("generators/teacher", "env", "policies", "retrievers/bm25.py", "train/cold_start.py")
+
+
+def demonstrations(
+    data, config: ColdStartConfig, cache_dir: str | Path, chat: bool = False, retriever=None, teacher=None
+) -> Demonstrations:
+    """:func:`sample_demonstrations`, searching with BM25 unless ``retriever`` is given. With the world
+    teacher and BM25 (``teacher`` and ``retriever`` None: their identity is known) the result is cached
+    under ``cache_dir/cold_start/demos/`` by what makes it: the questions, the corpus, the sampling
+    settings, ``chat`` and the source of the code that samples (:data:`SOURCES`)."""
+    from rag_lab.retrievers.bm25 import BM25Retriever
+
+    sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
+    if retriever is not None or teacher is not None:
+        return sample_demonstrations(data, config, sampled, chat, teacher)
+    path = Path(cache_dir).expanduser() / "cold_start" / "demos" / f"{_demos_key(data, config, chat)}.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        return Demonstrations([(p, c) for p, c in stored["pairs"]], stored["counts"])
+    demos = sample_demonstrations(data, config, sampled, chat)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"pairs": demos.pairs, "counts": demos.counts}))
+    partial.replace(path)
+    return demos
+
+
+def _demos_key(data, config: ColdStartConfig, chat: bool) -> str:
+    root = Path(__file__).resolve().parent.parent
+    files = [p for name in SOURCES for p in ([root / name] if name.endswith(".py") else
+                                              sorted((root / name).rglob("*.py")))]  # fmt: skip
+    code = hashlib.sha256("".join(p.read_text() for p in files).encode()).hexdigest()
+    questions = [[ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
+                 for ex in list(data.split(config.split))[: config.limit]]  # fmt: skip
+    sampling = {k: v for k, v in asdict(config).items() if k in SAMPLING}
+    key = json.dumps([data.corpus.fingerprint, questions, sampling, chat, code])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+# ---- SFT (TRL) ---------------------------------------------------------------------------------------
+
+
+def sft(
+    model_dir: str | Path,
+    tokenizer_dir: str | Path,
+    pairs: Sequence[tuple[Prompt, str]],
+    config: ColdStartConfig,
+    work_dir: Path,
+    callbacks: Sequence["TrainerCallback"] = (),
+) -> tuple["SFTTrainer", dict]:
+    """TRL's ``SFTTrainer`` on ``pairs`` (chat prompts rendered by the tokenizer's chat template),
+    checkpointing into ``work_dir`` every ``config.save_steps`` and resuming from its last checkpoint;
+    the trainer (its ``model`` a PEFT model with LoRA) and the run's stats. A run stopped early (a
+    callback's ``should_training_stop``) raises, so that no partial model is taken for a finished one."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTConfig, SFTTrainer
+
+    from rag_lab.train.tiny_lm import sft_dataset
+
+    class LogLastStep(TrainerCallback):
+        """The Trainer logs every ``logging_steps`` only; the final loss should be logged too."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_log = control.should_log or state.global_step >= state.max_steps
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, config.max_length)
+    steps = config.max_steps or math.ceil(config.epochs * len(pairs) / config.batch_size)
+    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    args = SFTConfig(
+        output_dir=str(work_dir),
+        # TRL defaults to bf16, which fails at init on CPU; gradient checkpointing only slows small models.
+        bf16=gpu_bf16 if config.bf16 is None else config.bf16,
+        gradient_checkpointing=False,
+        max_steps=steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=config.warmup_steps,
+        completion_only_loss=config.completion_only_loss,
+        # rows are already cut to max_length from the prompt's left; this only guards
+        max_length=config.max_length,
+        # batches of similar length pad less: the demonstrations vary in length
+        train_sampling_strategy="group_by_length",
+        logging_steps=max(1, min(25, steps // 10)),
+        report_to=[],
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        # the newest two: a kill while one is written leaves the one before
+        save_total_limit=2,
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
+    lora, peft = config.lora or LoRA(), None
+    if lora.r:
+        peft = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=list(lora.target_modules), task_type="CAUSAL_LM")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft, callbacks=[LogLastStep(), *callbacks])  # fmt: skip
+    last = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    if last:
+        log.info("cold start: resuming from %s", last)
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=last)
+    if trainer.state.global_step < steps:
+        raise RagLabError(
+            f"cold start: training stopped at step {trainer.state.global_step} of {steps}; the next call "
+            f"resumes from the last checkpoint in {work_dir}"
+        )
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    return trainer, {
+        "steps": steps,
+        "resumed_from": int(Path(last).name.split("-")[-1]) if last else None,
+        "seconds": time.perf_counter() - start,
+        "rows": len(lengths),
+        "mean_length": sum(lengths) / len(lengths),
+        "final_loss": logs[-1]["loss"],
+        "mean_loss": result.training_loss,
+        "losses": [{"step": row["step"], "loss": row["loss"]} for row in logs],
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }
+
+
+# ---- cached, resumable cold start ----------------------------------------------------------------------
+
+
+def content_hash(*dirs: str | Path) -> str:
+    """A hash of every file under ``dirs`` (relative path and bytes; a folder inside another counts once):
+    the base model's identity, wherever it lies."""
+    roots = sorted({Path(d).resolve() for d in dirs})
+    roots = [r for r in roots if not any(o != r and o in r.parents for o in roots)]
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(f"{path.relative_to(root)}\0".encode())
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cold_start(
+    model: str | Path,
+    data,
+    config: ColdStartConfig,
+    cache_dir: str | Path,
+    tokenizer: str | Path | None = None,
+    chat: bool | None = None,
+    retriever=None,
+    teacher=None,
+    callbacks: Sequence["TrainerCallback"] = (),
+) -> Path:
+    """The base causal LM ``model`` (a directory or a cached hub name; ``tokenizer``: its tokenizer's
+    directory, default the model's) fine-tuned on rejection-sampled demonstrations of
+    ``config.protocols`` on ``data``; the directory of the result. ``chat``: chat prompts (null: when
+    the tokenizer has a chat template, as ``HFGenerator`` decides). ``retriever``: the one the
+    demonstrations search with (default BM25). A finished result is returned without training; a
+    killed one resumes. ``callbacks``: extra ``TrainerCallback``s."""
+    from transformers import AutoTokenizer
+
+    from rag_lab.retrievers.dense import resolve_model
+
+    model_dir = Path(resolve_model(str(model)))
+    tokenizer_dir = Path(resolve_model(str(tokenizer))) if tokenizer else model_dir
+    if chat is None:
+        chat = bool(AutoTokenizer.from_pretrained(tokenizer_dir).chat_template)
+    demos = demonstrations(data, config, cache_dir, chat, retriever, teacher)
+    if not demos.pairs:
+        raise RagLabError(
+            f"cold start: the teacher kept no episode of {', '.join(config.protocols)}: {demos.counts}"
+        )
+    base = content_hash(model_dir, tokenizer_dir)
+    settings = asdict(config)
+    key = hashlib.sha256(json.dumps([base, demos.fingerprint, settings, chat]).encode()).hexdigest()[:16]
+    out = Path(cache_dir).expanduser() / "cold_start" / key
+    if (out / "train.json").exists():
+        log.info("cold start: reusing %s", out)
+        return out
+    work = out.with_name(f"{key}.work")
+    # A tokenizer kept apart from its model stays apart (next to a qwen2 config, AutoTokenizer would
+    # load another tokenizer class: the tiny LM's word-level one lives in <model>/tokenizer).
+    tokenizer_sub = "." if tokenizer_dir == model_dir else "tokenizer"
+    start = time.perf_counter()
+    log.info("cold start: %d pairs into %s", len(demos.pairs), out)
+    with publish(out) as tmp:
+        trainer, stats = sft(model_dir, tokenizer_dir, demos.pairs, config, work, callbacks)
+        trained = trainer.model.merge_and_unload() if config.lora and config.lora.r else trainer.model
+        trained.save_pretrained(tmp)
+        trainer.processing_class.save_pretrained(tmp / tokenizer_sub)
+        info = {
+            "base": {"model": str(model_dir), "tokenizer": str(tokenizer_dir), "hash": base},
+            "chat": chat,
+            "tokenizer": tokenizer_sub,
+            "settings": settings,
+            "demonstrations": {"hash": demos.fingerprint, "pairs": len(demos.pairs), "counts": demos.counts},
+            "sft": stats,
+            "wall_s": time.perf_counter() - start,
+            "versions": _versions(),
+        }
+        (tmp / "train.json").write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def load(path: str | Path, **settings) -> "HFGenerator":
+    """A cold-started model as an ``HFGenerator`` (its tokenizer and chat setting as trained);
+    ``settings``: HFGenerator's others (batch_size, seed, ...)."""
+    from rag_lab.generators.hf import HFGenerator
+
+    path = Path(path)
+    info = json.loads((path / "train.json").read_text())
+    return HFGenerator(str(path), str(path / info["tokenizer"]), chat=info["chat"], **settings)
+
+
+def _versions() -> dict[str, str]:
+    import peft
+    import transformers
+    import trl
+
+    return {m.__name__: m.__version__ for m in (torch, transformers, trl, peft)}
+
+
+HELP = """python -m rag_lab.train.cold_start: fine-tune the generator's model (generator=tiny, smollm2, or hf
+generator.model=<dir>) on the world teacher's rejection-sampled demonstrations (data=synth), cached under
+cache_dir/cold_start/; print the result's directory (load it with generator=hf generator.model=<dir>).
+
+Examples:
+  python -m rag_lab.train.cold_start generator=tiny cold_start.protocols=[dapo]
+  python -m rag_lab.train.cold_start generator=smollm2 cold_start.protocols=[apex_exec] cold_start.lora.r=16
+
+The options below are set as cold_start.<key>=<value>; any key of the run config too (data.*, cache_dir,
+seed). The defaults go to the whole training split: about 100 s of teacher rollouts on 2 cores, cached."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (:data:`HELP`)."""
+    from hydra.utils import instantiate
+
+    from rag_lab.config import cli_overrides, compose
+    from rag_lab.errors import one_line_errors
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with one_line_errors():
+        overrides = cli_overrides(list(sys.argv[1:] if argv is None else argv), HELP, "cold_start/default")
+        picked = any(o.lstrip("+").startswith("cold_start=") for o in overrides)
+        overrides = [f"+{o}" if o.startswith("cold_start=") else o for o in overrides]
+        cfg = compose(([] if picked else ["+cold_start=default"]) + overrides)
+        if not cfg.generator:
+            raise RagLabError(
+                "cold start: set generator=<the base LM> (tiny, smollm2, hf generator.model=...)"
+            )
+        data = instantiate(cfg.data)
+        base = instantiate(cfg.generator, **({"data": data} if "data" in cfg.generator else {}))
+        if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
+            raise RagLabError(f"cold start: generator {cfg.generator._target_} is not a transformers model")
+        out = cold_start(base.model.name_or_path, data, instantiate(cfg.cold_start), cfg.cache_dir,
+                         tokenizer=base.tokenizer.name_or_path, chat=base.chat)  # fmt: skip
+    tokenizer = json.loads((out / "train.json").read_text())["tokenizer"]
+    hint = f" generator.tokenizer={out / tokenizer}" if tokenizer != "." else ""
+    log.info("load it with: generator=hf generator.model=%s%s", out, hint)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
