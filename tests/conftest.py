@@ -47,6 +47,7 @@ TINY_LM = [
     "generator.batch_size=4",
     "generator.warmup_steps=1",
     "generator.words_per_protocol=300",
+    "generator.reading_batch_size=4",
 ]
 
 
@@ -58,9 +59,8 @@ def tiny_cfg():
     def make(*overrides: str):
         other_data = any(o.startswith("data=") and o != "data=synth" for o in overrides)
         cfg = compose([*([] if other_data else TINY_DATA), *overrides])
-        if cfg.generator and cfg.generator._target_.endswith("tiny_world.tiny_lm"):
-            # A preset's reading and protocol stages (generator=tiny_reading) shrink too; what the test
-            # sets wins.
+        if cfg.generator and cfg.generator._target_ == "rag_lab.generators.tiny.tiny_lm":
+            # The recipe's reading and protocol stages shrink too; what the test sets wins.
             toy = [*TINY_LM, *(["generator.reading_steps=4"] if cfg.generator.reading_steps else []),
                    *(["generator.tune_steps=2"] if cfg.generator.get("tune_steps") else [])]  # fmt: skip
             keys = {o.split("=", 1)[0] for o in overrides}

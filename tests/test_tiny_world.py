@@ -14,15 +14,74 @@ def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, tmp_path):
                    f"cache_dir={tmp_path}/cache")  # fmt: skip
     metrics = run(cfg, tmp_path / "run")
     assert metrics["all"]["n"] == 4 and metrics["all"]["tokens_total"] > 0
-    (checkpoint,) = (tmp_path / "cache" / "tiny_lm").iterdir()
-    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "train.json").exists()
-    stamp = (checkpoint / "model.safetensors").stat().st_mtime_ns
+    # The recipe's base model and its protocol stage, each cached.
+    checkpoints = sorted((tmp_path / "cache" / "tiny_lm").iterdir())
+    assert len(checkpoints) == 2
+    assert all((c / "model.safetensors").exists() and (c / "train.json").exists() for c in checkpoints)
+    stamps = [(c / "model.safetensors").stat().st_mtime_ns for c in checkpoints]
     data = instantiate(cfg.data)
     generator = instantiate(cfg.generator, data=data)  # same sizes and world: reused, not retrained
-    assert (checkpoint / "model.safetensors").stat().st_mtime_ns == stamp
-    assert generator.chat is False and len(list((tmp_path / "cache" / "tiny_lm").iterdir())) == 1
+    assert [(c / "model.safetensors").stat().st_mtime_ns for c in checkpoints] == stamps
+    assert generator.chat is False and sorted((tmp_path / "cache" / "tiny_lm").iterdir()) == checkpoints
+    checkpoint = Path(generator.model.name_or_path)
+    assert checkpoint in checkpoints
+    # names as their syllables (generator.name_pieces): more tokens than words, decoded back exactly
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
     name = next(t for t in data.corpus.titles if " " in t)
-    assert AutoTokenizer.from_pretrained(checkpoint / "tokenizer").tokenize(name) == [name]
+    ids = tokenizer(name, add_special_tokens=False).input_ids
+    assert tokenizer.decode(ids) == name and len(ids) > len(name.split())
+
+
+def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg, tmp_path, caplog):
+    """ship() writes a checkpoint with its fingerprints and card; tiny_lm loads it for the same world and
+    settings, and for another world or setting trains with the recipe, saying which differs."""
+    import json
+
+    from rag_lab.generators import tiny
+    from rag_lab.train.tiny_world import ship
+
+    from conftest import TINY_DATA, TINY_LM
+
+    toy = [
+        *TINY_DATA,
+        *TINY_LM,
+        "generator.reading_steps=4",
+        "generator.tune_steps=2",
+        f"cache_dir={tmp_path}",
+    ]
+    out = ship(toy, out=tmp_path / "shipped")
+    card = json.loads((out / "recipe.json").read_text())
+    assert card["recipe"]["tune_steps"] == 2 and (out / "tokenizer" / "tokenizer.json").exists()
+    assert "## Recipe" in (out / "README.md").read_text()
+    cfg = tiny_cfg("generator=tiny", *toy)
+    data = instantiate(cfg.data)
+    settings = tiny.recipe_settings(
+        {
+            k: v
+            for k, v in cfg.generator.items()
+            if k not in ("_target_", "data", "cache_dir", "generate_batch_size", "seed")
+        }
+    )
+    assert card["world"] == tiny.world_fingerprint(data)
+    assert tiny.shipped_for(data, settings, shipped=out) == out
+    with caplog.at_level("WARNING"):
+        assert tiny.shipped_for(data, {**settings, "lr": 0.5}, shipped=out) is None
+    assert "settings lr differ" in caplog.text
+    other = instantiate(tiny_cfg("generator=tiny", *toy, "data.seed=1").data)
+    with caplog.at_level("WARNING"):
+        assert tiny.shipped_for(other, settings, shipped=out) is None
+    assert f"the world differs (fingerprint {tiny.world_fingerprint(other)}" in caplog.text
+    # Shipping again replaces it in place (same model: the recipe's cached one).
+    assert ship(toy, out=out) == out and json.loads((out / "recipe.json").read_text()) == card
+
+
+def test_an_unknown_tiny_lm_setting_fails_when_the_config_is_checked(tiny_cfg):
+    import pytest
+
+    from rag_lab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"generator.hiden"):
+        tiny_cfg("generator=tiny", "+generator.hiden=3")
 
 
 def test_reading_drills_and_renaming(tiny_cfg):
@@ -175,11 +234,15 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=3",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
                    "generator.reading_layout=[qa,stoprag_intermediate,traces]",
-                   "generator.drills=true", "generator.whole_names=false")  # fmt: skip
+                   "generator.drills=true", "generator.whole_names=false",
+                   "generator.name_pieces=false")  # fmt: skip
     data = instantiate(cfg.data)
-    instantiate(cfg.generator, data=data)
-    (checkpoint,) = (tmp_path / "tiny_lm").iterdir()
+    generator = instantiate(cfg.generator, data=data)
+    checkpoint = Path(generator.model.name_or_path)
     stats = json.loads((checkpoint / "train.json").read_text())
+    if "base" in stats:  # the protocol stage's model: the stages before it are its base's
+        checkpoint = tmp_path / "tiny_lm" / stats["base"]
+        stats = json.loads((checkpoint / "train.json").read_text())
     # whole_names=false: a multi-word name is its words (whole_names=true: one token, tested below)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
     name = next(t for t in data.corpus.titles if " " in t)
