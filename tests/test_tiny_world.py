@@ -315,10 +315,11 @@ def test_protocol_stage_demonstrations_end_with_their_protocols_stop():
     from rag_lab.train.tiny_world import draw_reading
 
     pools = {"stoprag_query": [("Main question: q\n[stoprag_query]\n", "Who is x?")],
-             "stoprag_decide": [("p", "ok <STOP>")]}  # fmt: skip
-    items = draw_reading(["demos:stoprag_query", "demos:stoprag_decide"], 2, 1, {}, pools,
+             "stoprag_decide": [("p", "ok <STOP>")], "apex_plan": [("plan", "1. Who is x?")]}  # fmt: skip
+    items = draw_reading(["demos:stoprag_query", "demos:stoprag_decide", "demos:apex_plan"], 3, 1, {}, pools,
                          lambda item, rng: item, random.Random(0), 0, stops=True)  # fmt: skip
-    assert sorted(c for _, c in items) == ["Who is x?\n", "ok <STOP>"]  # decide keeps its stop in the text
+    # decide keeps its stop in the text; a plan has no stop string and ends with EOS
+    assert sorted(c for _, c in items) == ["1. Who is x?<eos>", "Who is x?\n", "ok <STOP>"]
     plain = draw_reading(["demos:stoprag_query"], 1, 1, {}, pools, lambda i, r: i, random.Random(0), 0)
     assert plain[0][1] == "Who is x?"
 

@@ -29,7 +29,7 @@ from rag_lab.generators.teacher.demos import collect, sample
 from rag_lab.generators.teacher.generator import TeacherGenerator
 from rag_lab.generators.teacher.reader import answer_from, parse_question
 from rag_lab.retrievers.bm25 import BM25Retriever
-from rag_lab.train.tiny_lm import TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
+from rag_lab.train.tiny_lm import SPECIAL, TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # at a newline). A reading item's answer piece ends with it, so it is a target: without it a model
 # trained on reading items answers and goes on ("Peport Seoholm Seoholm ...").
 STOP = "\n"
+
+# The end of a completion whose protocol has no stop string (the tokenizer's EOS, a special token).
+EOS = SPECIAL[1]
 
 # The protocols' tags: one token each.
 TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
@@ -301,8 +304,8 @@ def draw_reading(
     with the loss on every token (:func:`trace_item`). Batches of one kind then swap items so that
     each holds items of similar length (:func:`group_by_length`). ``stops``: a demonstration's
     completion ends with its protocol's stop (as the corpus layouts' answers do) where the protocol does
-    not keep it in the text; without it only a later SFT stage (an EOS after each completion) teaches
-    where a completion ends."""
+    not keep it in the text, or EOS where it has none; without it only a later SFT stage (an EOS after
+    each completion) teaches where a completion ends."""
 
     def batch(layout: str) -> tuple[str, list[tuple[str, ...]]]:
         base, _, name = layout.partition(":")
@@ -311,7 +314,9 @@ def draw_reading(
             picked = [rename(rng.choice(demo_pools[name]), rng) for _ in range(size)]
             protocol = PROTOCOLS.get(name)
             if stops and protocol is not None and not protocol.include_stop:
-                picked = [(prompt, completion + protocol.stop[0]) for prompt, completion in picked]
+                # a protocol without a stop string ends where the model writes EOS (as after SFT)
+                end = protocol.stop[0] if protocol.stop else EOS
+                picked = [(prompt, completion + end) for prompt, completion in picked]
             return f"{base}:{name}", [trace_item(*pair) for pair in picked] if base == "traces" else picked
         return layout, [rename(draws[layout](), rng) for _ in range(size)]
 
