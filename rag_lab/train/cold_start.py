@@ -331,9 +331,9 @@ def sft(
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    from rag_lab.train.tiny_lm import sft_dataset
+    from rag_lab.train.tiny_lm import sft_config, sft_dataset
 
     class LogLastStep(TrainerCallback):
         """The Trainer logs every ``logging_steps`` only; the final loss should be logged too."""
@@ -347,32 +347,18 @@ def sft(
     dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, config.max_length)
     steps = config.max_steps or math.ceil(config.epochs * len(pairs) / config.batch_size)
     gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    args = SFTConfig(
-        output_dir=str(work_dir),
-        # TRL defaults to bf16, which fails at init on CPU; gradient checkpointing only slows small models.
+    args = sft_config(
+        work_dir, steps, config.batch_size, config.lr, config.warmup_steps, config.seed,
         bf16=gpu_bf16 if config.bf16 is None else config.bf16,
-        gradient_checkpointing=False,
-        max_steps=steps,
-        per_device_train_batch_size=config.batch_size,
-        learning_rate=config.lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=config.warmup_steps,
         completion_only_loss=config.completion_only_loss,
         # rows are already cut to max_length from the prompt's left; this only guards
         max_length=config.max_length,
-        # batches of similar length pad less: the demonstrations vary in length
-        train_sampling_strategy="group_by_length",
         logging_steps=max(1, min(25, steps // 10)),
-        report_to=[],
         save_strategy="steps",
         save_steps=config.save_steps,
         # the newest two: a kill while one is written leaves the one before
         save_total_limit=2,
-        seed=config.seed,
-        data_seed=config.seed,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-    )
+    )  # fmt: skip
     lora, peft = config.lora or LoRA(), None
     if lora.r:
         peft = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

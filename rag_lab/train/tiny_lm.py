@@ -78,7 +78,7 @@ from rag_lab.retrievers.cache import publish
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
-    from trl import SFTTrainer
+    from trl import SFTConfig, SFTTrainer
 
 log = logging.getLogger(__name__)
 
@@ -475,6 +475,35 @@ def sft_dataset(
     return Dataset.from_dict(rows)
 
 
+def sft_config(
+    output_dir: Path, steps: int, batch_size: int, lr: float, warmup_steps: int, seed: int, **settings
+) -> "SFTConfig":
+    """TRL's ``SFTConfig`` as rag_lab's SFT stages use it (the tiny LM's and the cold start's): cosine
+    schedule, batches grouped by length, no reporting, seeded, no dataloader workers; ``settings``
+    adds or overrides the rest (``completion_only_loss``, ``max_length``, saving, ``bf16``)."""
+    from trl import SFTConfig
+
+    shared = dict(
+        output_dir=str(output_dir),
+        # TRL's defaults: bf16 fails at init on CPU; gradient checkpointing only slows a small model.
+        bf16=False,
+        gradient_checkpointing=False,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=warmup_steps,
+        # Batches of similar length (random otherwise) pad less; the demonstrations vary in length.
+        train_sampling_strategy="group_by_length",
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
+    return SFTConfig(**(shared | settings))
+
+
 def sft_trainer(
     model: "Qwen2ForCausalLM",
     tokenizer: "PreTrainedTokenizerFast",
@@ -484,7 +513,7 @@ def sft_trainer(
 ) -> "SFTTrainer":
     """Stage 2: TRL's ``SFTTrainer`` on ``sft_dataset`` rows, set up for a tiny model on CPU."""
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     class LogLastStep(TrainerCallback):
         """The Trainer logs every ``logging_steps`` only; the final loss should be logged too."""
@@ -492,29 +521,11 @@ def sft_trainer(
         def on_step_end(self, args, state, control, **kwargs):
             control.should_log = control.should_log or state.global_step >= state.max_steps
 
-    args = SFTConfig(
-        output_dir=str(output_dir),
-        # TRL's defaults: bf16 fails at init on CPU; gradient checkpointing only slows a tiny model.
-        bf16=False,
-        gradient_checkpointing=False,
-        max_steps=config.sft_steps,
-        per_device_train_batch_size=config.batch_size,
-        learning_rate=config.lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=config.warmup_steps,
-        completion_only_loss=config.completion_only_loss,
-        # Rows are already cut to max_length from the prompt's left; this only guards.
-        max_length=config.max_length,
-        # Batches of similar length (random otherwise) pad less; the demonstrations vary in length.
-        train_sampling_strategy="group_by_length",
-        logging_steps=_log_every(config.sft_steps),
-        report_to=[],
-        save_strategy="no",
-        seed=config.seed,
-        data_seed=config.seed,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-    )
+    args = sft_config(
+        output_dir, config.sft_steps, config.batch_size, config.lr, config.warmup_steps, config.seed,
+        completion_only_loss=config.completion_only_loss, max_length=config.max_length,
+        logging_steps=_log_every(config.sft_steps), save_strategy="no",
+    )  # fmt: skip
     return SFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[LogLastStep()]
     )
