@@ -141,7 +141,8 @@ def schema_for(target: str) -> type:
     """A structured-config dataclass whose fields are the keyword parameters of ``target``.
 
     A target that takes ``**kwargs`` has an open schema (every key accepted), so it returns
-    ``dict``; Hydra's ``_target_``, ``_partial_``, ``_recursive_`` and ``_convert_`` are allowed.
+    ``dict``; except ``**_`` (a reward's "any other dataset column", which no config key reaches).
+    Hydra's ``_target_``, ``_partial_``, ``_recursive_`` and ``_convert_`` are allowed.
     """
     obj = locate(target)
     fn = obj.__init__ if inspect.isclass(obj) else obj
@@ -155,6 +156,8 @@ def schema_for(target: str) -> type:
         if name == "self" or p.kind is p.VAR_POSITIONAL:
             continue
         if p.kind is p.VAR_KEYWORD:
+            if name == "_":
+                continue
             return dict
         hint, bounds = _strip_annotated(hints.get(name, Any))
         hint = _omegaconf_type(hint)

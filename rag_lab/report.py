@@ -226,16 +226,19 @@ class SeedTablesCallback(Callback):
     ``tables.md`` in the sweep dir: the paper's tables (mean ± sd over seeds) and the paired
     bootstrap of the method against each baseline."""
 
-    def __init__(self, by: str, method: str, tables: dict[str, list[str]], title: str = ""):
+    def __init__(self, by: str, method: str, tables: dict[str, list[str]], title: str = "",
+                 metrics: list[str] | None = None):  # fmt: skip
         self.by, self.method, self.title = by, method, title
         self.tables = {k: list(v) for k, v in tables.items()}
+        # the per-question record fields the bootstrap compares (default: em, f1, acc)
+        self.metrics = tuple(metrics) if metrics else ANSWER_METRICS
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
         runs = find_runs([sweep])
         if not runs:
             return
-        tables, tests = seed_tables(runs, self.by, self.method, self.tables)
+        tables, tests = seed_tables(runs, self.by, self.method, self.tables, self.metrics)
         parts = [f"# {self.title or sweep.name}\n"]
         for name, table in tables.items():
             parts.append(f"## {name}\n\n{to_markdown(table)}")

@@ -49,7 +49,9 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:
-        policy.fit(env, data.split(cfg.train_split), data.split("dev"), run_dir / "checkpoints")
+        policy.fit(
+            env, data.split(cfg.train_split), data.split("dev"), run_dir / "checkpoints", logger=logger
+        )
 
     judge = None
     if cfg.judge:  # judge.generator: null shares the run's generator

@@ -40,7 +40,7 @@ def hidden_and_mask(encoder: Encoder, texts: list[str]):
 
 
 @pytest.mark.parametrize(
-    "pooling, normalize", [("mean", True), ("mean", False), ("cls", True), ("cls", False)]
+    "pooling, normalize", [("mean", True), ("mean", False), ("cls", True), ("cls", False), ("last", True)]
 )
 def test_pooling_and_normalisation(tiny_encoder_dir, pooling, normalize):
     encoder = Encoder(tiny_encoder_dir, pooling=pooling, normalize=normalize, batch_size=3)
@@ -50,6 +50,8 @@ def test_pooling_and_normalisation(tiny_encoder_dir, pooling, normalize):
     if pooling == "mean":  # masked mean: padding tokens never count
         m = mask.unsqueeze(-1).float()
         want = (hidden * m).sum(1) / m.sum(1)
+    elif pooling == "last":  # each text's own last token, whatever the padding
+        want = torch.stack([hidden[i, int(mask[i].nonzero().max())] for i in range(len(texts))])
     else:
         want = hidden[:, 0]
     if normalize:

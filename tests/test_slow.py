@@ -1,5 +1,7 @@
 """The slow set (`make test-slow`): every experiment smoke-run on the tiny world; notebooks executed."""
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -17,15 +19,54 @@ from conftest import TINY_DATA, TINY_LM
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
+# A trained policy's smallest run: a couple of steps, a few questions (DAPO: cold start and RL).
+SHORT_TRAINING = {
+    "rag_lab.policies.dapo.DAPO": ["policy.steps=1", "policy.questions_per_step=1", "policy.group_size=2",
+                                   "policy.max_new_tokens=16", "policy.cold_start.limit=4",
+                                   "policy.cold_start.max_steps=2", "eval.limit=4"],
+}  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", group_options("experiment"))
-def test_experiment_smoke(name, tmp_path):
+def test_experiment_smoke(name, tiny_cfg, tmp_path):
     cfg = compose([f"+experiment={name}"])
     if cfg.generator and cfg.generator._target_.endswith("VLLMGenerator"):
         pytest.skip("the paper's configuration: needs a GPU, vLLM and the dataset files")
-    cfg = compose([f"+experiment={name}", *TINY_DATA])
+    if not cfg.data._target_.endswith("SynthDataset"):
+        pytest.skip("the paper's configuration: needs the dataset files and the hub models")
+    cfg = tiny_cfg(f"+experiment={name}", *SHORT_TRAINING.get(cfg.policy._target_, []))
     metrics = run(cfg, tmp_path)
     assert metrics["all"]["n"] > 0
+
+
+@pytest.mark.slow
+def test_dapo_paper_setup_trains_smollm2(tmp_path):
+    """dapo_2wiki's trainer (G, lr, stages, rewards) on SmolLM2, the world for 2Wiki, BM25 for E5 and
+    MiniLM for Qwen3-Embedding (no downloads here): two DAPO steps, then an evaluation."""
+    cfg = compose(
+        [
+            "+experiment=dapo_2wiki",
+            "data=synth",
+            *TINY_DATA,
+            "generator=smollm2",
+            "retriever=bm25",
+            "policy.train_data=null",
+            "reward.search.encoder.model=sentence-transformers/all-MiniLM-L6-v2",
+            "policy.stages=[1]",
+            "policy.steps=2",
+            "policy.group_size=2",
+            "policy.max_new_tokens=24",
+            "policy.max_turns=2",
+            "eval.limit=2",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    assert cfg.policy.group_size == 2 and cfg.policy.lr == 1e-6 and cfg.policy.cold_start is None
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
 
 
 @pytest.mark.slow

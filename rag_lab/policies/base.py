@@ -11,8 +11,9 @@ class Policy(Protocol):
     # False for prompting baselines: the runner skips fit().
     trains: bool
 
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
-        """Train, checkpointing under ``out_dir`` so that a killed run resumes."""
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
+        """Train, checkpointing under ``out_dir`` so that a killed run resumes; training curves go to
+        ``logger`` (the run's: ``log_metrics(metrics, step)``) when given."""
         ...
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:

@@ -24,7 +24,7 @@ class RetrieveOnly:
     def __init__(self, k: PositiveInt = 20):
         self.k = k
 
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not train")
 
     def answer(self, ex: QAExample, passages: list[Passage]) -> str:

@@ -70,7 +70,7 @@ class IterativePipeline:
         self.sampling = Sampling(max_new_tokens=max_new_tokens)
         self.query, self.intermediate, self.final = StopRAGQuery(), StopRAGIntermediate(), StopRAGFinal()
 
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not train")
 
     def iterate(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:

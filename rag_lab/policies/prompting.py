@@ -43,7 +43,7 @@ class Prompting:
         self.k = k
         self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
 
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not train")
 
     def ask(self, env: Env, protocol: Protocol, states: list[State], episodes: list[Episode]) -> list[Action]:

@@ -27,7 +27,7 @@ class TeacherPolicy:
         self.k = k
         self.teacher = WorldTeacher(k, Noise(vague_query, miscopy, premature_answer), seed)
 
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError("the teacher does not train")
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:

@@ -1,7 +1,8 @@
 """Dense retrieval: one encoder class for every bi-encoder, faiss for search.
 
 Per-model conventions are config (see ``conf/retriever/{e5,bge,contriever,minilm}.yaml``), each
-as its model card says: pooling (``mean`` over non-padding tokens, or ``cls``), L2 normalisation,
+as its model card says: pooling (``mean`` over non-padding tokens, ``cls``, or ``last``: the last
+real token, Qwen3-Embedding's), L2 normalisation,
 and the query / passage prefixes (E5's ``query: `` / ``passage: ``, BGE's query instruction).
 Passage embeddings are encoded in shards written to disk (``.npy``, float16 optional, read back
 memory-mapped), so a 21M-passage corpus never has to sit in RAM as floats, and a killed encoding
@@ -73,8 +74,8 @@ class Encoder:
     ):
         from transformers import AutoModel, AutoTokenizer
 
-        if pooling not in ("mean", "cls"):
-            raise RagLabError(f"retriever.pooling: '{pooling}' is not mean or cls")
+        if pooling not in ("mean", "cls", "last"):
+            raise RagLabError(f"retriever.pooling: '{pooling}' is not mean, cls or last")
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -107,6 +108,10 @@ class Encoder:
             hidden = self.model(**enc).last_hidden_state
             if self.pooling == "cls":
                 emb = hidden[:, 0]
+            elif self.pooling == "last":  # the last real token (Qwen3-Embedding), padded on either side
+                mask = enc["attention_mask"]
+                last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
+                emb = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
             else:
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -216,7 +216,7 @@ class StopRAG:
         self.stats: dict = {}
 
     # ---------------------------------------------------------------------------------------------
-    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path) -> None:
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.seed)

@@ -1,0 +1,89 @@
+"""DAPO's training curves: one row per step (TRL's logs and the rollouts' counts), to a stage's
+``log.jsonl`` while it trains, then to the run (``checkpoints/train_log.jsonl``, the logger, a png)."""
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from rag_lab.records import RecordWriter, atomic_write_text, read_records
+
+# TRL's log keys -> ours (the rest keep TRL's names)
+RENAME = {"rewards/rc/mean": "rc", "rewards/acc/mean": "acc", "frac_reward_zero_std": "flat_groups"}
+PANELS = [
+    ("reward", ["reward", "rewards/answer/mean", "rewards/search/mean", "rewards/format/mean"]),
+    ("retrieval count (RC)", ["rc"]),
+    ("accuracy / format rate", ["acc", "format_rate"]),
+    ("loss", ["loss"]),
+    ("dynamic sampling", ["sampling/dropped_groups", "sampling/flat_groups_kept"]),
+    ("completion tokens", ["completions/mean_length"]),
+]
+
+
+class CurveLog(TrainerCallback):
+    """Appends each logged step to ``path``; on a resume, first drops the rows after the checkpoint
+    (a killed run's steps are trained again and logged once)."""
+
+    def __init__(self, path: Path, rollouts, resumed_at: int = 0):
+        self.path, self.rollouts, self.resumed_at = Path(path), rollouts, resumed_at
+        if self.path.exists():
+            kept = [r for r in read_records(self.path) if r["step"] <= resumed_at]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.writer = RecordWriter(self.path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        row = {"step": state.global_step, "time": time.time()}
+        for key, value in logs.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                row[RENAME.get(key, key)] = value
+        if "rewards/format/mean" in row:  # r_f is +1 / -1
+            row["format_rate"] = (row["rewards/format/mean"] + 1) / 2
+        self.writer.write([row | self.rollouts.stats])
+
+
+def write_curves(rows: list[dict], out_dir: Path, logger=None) -> None:
+    """The run's curve (every stage, steps numbered on): ``train_log.jsonl``, ``curves.png``, and the
+    logger's metrics once per run (a resumed run that finds them logged does not log them twice)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    atomic_write_text(out_dir / "train_log.jsonl", text)
+    plot(rows, out_dir / "curves.png")
+    marker = out_dir / ".logged"
+    if logger is not None and not (marker.exists() and marker.read_text() == str(len(rows))):
+        for r in rows:
+            logger.log_metrics({k: v for k, v in r.items() if k not in ("step", "time")}, step=r["step"])
+        atomic_write_text(marker, str(len(rows)))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), sharex=True)
+    boundaries = [b["step"] - 0.5 for a, b in zip(rows, rows[1:], strict=False) if a["stage"] != b["stage"]]
+    for ax, (title, keys) in zip(axes.flat, PANELS, strict=True):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if key in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), label=key.removeprefix("rewards/").removesuffix("/mean"))
+        for x in boundaries:
+            ax.axvline(x, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(title)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("step (dashed: next stage)")
+    stages = " → ".join(dict.fromkeys(r["stage"] for r in rows))
+    fig.suptitle(f"DAPO training, stages {stages}")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,258 @@
+"""DAPO training on a toy tiny LM: TRL's GRPOTrainer with the engine's multi-turn rollouts (retrieved
+tokens out of the loss), dynamic sampling, the stages, the cache and the resume after a kill."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from rag_lab.config import compose
+from rag_lab.env import Env
+from rag_lab.env.protocols.tagged import INFORMATION
+from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Completion, Sampling
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.policies.dapo import DAPO
+from rag_lab.policies.dapo.rollout import SearchRollouts
+from rag_lab.records import read_records
+from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.rewards.dapo import format_reward
+from rag_lab.train.cold_start import ColdStartConfig, sample_demonstrations
+
+from conftest import TINY_DATA
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return instantiate(compose(TINY_DATA).data)
+
+
+@pytest.fixture(scope="module")
+def base(data, tmp_path_factory) -> Path:
+    """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the dapo protocol."""
+    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
+    from rag_lab.train.tiny_world import TAGS
+
+    demos = ColdStartConfig(protocols=("dapo",), limit=4, temperatures=(0.0,))
+    pairs = sample_demonstrations(data, demos, BM25Retriever(data.corpus)).pairs
+    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
+                        pretrain_steps=0, sft_steps=0)  # fmt: skip
+    return train_tiny_lm(
+        [p.contents for p in data.corpus], pairs, config, tmp_path_factory.mktemp("b") / "lm", TAGS
+    )
+
+
+class SearchesFirst(HFGenerator):
+    """The toy LM, except that its first turn is a fixed search (an untrained model never writes the
+    tags): every episode then holds an information block."""
+
+    def generate(self, prompts, sampling):
+        out = super().generate(prompts, sampling)
+        first = "<think> a </think> <search> " + self.query + " </search>"
+        ids = self.tokenizer(first, add_special_tokens=False).input_ids
+        for prompt, completions in zip(prompts, out, strict=True):
+            if "<information>" not in prompt:
+                completions[:] = [Completion(self.tokenizer.decode(ids), ids, "stop", [0.0] * len(ids))]
+        return out
+
+
+def env_for(data, base: Path) -> Env:
+    generator = SearchesFirst(str(base), str(base / "tokenizer"), chat=False, dtype="float32", batch_size=64)
+    generator.query = data.corpus[0].title
+    return Env(data.corpus, BM25Retriever(data.corpus), generator)
+
+
+def length(completions, **_):
+    """A reward that tells samples apart (an untrained model's rollouts differ in length)."""
+    return [float(len(c)) for c in completions]
+
+
+def answer(completions, answers, stage=1, **_):
+    """Records the stage it was called with; 0 everywhere (leaves the total to ``length``)."""
+    answer.stages.add(stage)
+    return [0.0] * len(completions)
+
+
+answer.stages = set()
+
+
+def policy(**overrides) -> DAPO:
+    settings = dict(rewards={"answer": answer, "length": length}, stages=[1], steps=2, questions_per_step=2,
+                    group_size=4, lr=1e-2, k=2, max_turns=2, max_new_tokens=12, save_steps=1,
+                    cold_start=None)  # fmt: skip
+    return DAPO(**(settings | overrides))
+
+
+def bare(text: str) -> str:
+    """Text without whitespace (a word-level tokenizer's decoding re-spaces punctuation)."""
+    return "".join(text.split())
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def stage_dirs(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "dapo").iterdir() if not p.name.endswith(".work"))
+
+
+def test_two_dapo_steps_train_the_model_with_retrieved_tokens_masked(data, base, tmp_path, monkeypatch):
+    from trl import GRPOTrainer
+
+    seen = []
+    original = GRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        out = original(self, inputs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", spy)
+    env, cache = env_for(data, base), tmp_path / "cache"
+    answer.stages.clear()
+    policy(cache_dir=str(cache), stages=[1, 2]).fit(env, data.split("train"), [], tmp_path / "run")
+
+    assert answer.stages == {1, 2}
+    dirs = stage_dirs(cache)
+    assert len(dirs) == 2 and len(list((cache / "dapo").iterdir())) == 2  # published; no work dir left
+    rows = read_records(tmp_path / "run" / "train_log.jsonl")
+    assert [(r["stage"], r["step"]) for r in rows] == [("1", 1), ("1", 2), ("2", 3), ("2", 4)]
+    assert all(math.isfinite(r["loss"]) for r in rows) and all("rc" in r and "acc" in r for r in rows)
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+    # trained: each stage moved the weights; the env's generator now holds the last stage's
+    start, one, two = weights(base), *(weights(d) for d in dirs)
+    assert all(any(not torch.equal(start[n], w[n]) for n in start) for w in (one, two))
+    assert Path(env.generator.model.name_or_path) in dirs
+    # the retrieved tokens reached TRL as environment tokens (mask 0): out of the loss
+    assert len(seen) == 4
+    for out in seen:
+        mask, completion = out["tool_mask"], out["completion_mask"]
+        assert ((mask == 0) & (completion == 1)).sum().item() > 0
+
+
+def test_rollouts_mask_exactly_the_information_blocks(data, base):
+    env = env_for(data, base)
+    questions = data.split("train")[:3]
+    rollouts = SearchRollouts(env, questions, [(length, 1.0)], k=2, max_turns=3,
+                              sampling=Sampling(temperature=1.0, max_new_tokens=12))  # fmt: skip
+    trainer = SimpleNamespace(
+        num_generations=2,
+        state=SimpleNamespace(global_step=0),
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+        model=env.generator.model,
+    )
+    prompts = [rollouts.first_prompt(q) for q in questions for _ in range(2)]
+    out = rollouts(prompts, trainer)
+    tokenizer = env.generator.tokenizer
+    assert len(out["completion_ids"]) == 6 and out["answers"][0] == list(questions[0].answers)
+    searched = 0
+    for ids, mask, logprobs, text, prompt_ids, prompt in zip(
+        out["completion_ids"], out["env_mask"], out["logprobs"], out["rollouts"], out["prompt_ids"], prompts,
+        strict=True,
+    ):  # fmt: skip
+        assert len(ids) == len(mask) == len(logprobs)
+        assert prompt_ids == tokenizer(prompt, add_special_tokens=False).input_ids
+        # mask 0: exactly the engine's information blocks; mask 1: exactly the policy's own turns
+        blocks = INFORMATION.findall(text)
+        env_text = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m == 0])
+        assert bare(env_text) == bare("".join(f"<information>{b}</information>" for b in blocks))
+        policy_ids = [i for i, m in zip(ids, mask, strict=True) if m == 1]
+        assert bare(tokenizer.decode(policy_ids, skip_special_tokens=True)) == bare(INFORMATION.sub("", text))
+        searched += bool(blocks)
+    assert searched > 0
+
+
+def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
+    env = env_for(data, base)
+    questions = data.split("train")[:6]
+    flat = questions[0]
+
+    def flat_for_one(completions, answers, **_):  # the first question's group is all equal
+        return [
+            0.0 if a == list(flat.answers) else float(len(c))
+            for c, a in zip(completions, answers, strict=True)
+        ]
+
+    rollouts = SearchRollouts(
+        env,
+        questions,
+        [(flat_for_one, 1.0)],
+        k=2,
+        max_turns=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=12),
+        max_rounds=4,
+    )
+    batch = rollouts.play([flat, questions[1]], group=3, step=0)
+    assert rollouts.stats["sampling/dropped_groups"] >= 1 and batch.questions[0] is not flat
+    assert batch.questions[1] is questions[1]
+    off = SearchRollouts(
+        env,
+        questions,
+        [(flat_for_one, 1.0)],
+        k=2,
+        max_turns=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=12),
+        dynamic_sampling=False,
+    )
+    kept = off.play([flat, questions[1]], group=3, step=0)
+    assert kept.questions[0] is flat and off.stats == {"sampling/rounds": 1, "sampling/dropped_groups": 0,
+                                                       "sampling/flat_groups_kept": 1}  # fmt: skip
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAt(TrainerCallback):
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            raise Killed
+
+
+def test_a_killed_stage_resumes_to_the_uninterrupted_weights(data, base, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    policy(cache_dir=str(straight)).fit(env_for(data, base), data.split("train"), [], tmp_path / "a")
+    killed = tmp_path / "killed"
+    from trl import GRPOTrainer
+
+    init = GRPOTrainer.__init__
+
+    def with_kill(self, *args, callbacks=(), **kwargs):
+        init(self, *args, callbacks=[*callbacks, KillAt()], **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", with_kill)
+    with pytest.raises(Killed):
+        policy(cache_dir=str(killed)).fit(env_for(data, base), data.split("train"), [], tmp_path / "b")
+    monkeypatch.undo()
+    policy(cache_dir=str(killed)).fit(env_for(data, base), data.split("train"), [], tmp_path / "b")
+    [a], [b] = stage_dirs(straight), stage_dirs(killed)
+    assert a.name == b.name  # the same stage key
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+    assert [r["step"] for r in read_records(b / "log.jsonl")] == [1, 2]
+    assert read_records(a / "log.jsonl")[-1]["loss"] == read_records(b / "log.jsonl")[-1]["loss"]
+
+
+def test_bad_settings_are_one_line_errors():
+    with pytest.raises(RagLabError, match="policy.stages: 3 is not a stage"):
+        policy(stages=[3])
+    with pytest.raises(RagLabError, match="reward: DAPO needs reward functions"):
+        policy(rewards={"answer": None}).fit(None, [], [], Path("unused"))
+
+
+def test_format_reward_scores_a_broken_rollout_as_a_failure():
+    broken = "<think>x</think>\n<search>q</search>"  # no answer: the engine ends it, the reward scores it
+    assert format_reward([broken]) == [-1.0]
