@@ -29,7 +29,7 @@ class APEXPipeline(Prompting):
         states, episodes = self.start(batch)
         plans = [[s.question] for s in states]
         if self.plan:
-            for i, a in enumerate(self.ask(env, APEXPlan(), states, episodes)):
+            for i, a in enumerate(self.ask(self.plan_env(env), APEXPlan(), states, episodes)):
                 plans[i] = list(a.plan) if a.kind == PLAN else plans[i]
         seen: list[set[str]] = [set() for _ in batch]
         for j in range(max(len(p) for p in plans)):
@@ -40,6 +40,10 @@ class APEXPipeline(Prompting):
                 states[i].notes.append((plans[i][j], answer))
         self.finish(episodes, self.ask(env, APEXFinal(), states, episodes))
         return episodes
+
+    def plan_env(self, env: Env) -> Env:
+        """Where the plans come from (the trained APEX policy plans with its own planner model)."""
+        return env
 
     def execute(self, env: Env, states: list[State], episodes: list[Episode], subs: list[str],
                 seen: list[set[str]]) -> list[str]:  # fmt: skip
