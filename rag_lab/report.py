@@ -213,8 +213,10 @@ def seed_tables(
         if value == method:
             continue
         theirs = scores(members)
-        shared = [k for k in mine if k in theirs]
-        for m in metrics:
+        for m in metrics:  # over the questions both rows scored (APEX's SEPR: those with a plan)
+            shared = [k for k in mine if k in theirs and None not in (mine[k].get(m), theirs[k].get(m))]
+            if not shared:
+                continue
             res = paired_bootstrap([mine[k][m] for k in shared], [theirs[k][m] for k in shared])
             tests.append({"A": method, "B": value, "metric": m} | {
                 k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()})  # fmt: skip

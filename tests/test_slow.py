@@ -19,11 +19,16 @@ from conftest import TINY_DATA, TINY_LM
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-# A trained policy's smallest run: a couple of steps, a few questions (DAPO: cold start and RL).
+# A trained policy's smallest run: a couple of steps, a few questions (DAPO: cold start and RL; APEX:
+# planner RL and executor SFT).
 SHORT_TRAINING = {
     "rag_lab.policies.dapo.DAPO": ["policy.steps=1", "policy.questions_per_step=1", "policy.group_size=2",
                                    "policy.max_new_tokens=16", "policy.cold_start.limit=4",
                                    "policy.cold_start.max_steps=2", "eval.limit=4"],
+    "rag_lab.policies.apex.APEX": ["policy.planner.train_limit=2", "policy.planner.questions_per_step=1",
+                                   "policy.planner.group_size=2", "policy.planner.epochs=1",
+                                   "policy.planner.max_new_tokens=16", "policy.executor.limit=4",
+                                   "policy.executor.max_steps=2", "eval.limit=4"],
 }  # fmt: skip
 
 
@@ -65,6 +70,38 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
     assert cfg.policy.group_size == 2 and cfg.policy.lr == 1e-6 and cfg.policy.cold_start is None
     metrics = run(cfg, tmp_path / "run")
     assert metrics["all"]["n"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+
+
+@pytest.mark.slow
+def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
+    """apex_musique's planner RL (SEPR, KL, entropy bonus) on SmolLM2, the world's gold plans for
+    MuSiQue's, BM25 for E5 (no downloads here): two GRPO steps on plans, then an evaluation with SEPR."""
+    cfg = compose(
+        [
+            "+experiment=apex_musique",
+            "data=synth",
+            *TINY_DATA,
+            "generator=smollm2",
+            "retriever=bm25",
+            "policy.train_data=null",
+            "policy.teacher=null",
+            "policy.executor_sft=false",
+            "policy.planner.train_limit=2",
+            "policy.planner.questions_per_step=1",
+            "policy.planner.group_size=2",
+            "policy.planner.max_new_tokens=32",
+            "policy.planner.epochs=1",
+            "policy.max_new_tokens=32",
+            "policy.hops=1",
+            "eval.limit=2",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    assert cfg.policy.planner.beta == 0.001 and cfg.policy.planner.entropy_coef == 0.001
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2 and metrics["all"]["sepr"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
 

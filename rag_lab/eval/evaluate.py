@@ -32,6 +32,7 @@ METRIC_FIELDS = [
     "ret_recall",
     "answer_recall",
     "judge_acc",
+    "sepr",
 ]
 
 
@@ -52,6 +53,8 @@ def score_record(
     for name in ANSWER_METRICS:
         record[name] = SCORERS[scorer][name](episode.prediction, list(ex.answers))
     record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
+    # APEX's plan reward, where the policy scored its plan against a gold one
+    record["sepr"] = next((r["sepr"] for r in record["rewards"] if "sepr" in r), None)
     if any(s.text for s in episode.steps) and not record["tokens_total"]:
         # The generator wrote text but counts no tokens (the teacher, openai): unknown, not 0.
         record["tokens"] = record["tokens_total"] = None

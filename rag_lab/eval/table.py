@@ -19,11 +19,12 @@ COLUMNS = {
     "ret_recall": "Ret R",
     "answer_recall": "Ans R",
     "judge_acc": "Judge",
+    "sepr": "SEPR",
     "format_failure_rate": "Fmt",
     "mixed_groups": "Mixed",
     "solved_groups": "Solved",
 }
-PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc",
+PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc", "sepr",
            "format_failure_rate", "mixed_groups", "solved_groups"}  # fmt: skip
 # Shown in a table cell whose metric was not measured (e.g. tokens of a generator that counts none).
 MISSING = "—"
@@ -46,6 +47,8 @@ DESCRIPTIONS = {
     "Ret R": "retrieval recall: the share of the gold supporting passages that were retrieved (%)",
     "Ans R": "answer recall: a normalised gold answer occurs in a retrieved passage (%; FlashRAG's rule)",
     "Judge": "LLM-as-judge accuracy (%; DAPO paper B.4 prompt)",
+    "SEPR": "APEX's plan reward: F1 of the plan's sub-questions matched to the gold plan's (%; "
+    "rag_lab/rewards/sepr.py), over questions with a gold plan",
     "Fmt": "format failures: episodes the protocol could not parse a step of (%; scored as wrong)",
     "Mixed": "with eval.samples=n: questions whose n samples are neither all right nor all wrong by EM (%; "
     "the groups GRPO / DAPO learn from)",

@@ -6,7 +6,8 @@ Plan: the generator decomposes the question into sub-questions (``apex_plan``); 
 plan falls back to the question itself. Execute, for every question's j-th sub-question at once:
 resolve ``#n`` from the knowledge base, then up to ``hops`` rounds of the executor step
 (``apex_exec``: answer, or a new query whose retrieval drops every passage the question has
-already seen); no answer after ``hops`` retrievals → one more step that must answer, else
+already seen; a search that finds nothing new gets one step to answer, as its algorithm 2 stops
+when the retrieval adds nothing); no answer after ``hops`` retrievals → one more step that must answer, else
 "unknown". Each (sub-question, sub-answer) joins the knowledge base. Synthesis: the final answer
 and a confidence from the knowledge base (``apex_final``).
 """
@@ -51,16 +52,23 @@ class APEXPipeline(Prompting):
         tasks = [State(s.question, focus=resolve_references(q, [a for _, a in s.notes]), notes=list(s.notes))
                  for s, q in zip(states, subs, strict=True)]  # fmt: skip
         answers = ["unknown"] * len(states)
-        live = list(range(len(states)))
+        live, last = list(range(len(states))), set()  # last: nothing new came back, so answer now
         for hop in range(self.hops + 1):
             actions = self.ask(env, APEXExecute(), [tasks[i] for i in live], [episodes[i] for i in live])
             for i, a in zip(live, actions, strict=True):
                 if a.kind == ANSWER:
                     answers[i] = a.answer or "unknown"
-            live = [i for i, a in zip(live, actions, strict=True) if a.kind == SEARCH]
-            if not live or hop == self.hops:
+            searching = [(i, a.query) for i, a in zip(live, actions, strict=True)
+                         if a.kind == SEARCH and i not in last]  # fmt: skip
+            if hop == self.hops:
+                searching = []
+            for i, a in zip(live, actions, strict=True):  # a search that is not run is not counted (RC)
+                if a.kind == SEARCH and (i, a.query) not in searching:
+                    episodes[i].steps[-1].query = None
+            if not searching:
                 break
-            queries = [a.query for a in actions if a.kind == SEARCH]
-            self.retrieve(env, [tasks[i] for i in live], [episodes[i] for i in live], queries,
-                          [seen[i] for i in live])  # fmt: skip
+            live = [i for i, _ in searching]
+            found = self.retrieve(env, [tasks[i] for i in live], [episodes[i] for i in live],
+                                  [q for _, q in searching], [seen[i] for i in live], asked=True)  # fmt: skip
+            last = {i for i, new in zip(live, found, strict=True) if not new}
         return answers

@@ -58,16 +58,22 @@ class Prompting:
 
     def retrieve(
         self, env: Env, states: list[State], episodes: list[Episode], queries: list[str],
-        seen: list[set[str]] | None = None,
-    ) -> None:  # fmt: skip
-        """One batched search; the passages join each state (excluding ``seen`` ones when given)."""
+        seen: list[set[str]] | None = None, asked: bool = False,
+    ) -> list[bool]:  # fmt: skip
+        """One batched search; the passages join each state (excluding ``seen`` ones when given) and
+        a search step of each episode: a new one, or with ``asked`` the generated step that asked for
+        it (one search, one step). Whether each search found a passage (with ``seen``: a new one)."""
         hits = env.search(queries, self.k, seen)
         for i, (s, ep, q, found) in enumerate(zip(states, episodes, queries, hits, strict=True)):
             ids = [h.id for h in found]
-            ep.steps.append(Step(action=SEARCH, query=q, retrieved_ids=ids))
+            if asked:
+                ep.steps[-1].retrieved_ids = ids
+            else:
+                ep.steps.append(Step(action=SEARCH, query=q, retrieved_ids=ids))
             s.turns.append(Turn(Action(SEARCH, query=q), env.passages(found)))
             if seen is not None:
                 seen[i].update(ids)
+        return [bool(found) for found in hits]
 
     @staticmethod
     def finish(episodes: list[Episode], actions: list[Action], reason: str = "answer") -> None:

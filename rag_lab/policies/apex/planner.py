@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,11 @@ def plan_steps(completions: list[Any], **_: Any) -> list[float]:
 
 
 def train_planner(
-    generator, questions: list[QAExample], sepr, config: PlannerRL, out: Path, chat: bool = False
-) -> dict:
-    """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats."""
+    generator, questions: list[QAExample], sepr, config: PlannerRL, out: Path, chat: bool = False,
+    callbacks: Sequence[Any] = (),
+) -> dict:  # fmt: skip
+    """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
+    ``callbacks``: extra ``transformers`` trainer callbacks."""
     from datasets import Dataset
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
@@ -119,6 +122,7 @@ def train_planner(
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=generator.tokenizer,
+        callbacks=list(callbacks),
     )
     last = get_last_checkpoint(str(work)) if work.is_dir() else None
     began = time.perf_counter()

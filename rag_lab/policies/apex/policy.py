@@ -24,14 +24,26 @@ from typing import Any
 
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
-from rag_lab.env import Env
+from rag_lab.env import Env, Episode
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.planner import PlannerRL, train_planner
 from rag_lab.policies.apex_pipeline import APEXPipeline
+from rag_lab.policies.dapo.curves import write_curves
+from rag_lab.records import read_records
+from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, content_hash, load
 
 log = logging.getLogger(__name__)
+
+PANELS = [
+    ("plan reward (SEPR)", ["reward", "rewards/SEPR/mean"]),
+    ("plan steps", ["rewards/plan_steps/mean"]),
+    ("KL to the reference / entropy", ["kl", "entropy"]),
+    ("planner loss", ["loss"]),
+    ("plan tokens", ["completions/mean_length"]),
+    ("executor SFT loss", ["sft_loss"]),
+]
 
 
 class APEX(APEXPipeline):
@@ -48,8 +60,12 @@ class APEX(APEXPipeline):
         planner: PlannerRL | None = None,
         # the executor's SFT: the cold start on the executor's protocols
         executor: ColdStartConfig | None = None,
-        # the world the executor's teacher demonstrates on (the run's data)
+        # the world the executor's teacher demonstrates on (the run's data), and the teacher: a generator
+        # (null: the world teacher, data=synth only; the paper's are Qwen2.5-32B-Instruct and DeepSeek-V3)
         data: Any = None,
+        teacher: Any = None,
+        # the data the planner and the executor train on (null: the run's), e.g. apex_musique's MuSiQue
+        train_data: Any = None,
         cache_dir: str = "~/.cache/rag_lab",
         hops: PositiveInt = 3,
         k: PositiveInt = 3,
@@ -59,7 +75,7 @@ class APEX(APEXPipeline):
         super().__init__(plan, hops, k, max_new_tokens, temperature)
         self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, sepr
         self.planner_config, self.executor_config = planner or PlannerRL(), executor
-        self.data, self.cache_dir = data, cache_dir
+        self.data, self.teacher, self.train_data, self.cache_dir = data, teacher, train_data, cache_dir
         self.planner: HFGenerator | None = None
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
@@ -67,24 +83,31 @@ class APEX(APEXPipeline):
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)
+        if self.train_data is not None:
+            train = self.train_data.split("train")
+        rows: list[dict] = []
         if self.plan and self.plan_rl:
             if self.sepr is None:
                 raise RagLabError("policy.sepr: plan RL needs the plan reward (set reward=sepr)")
-            self.planner = self._planner(base, model_dir, tokenizer_dir, train)
+            planner_dir = self._planner(base, model_dir, tokenizer_dir, train)
+            rows += [r | {"stage": "planner"} for r in read_records(planner_dir / "log.jsonl")]
         if self.executor_sft:
-            if self.data is None or self.executor_config is None:
+            data = self.train_data if self.train_data is not None else self.data
+            if data is None or self.executor_config is None:
                 raise RagLabError("policy.executor / policy.data: the executor's SFT needs both")
-            path = cold_start(
-                model_dir,
-                self.data,
-                self.executor_config,
-                self.cache_dir,
-                tokenizer=tokenizer_dir,
-                chat=base.chat,
-            )
+            path = cold_start(model_dir, data, self.executor_config, self.cache_dir, tokenizer=tokenizer_dir,
+                              chat=base.chat, teacher=self.teacher)  # fmt: skip
             env.generator = load(path, batch_size=base.batch_size, seed=base.seed)
+            offset = rows[-1]["step"] if rows else 0
+            losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
+            rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
+        if rows:
+            write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training")
 
-    def _planner(self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample]):
+    def _planner(
+        self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample]
+    ) -> Path:
+        """The planner trained by GRPO with SEPR (cached by content), loaded as ``self.planner``; its dir."""
         from rag_lab.policies.dapo.policy import describe
 
         questions = [q for q in train if q.decomposition]
@@ -117,14 +140,20 @@ class APEX(APEXPipeline):
                 dtype="float32",
             )
             train_planner(fresh, questions, self.sepr, self.planner_config, out, chat=base.chat)
-        return HFGenerator(
-            str(out),
-            str(tokenizer_dir),
-            chat=base.chat,
-            batch_size=base.batch_size,
-            seed=base.seed,
-            dtype="float32",
-        )
+        self.planner = HFGenerator(str(out), str(tokenizer_dir), chat=base.chat, batch_size=base.batch_size,
+                                   seed=base.seed, dtype="float32")  # fmt: skip
+        return out
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        """The pipeline's episodes; with ``sepr``, each plan's SEPR against the gold plan (questions that
+        have one) on the plan step's rewards, which records.jsonl's ``sepr`` and the table's SEPR show."""
+        episodes = super().rollout(env, batch)
+        scored = [(ex, ep) for ex, ep in zip(batch, episodes, strict=True) if ex.decomposition and self.plan]
+        if self.sepr is not None and scored:
+            values = self.sepr([ep.steps[0].text for _, ep in scored], [gold_plan(ex) for ex, _ in scored])
+            for (_, ep), value in zip(scored, values, strict=True):
+                ep.steps[0].rewards["sepr"] = float(value)
+        return episodes
 
     def plan_env(self, env: Env) -> Env:
         """The planner's environment: the trained planner when there is one, else the run's generator."""

@@ -46,13 +46,16 @@ class CurveLog(TrainerCallback):
         self.writer.write([row | self.rollouts.stats])
 
 
-def write_curves(rows: list[dict], out_dir: Path, logger=None) -> None:
-    """The run's curve (every stage, steps numbered on): ``train_log.jsonl``, ``curves.png``, and the
-    logger's metrics once per run (a resumed run that finds them logged does not log them twice)."""
+def write_curves(
+    rows: list[dict], out_dir: Path, logger=None, panels=PANELS, title: str = "DAPO training"
+) -> None:
+    """The run's curve (every stage, steps numbered on): ``train_log.jsonl``, ``curves.png`` (``panels``:
+    (title, row keys) per plot), and the logger's metrics once per run (a resumed run that finds them
+    logged does not log them twice)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in rows)
     atomic_write_text(out_dir / "train_log.jsonl", text)
-    plot(rows, out_dir / "curves.png")
+    plot(rows, out_dir / "curves.png", panels, title)
     marker = out_dir / ".logged"
     if logger is not None and not (marker.exists() and marker.read_text() == str(len(rows))):
         for r in rows:
@@ -60,28 +63,29 @@ def write_curves(rows: list[dict], out_dir: Path, logger=None) -> None:
         atomic_write_text(marker, str(len(rows)))
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, panels=PANELS, title: str = "DAPO training") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), sharex=True)
+    columns = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(2, columns, figsize=(4.4 * columns, 6.5), sharex=True, squeeze=False)
     boundaries = [b["step"] - 0.5 for a, b in zip(rows, rows[1:], strict=False) if a["stage"] != b["stage"]]
-    for ax, (title, keys) in zip(axes.flat, PANELS, strict=True):
+    for ax, (name, keys) in zip(axes.flat, panels, strict=False):
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if key in r]
             if points:
                 ax.plot(*zip(*points, strict=True), label=key.removeprefix("rewards/").removesuffix("/mean"))
         for x in boundaries:
             ax.axvline(x, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(title)
+        ax.set_title(name)
         if len(keys) > 1:
             ax.legend(fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("step (dashed: next stage)")
     stages = " → ".join(dict.fromkeys(r["stage"] for r in rows))
-    fig.suptitle(f"DAPO training, stages {stages}")
+    fig.suptitle(f"{title}, stages {stages}")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -1,0 +1,112 @@
+"""APEX's planner RL (policies/apex/planner.py) on a toy tiny LM: two GRPO steps through TRL with the gold
+plans reaching the reward, the weights moving, and a killed run resuming to the same weights."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from rag_lab.config import compose
+from rag_lab.errors import RagLabError
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.policies.apex.planner import PlannerRL, plan_steps, train_planner
+from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.rewards.sepr import gold_plan
+from rag_lab.train.cold_start import ColdStartConfig, sample_demonstrations
+
+from conftest import TINY_DATA
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return instantiate(compose(TINY_DATA).data)
+
+
+@pytest.fixture(scope="module")
+def base(data, tmp_path_factory) -> Path:
+    """An untrained toy tiny LM whose word-level vocabulary covers the corpus and APEX's formats."""
+    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
+
+    demos = ColdStartConfig(protocols=("apex_*",), limit=4, temperatures=(0.0,))
+    pairs = sample_demonstrations(data, demos, BM25Retriever(data.corpus)).pairs
+    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
+                        pretrain_steps=0, sft_steps=0)  # fmt: skip
+    return train_tiny_lm(
+        [p.contents for p in data.corpus], pairs, config, tmp_path_factory.mktemp("b") / "lm"
+    )
+
+
+class Recorded:
+    """A reward that tells plans apart by length and records the gold plans it was given."""
+
+    def __init__(self):
+        self.gold = []
+
+    def __call__(self, completions, gold_plans, **_):
+        self.gold.extend(tuple(g) for g in gold_plans)
+        return [float(len(c)) for c in completions]
+
+
+class StopAt(TrainerCallback):
+    """Ends training after ``step`` steps, as a kill would (the checkpoint of that step is on disk)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+CONFIG = PlannerRL(group_size=4, questions_per_step=2, epochs=1.0, train_limit=4, lr=1e-2, max_new_tokens=12,
+                   save_steps=1)  # fmt: skip
+
+
+def planner(base: Path) -> HFGenerator:
+    return HFGenerator(str(base), str(base / "tokenizer"), chat=False, dtype="float32", batch_size=64)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def test_two_planner_steps_train_on_the_gold_plans(data, base, tmp_path):
+    questions = [q for q in data.split("train") if q.decomposition][:4]
+    reward, generator = Recorded(), planner(base)
+    stats = train_planner(generator, questions, reward, CONFIG, tmp_path / "planner")
+    assert stats["steps"] == 2 and stats["questions"] == 4
+    assert set(reward.gold) <= {tuple(gold_plan(q)) for q in questions} and reward.gold
+    rows = [line for line in (tmp_path / "planner" / "log.jsonl").read_text().splitlines() if line]
+    assert len(rows) == 2 and all(math.isfinite(json.loads(r)["loss"]) for r in rows)
+    before, after = weights(base), weights(tmp_path / "planner")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert not (tmp_path / "planner.work").exists()
+
+
+def test_a_killed_planner_run_resumes_to_the_same_weights(data, base, tmp_path):
+    questions = [q for q in data.split("train") if q.decomposition][:4]
+    train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "whole")
+    with pytest.raises(RagLabError, match="stopped at step 1; the next run resumes"):
+        train_planner(
+            planner(base), questions, Recorded(), CONFIG, tmp_path / "killed", callbacks=[StopAt(1)]
+        )
+    stats = train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "killed")
+    assert stats["resumed_from"].endswith("checkpoint-1")
+    whole, resumed = weights(tmp_path / "whole"), weights(tmp_path / "killed")
+    assert all(torch.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)
+
+
+def test_plan_steps_counts_parsed_steps():
+    assert plan_steps(["1. Who directed X?\n2. Where was #1 born?", "", "1."]) == [2.0, 0.0, 0.0]
