@@ -35,6 +35,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.rewards.answer import _text
 from rag_lab.rewards.base import Reward
+from rag_lab.rewards.embedding import default_encoder, query_vectors
 
 SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -133,7 +134,7 @@ class SearchReward:
     def __call__(self, completions: list[Any], **_: Any) -> list[float]:
         queries = [searches(c) for c in completions]
         several = [q for qs in queries if len(qs) > 1 for q in qs]
-        vectors = iter(self._unit(self._encode(several)) if several else [])
+        vectors = iter(self._vectors(several) if several else [])
         rule = {"max_words": self.max_words, "question_words": self.question_words, "fillers": self.fillers}
         out = []
         for qs in queries:
@@ -147,18 +148,10 @@ class SearchReward:
             out.append(-pair_sum / pairs)
         return out
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        if self.encoder is None:
-            from rag_lab.retrievers.dense import Encoder
-
-            self.encoder = Encoder("sentence-transformers/all-MiniLM-L6-v2")
-        # embedded as queries: an encoder with a query prefix (E5's "query: ", Qwen3-Embedding's instruction)
-        prefix = getattr(self.encoder, "query_prefix", "")
-        return np.asarray(self.encoder.encode([prefix + t for t in texts]), dtype=np.float64)
-
-    @staticmethod
-    def _unit(m: np.ndarray) -> np.ndarray:
-        return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+    def _vectors(self, texts: list[str]) -> np.ndarray:
+        if self.encoder is None:  # loaded on first use
+            self.encoder = default_encoder()
+        return query_vectors(self.encoder, texts)
 
 
 def correctness(

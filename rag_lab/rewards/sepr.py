@@ -42,6 +42,7 @@ from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN
 from rag_lab.errors import RagLabError
 from rag_lab.rewards.answer import _text
+from rag_lab.rewards.embedding import default_encoder, query_vectors
 
 REFERENCE = re.compile(r"#\s*(\d+)")
 TRIPLE = re.compile(r"^\s*(.+?)\s*>>\s*(.+?)\s*$")
@@ -161,7 +162,7 @@ class SEPR:
         golds = [self._normalized(g) for g in gold_plans]
         pairs = [(p, g) if p and g else None for p, g in zip(predicted, golds, strict=True)]
         texts = list(dict.fromkeys(q for pair in pairs if pair for plan in pair for q in plan))
-        vectors = dict(zip(texts, self._unit(self._encode(texts)), strict=True)) if texts else {}
+        vectors = dict(zip(texts, self._vectors(texts), strict=True)) if texts else {}
         out = []
         for pair in pairs:
             if pair is None:
@@ -179,15 +180,7 @@ class SEPR:
         plan = [normalize_placeholders(q, self.placeholders, step=i) for i, q in enumerate(plan, 1)]
         return [question_form(q) for q in plan] if self.triples == "question" else plan
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        if self.encoder is None:
-            from rag_lab.retrievers.dense import Encoder
-
-            self.encoder = Encoder("sentence-transformers/all-MiniLM-L6-v2")
-        # embedded as queries: an encoder with a query prefix (E5's "query: ", Qwen3-Embedding's instruction)
-        prefix = getattr(self.encoder, "query_prefix", "")
-        return np.asarray(self.encoder.encode([prefix + t for t in texts]), dtype=np.float64)
-
-    @staticmethod
-    def _unit(m: np.ndarray) -> np.ndarray:
-        return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+    def _vectors(self, texts: list[str]) -> np.ndarray:
+        if self.encoder is None:  # loaded on first use
+            self.encoder = default_encoder()
+        return query_vectors(self.encoder, texts)
