@@ -37,7 +37,7 @@ from rag_lab.train.cold_start import ColdStartConfig, cold_start, content_hash, 
 log = logging.getLogger(__name__)
 
 PANELS = [
-    ("plan reward (SEPR)", ["reward", "rewards/SEPR/mean"]),
+    ("plan reward (SEPR)", ["rewards/sepr/mean"]),
     ("plan steps", ["rewards/plan_steps/mean"]),
     ("KL to the reference / entropy", ["kl", "entropy"]),
     ("planner loss", ["loss"]),
