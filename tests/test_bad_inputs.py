@@ -170,7 +170,7 @@ CASES = [
     Case("k = 0", "run", ["policy=standard_rag", "policy.k=0"], 1, r"'policy\.k' must be >= 1, got 0"),
     Case("k negative", "run", ["policy=retrieve_only", "policy.k=-3"], 1, r"'policy\.k' must be >= 1"),
     Case("iterations 0", "run", ["policy=iter_retgen", "policy.iterations=0"], 1, r"'policy\.iterations'"),
-    Case("unknown group option", "run", ["policy=nope"], 1, r"policy/nope.*options: agent, apex_prompt"),
+    Case("unknown group option", "run", ["policy=nope"], 1, r"policy/nope.*options: agent, .*stoprag"),
     Case("malformed override", "run", ["eval.limit=["], 1, r"malformed override 'eval\.limit=\['"),
     Case("unknown flag", "run", ["--bogus"], 2, r"--bogus"),
     Case("unknown split", "run", ["eval.split=tset"], 1, r"no split 'tset' \(has: train, dev, test\)"),

@@ -116,18 +116,36 @@ def test_demo_sweep_points_run(generator, tmp_path):
     assert run(cfg, tmp_path / "run")["all"]["n"] == 6
 
 
+def toy_lm() -> list[str]:
+    """generator=tiny's toy recipe (what the tiny_cfg fixture adds), for a sweep run as a subprocess."""
+    generator = compose(["generator=tiny"]).generator
+    return [*TINY_LM, *(["generator.reading_steps=4"] if generator.reading_steps else []),
+            *(["generator.tune_steps=2"] if generator.get("tune_steps") else [])]  # fmt: skip
+
+
+# notebook -> (the variable naming its sweep, the sweep's overrides on the tiny world)
+SWEEPS = {
+    "stoprag.ipynb": ("RAG_LAB_STOPRAG", ["+experiment=stoprag_synth", "policy.iterations=3", "seed=0,1"]),
+    "dapo.ipynb": ("RAG_LAB_DAPO", ["+experiment=dapo_synth", *toy_lm(),
+                                    *SHORT_TRAINING["rag_lab.policies.dapo.DAPO"]]),
+    "apex.ipynb": ("RAG_LAB_APEX", ["+experiment=apex_synth", *toy_lm(),
+                                    *SHORT_TRAINING["rag_lab.policies.apex.APEX"]]),
+}  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     run(compose(TINY_DATA), tmp_path / "runs" / "a")
     run(compose([*TINY_DATA, "policy.k=1"]), tmp_path / "runs" / "b")
     monkeypatch.setenv("RAG_LAB_RUNS", str(tmp_path / "runs"))
-    if path.name == "stoprag.ipynb":  # a real (tiny) stoprag_synth sweep for it to read
-        sweep = tmp_path / "stoprag"
-        subprocess.run([sys.executable, "-m", "rag_lab.run", "+experiment=stoprag_synth", *TINY_DATA,
-                        "policy.iterations=3", "seed=0,1", f"hydra.sweep.dir={sweep}",
-                        f"cache_dir={tmp_path / 'cache'}"], check=True, cwd=path.parent.parent)  # fmt: skip
-        monkeypatch.setenv("RAG_LAB_STOPRAG", str(sweep))
+    if path.name in SWEEPS:  # a real (tiny) sweep of the paper's experiment for it to read
+        variable, overrides = SWEEPS[path.name]
+        sweep = tmp_path / "sweep"
+        subprocess.run([sys.executable, "-m", "rag_lab.run", *TINY_DATA, *overrides,
+                        f"hydra.sweep.dir={sweep}", f"cache_dir={tmp_path / 'cache'}"],
+                       check=True, cwd=path.parent.parent)  # fmt: skip
+        monkeypatch.setenv(variable, str(sweep))
     nb = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
         "stored with outputs"

@@ -353,7 +353,9 @@ def sft(
         completion_only_loss=config.completion_only_loss,
         # rows are already cut to max_length from the prompt's left; this only guards
         max_length=config.max_length,
-        logging_steps=max(1, min(25, steps // 10)),
+        # group_by_length draws megabatches of 50 batches, each sorted longest first: a log every 50
+        # steps averages whole megabatches (every 25 would alternate long and short halves)
+        logging_steps=max(1, min(50, steps // 10)),
         save_strategy="steps",
         save_steps=config.save_steps,
         # the newest two: a kill while one is written leaves the one before

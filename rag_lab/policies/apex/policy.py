@@ -102,7 +102,7 @@ class APEX(APEXPipeline):
             losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
         if rows:
-            write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training")
+            write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training", sharex=False)
 
     def _planner(
         self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample]

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from transformers import TrainerCallback
 
 from rag_lab.records import RecordWriter, atomic_write_text, read_records
@@ -47,7 +48,12 @@ class CurveLog(TrainerCallback):
 
 
 def write_curves(
-    rows: list[dict], out_dir: Path, logger=None, panels=PANELS, title: str = "DAPO training"
+    rows: list[dict],
+    out_dir: Path,
+    logger=None,
+    panels=PANELS,
+    title: str = "DAPO training",
+    sharex: bool = True,
 ) -> None:
     """The run's curve (every stage, steps numbered on): ``train_log.jsonl``, ``curves.png`` (``panels``:
     (title, row keys) per plot), and the logger's metrics once per run (a resumed run that finds them
@@ -55,7 +61,7 @@ def write_curves(
     out_dir.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in rows)
     atomic_write_text(out_dir / "train_log.jsonl", text)
-    plot(rows, out_dir / "curves.png", panels, title)
+    plot(rows, out_dir / "curves.png", panels, title, sharex)
     marker = out_dir / ".logged"
     if logger is not None and not (marker.exists() and marker.read_text() == str(len(rows))):
         for r in rows:
@@ -63,27 +69,44 @@ def write_curves(
         atomic_write_text(marker, str(len(rows)))
 
 
-def plot(rows: list[dict], path: Path, panels=PANELS, title: str = "DAPO training") -> None:
+def plot(
+    rows: list[dict], path: Path, panels=PANELS, title: str = "DAPO training", sharex: bool = True
+) -> None:
+    """``panels`` in a 2-row grid; ``sharex``: one step axis (stages that follow each other), else each
+    panel its own (stages of different lengths whose panels do not overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     columns = math.ceil(len(panels) / 2)
-    fig, axes = plt.subplots(2, columns, figsize=(4.4 * columns, 6.5), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(2, columns, figsize=(4.4 * columns, 6.5), sharex=sharex, squeeze=False)
     boundaries = [b["step"] - 0.5 for a, b in zip(rows, rows[1:], strict=False) if a["stage"] != b["stage"]]
     for ax, (name, keys) in zip(axes.flat, panels, strict=False):
         for key in keys:
-            points = [(r["step"], r[key]) for r in rows if key in r]
-            if points:
-                ax.plot(*zip(*points, strict=True), label=key.removeprefix("rewards/").removesuffix("/mean"))
-        for x in boundaries:
+            points = [(r["step"], r[key], r["stage"]) for r in rows if key in r]
+            if not points:
+                continue
+            label = key.removeprefix("rewards/").removesuffix("/mean")
+            window = len(points) // 15
+            if window < 2:
+                ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+                continue
+            # a noisy per-step curve: faint, with its moving average (within each stage) on top
+            line = ax.plot([p[0] for p in points], [p[1] for p in points], alpha=0.3, linewidth=0.8)[0]
+            for i, stage in enumerate(dict.fromkeys(p[2] for p in points)):
+                steps, values = zip(*[(p[0], p[1]) for p in points if p[2] == stage], strict=True)
+                if len(values) >= window:
+                    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+                    ax.plot(steps[window - 1 :], smooth, color=line.get_color(),
+                            label=f"{label} (mean of {window})" if i == 0 else None)  # fmt: skip
+        for x in boundaries if sharex else []:
             ax.axvline(x, color="grey", linestyle="--", linewidth=1)
         ax.set_title(name)
-        if len(keys) > 1:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("step (dashed: next stage)")
+    for ax in axes[-1] if sharex else axes.flat:
+        ax.set_xlabel("step (dashed: next stage)" if sharex else "step")
     stages = " → ".join(dict.fromkeys(r["stage"] for r in rows))
     fig.suptitle(f"{title}, stages {stages}")
     fig.tight_layout()
