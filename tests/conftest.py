@@ -107,3 +107,35 @@ def tiny_lm(tmp_path_factory):
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Toy models train 50x faster on one thread than on two when another job holds a core (OpenMP's
+    threads wait on each other). Modules that train take it with ``pytestmark``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    """The tiny world (``TINY_DATA``), loaded once per module (a module may define its own)."""
+    from hydra.utils import instantiate
+
+    return instantiate(compose(TINY_DATA).data)
+
+
+def untrained_tiny_lm(data, protocols: tuple[str, ...], path: Path, special_tokens=()) -> Path:
+    """An untrained toy tiny LM (16 wide, 1 layer) whose word-level vocabulary covers the corpus and the
+    teacher's demonstrations of ``protocols``."""
+    from rag_lab.retrievers.bm25 import BM25Retriever
+    from rag_lab.train.cold_start import ColdStartConfig, sample_demonstrations
+    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
+
+    demos = ColdStartConfig(protocols=protocols, limit=4, temperatures=(0.0,))
+    pairs = sample_demonstrations(data, demos, BM25Retriever(data.corpus)).pairs
+    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
+                        pretrain_steps=0, sft_steps=0)  # fmt: skip
+    return train_tiny_lm([p.contents for p in data.corpus], pairs, config, path, special_tokens)

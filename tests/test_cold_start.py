@@ -33,7 +33,7 @@ from rag_lab.train.cold_start import (
     sample_demonstrations,
 )
 
-from conftest import TINY_DATA
+from conftest import TINY_DATA, untrained_tiny_lm
 
 # APEX's plans (short rows) of four questions, a greedy and a sampled rollout each; six SFT steps of
 # four rows, a checkpoint every two.
@@ -42,19 +42,7 @@ FAST = ColdStartConfig(protocols=("apex_plan",), limit=4, temperatures=(0.0, 1.0
 LORA = LoRA(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Toy models train 50x faster on one thread than on two when another job holds a core (OpenMP's
-    threads wait on each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data():
-    return instantiate(compose(TINY_DATA).data)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +51,11 @@ def retriever(data):
 
 
 @pytest.fixture(scope="module")
-def base(data, retriever, tmp_path_factory) -> Path:
+def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the demonstrations."""
-    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
     from rag_lab.train.tiny_world import TAGS
 
-    pairs = sample_demonstrations(data, replace(FAST, protocols=("r3rag", "apex_*")), retriever).pairs
-    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
-                        pretrain_steps=0, sft_steps=0)  # fmt: skip
-    texts = [p.contents for p in data.corpus]
-    return train_tiny_lm(texts, pairs, config, tmp_path_factory.mktemp("base") / "lm", TAGS)
+    return untrained_tiny_lm(data, ("r3rag", "apex_*"), tmp_path_factory.mktemp("base") / "lm", TAGS)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

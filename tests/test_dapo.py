@@ -7,11 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra.utils import instantiate
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from rag_lab.config import compose
 from rag_lab.env import Env
 from rag_lab.env.protocols.tagged import INFORMATION
 from rag_lab.errors import RagLabError
@@ -22,37 +20,18 @@ from rag_lab.policies.dapo.rollout import SearchRollouts
 from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.dapo import format_reward
-from rag_lab.train.cold_start import ColdStartConfig, sample_demonstrations
 
-from conftest import TINY_DATA
+from conftest import untrained_tiny_lm
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data():
-    return instantiate(compose(TINY_DATA).data)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the dapo protocol."""
-    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
     from rag_lab.train.tiny_world import TAGS
 
-    demos = ColdStartConfig(protocols=("dapo",), limit=4, temperatures=(0.0,))
-    pairs = sample_demonstrations(data, demos, BM25Retriever(data.corpus)).pairs
-    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
-                        pretrain_steps=0, sft_steps=0)  # fmt: skip
-    return train_tiny_lm(
-        [p.contents for p in data.corpus], pairs, config, tmp_path_factory.mktemp("b") / "lm", TAGS
-    )
+    return untrained_tiny_lm(data, ("dapo",), tmp_path_factory.mktemp("b") / "lm", TAGS)
 
 
 class SearchesFirst(HFGenerator):
