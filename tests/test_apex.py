@@ -92,3 +92,28 @@ def test_unparsable_plan_falls_back_to_the_question(corpus):
     ep, generator, _ = episode(corpus, ["no plan here", "ANSWER: Paris", "ANSWER: Paris"])
     assert ep.prediction == "Paris"
     assert "Where was the director of Film X born?" in generator.prompts[1]
+
+
+def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp_path, monkeypatch):
+    """Table 2's "plan + executor SFT" row: the fine-tuned model executes, the untrained one still plans."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from rag_lab.policies.apex import policy as apex
+
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "train.json").write_text('{"sft": {"losses": [{"step": 1, "loss": 2.0}]}}')
+    base = Scripted("1. Who directed Film X?\n2. Where was #1 born?")
+    base.model, base.tokenizer = SimpleNamespace(name_or_path="m"), SimpleNamespace(name_or_path="t")
+    base.batch_size, base.seed = 2, 0
+    tuned = Scripted("ANSWER: Ada Stone", "ANSWER: Paris", "ANSWER: Paris\nCONFIDENCE: 0.9")
+    monkeypatch.setattr(apex, "cold_start", lambda *args, **kwargs: tmp_path / "sft")
+    monkeypatch.setattr(apex, "load", lambda path, **kwargs: tuned)
+    monkeypatch.setattr(apex, "write_curves", lambda *args, **kwargs: None)
+    policy = apex.APEX(plan=True, plan_rl=False, executor_sft=True, executor=object(), data=object())
+    env = Env(corpus, Listed([p.id for p in list(corpus)[:5]]), base)
+    policy.fit(env, [], [], Path(tmp_path / "run"))
+    ex = QAExample(id="q", question="Where was the director of Film X born?", answers=("Paris",))
+    [ep] = policy.rollout(env, [ex])
+    assert env.generator is tuned and len(base.prompts) == 1 and not base.replies  # base wrote the plan
+    assert len(tuned.prompts) == 3 and ep.prediction == "Paris"

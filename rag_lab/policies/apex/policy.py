@@ -98,6 +98,8 @@ class APEX(APEXPipeline):
             path = cold_start(model_dir, data, self.executor_config, self.cache_dir, tokenizer=tokenizer_dir,
                               chat=base.chat, teacher=self.teacher)  # fmt: skip
             env.generator = load(path, batch_size=base.batch_size, seed=base.seed)
+            if self.plan and self.planner is None:
+                self.planner = base  # the untrained planner plans, not the executor's fine-tuned model
             offset = rows[-1]["step"] if rows else 0
             losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
@@ -156,5 +158,6 @@ class APEX(APEXPipeline):
         return episodes
 
     def plan_env(self, env: Env) -> Env:
-        """The planner's environment: the trained planner when there is one, else the run's generator."""
+        """The planner's environment: the planner (trained, or the untrained model when only the executor
+        was fine-tuned) when fit set one, else the run's generator."""
         return env if self.planner is None else Env(env.corpus, env.retriever, self.planner)
