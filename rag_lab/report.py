@@ -184,12 +184,15 @@ def seed_tables(
     """A method against its baselines over seeds: one table per entry of ``tables`` (rows: the values
     of override ``by`` in sweep order; cells: mean ± sd over seeds), and the paired bootstrap of
     ``method`` against every other row on the per-question scores of all seeds pooled (pairs match
-    on seed and question id)."""
+    on seed and question id). A sweep without ``method``'s row (a partial ablation) is compared
+    against its last row instead; the table's caption says so (``tests.attrs["method"]``)."""
     groups: dict[str, list[Path]] = {}
     for run in runs:
         groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
+    if not groups:
+        raise RagLabError(f"no runs to tabulate by {by}")
     if method not in groups:
-        raise RagLabError(f"no run with {by}={method} (have: {', '.join(groups)})")
+        method = list(groups)[-1]
     out = {}
     for name, columns in tables.items():
         rows = []
@@ -220,7 +223,9 @@ def seed_tables(
             res = paired_bootstrap([mine[k][m] for k in shared], [theirs[k][m] for k in shared])
             tests.append({"A": method, "B": value, "metric": m} | {
                 k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()})  # fmt: skip
-    return out, pd.DataFrame(tests)
+    tests = pd.DataFrame(tests)
+    tests.attrs["method"] = method
+    return out, tests
 
 
 class SeedTablesCallback(Callback):
@@ -244,7 +249,9 @@ class SeedTablesCallback(Callback):
         parts = [f"# {self.title or sweep.name}\n"]
         for name, table in tables.items():
             parts.append(f"## {name}\n\n{to_markdown(table)}")
-        parts.append(f"## paired bootstrap ({self.method} - baseline, seeds pooled)\n\n{to_markdown(tests)}")
+        method = tests.attrs["method"]
+        note = "" if method == self.method else f" ({self.by}={self.method} is not in this sweep)"
+        parts.append(f"## paired bootstrap ({method} - baseline, seeds pooled){note}\n\n{to_markdown(tests)}")
         text = "\n".join(parts)
         atomic_write_text(sweep / "tables.md", text)
         tests.to_csv(sweep / "bootstrap.csv", index=False)

@@ -55,6 +55,7 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
             "data=synth",
             *TINY_DATA,
             "generator=smollm2",
+            "~generator.model",  # the experiment's hub model: smollm2 takes none
             "retriever=bm25",
             "policy.train_data=null",
             "reward.search.encoder.model=sentence-transformers/all-MiniLM-L6-v2",
@@ -84,6 +85,7 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
             "data=synth",
             *TINY_DATA,
             "generator=smollm2",
+            "~generator.model",  # the experiment's hub model: smollm2 takes none
             "retriever=bm25",
             "policy.train_data=null",
             "policy.teacher=null",

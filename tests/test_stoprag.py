@@ -353,3 +353,7 @@ def test_seed_tables_average_seeds_and_pair_questions_across_seeds(tmp_path):
     assert t1.loc["stoprag", "F1"] == "70.5 ± 0.7" and t1.loc["fixed_iter", "RC"] == "2.50 ± 0.71"
     f1 = tests[(tests.B == "fixed_iter") & (tests.metric == "f1")].iloc[0]
     assert f1.n == 20 and f1.delta == pytest.approx(0.2)  # 2 seeds x 10 questions, paired
+    # a partial sweep without the method's row compares against its last row instead of failing
+    _, partial = seed_tables([r for r in runs if "stoprag" not in r.name] + runs[2:3], "policy", "llm_stop",
+                             {"t1": ["F1"]})  # fmt: skip
+    assert partial.attrs["method"] == "stoprag" and set(partial.B) == {"fixed_iter"}
