@@ -45,6 +45,18 @@ def test_experiment_smoke(name, tiny_cfg, tmp_path):
     assert metrics["all"]["n"] > 0
 
 
+# A paper experiment run here: the world for its data set, SmolLM2 for its hub model (which smollm2
+# takes none of), BM25 for its dense retriever, the world's train split.
+PAPER_SETUP_ON_SMOLLM2 = [
+    "data=synth",
+    *TINY_DATA,
+    "generator=smollm2",
+    "~generator.model",
+    "retriever=bm25",
+    "policy.train_data=null",
+]
+
+
 @pytest.mark.slow
 def test_dapo_paper_setup_trains_smollm2(tmp_path):
     """dapo_2wiki's trainer (G, lr, stages, rewards) on SmolLM2, the world for 2Wiki, BM25 for E5 and
@@ -52,12 +64,7 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
     cfg = compose(
         [
             "+experiment=dapo_2wiki",
-            "data=synth",
-            *TINY_DATA,
-            "generator=smollm2",
-            "~generator.model",  # the experiment's hub model: smollm2 takes none
-            "retriever=bm25",
-            "policy.train_data=null",
+            *PAPER_SETUP_ON_SMOLLM2,
             "reward.search.encoder.model=sentence-transformers/all-MiniLM-L6-v2",
             "policy.stages=[1]",
             "policy.steps=2",
@@ -82,12 +89,7 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
     cfg = compose(
         [
             "+experiment=apex_musique",
-            "data=synth",
-            *TINY_DATA,
-            "generator=smollm2",
-            "~generator.model",  # the experiment's hub model: smollm2 takes none
-            "retriever=bm25",
-            "policy.train_data=null",
+            *PAPER_SETUP_ON_SMOLLM2,
             "policy.teacher=null",
             "policy.executor_sft=false",
             "policy.planner.train_limit=2",
