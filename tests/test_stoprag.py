@@ -15,8 +15,9 @@ import torch
 
 from rag_lab.config import compose
 from rag_lab.policies.stoprag.offline import Trajectory
-from rag_lab.policies.stoprag.policy import StopRAG, stop_times
+from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
+from rag_lab.policies.stoprag.tau import stop_times
 
 from conftest import TINY_DATA
 

@@ -160,3 +160,10 @@ def cache_path(cache_dir: str, env: Env, examples: Sequence[QAExample], settings
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(cache_dir).expanduser() / "stoprag" / f"{digest}.jsonl"
+
+
+def states_of(traj: Trajectory, upto: int) -> list[tuple[str, list[str]]]:
+    """(question, [d_1 .. d_t]) for t = 1 .. upto."""
+    docs = [p for turn in traj.passages for p in turn]
+    per = [len(turn) for turn in traj.passages]
+    return [(traj.question, docs[: sum(per[:t])]) for t in range(1, upto + 1)]

@@ -3,10 +3,8 @@ METHODS.md §1).
 
 ``fit``: offline trajectories of the wrapped pipeline on the training questions (offline.py) →
 the Q-network (qnet.py) trained on full-width forward-view Q(λ) targets (targets.py, eqs. 8-12;
-λ annealed, cosine 1.0 → 0.1 by default) → τ tuned on the validation split: every dev question
-runs once to the horizon with the greedy final answer kept at every state, so the F1 and the
-average steps of *any* τ follow exactly (the pipeline is deterministic and a stop only cuts the
-trace); the curve goes to ``tau_curve.csv`` / ``tau_curve.png`` and the best-F1 τ is kept.
+λ annealed, cosine 1.0 → 0.1 by default) → τ tuned on the validation split (tau.py: every τ of the
+grid scored exactly from one run of each dev question to the horizon; the best-F1 τ is kept).
 ``rollout``: the wrapped pipeline with :class:`QStopper` — stop when Q(s, STOP) − Q(s, CONT) > τ.
 
 The wrapped loop is anything with the pipeline interface (``iterations``, ``iterate``, ``final``,
@@ -35,7 +33,6 @@ Not results but costs, the generator-call counts of ``stoprag.json`` count the c
 during data collection or τ tuning loses the killed process's count of those stages.
 """
 
-import csv
 import hashlib
 import json
 import logging
@@ -54,29 +51,14 @@ from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
 from rag_lab.errors import RagLabError
-from rag_lab.eval.metrics import SCORERS
 from rag_lab.policies.pipeline import IterativePipeline
-from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, cache_path, collect
+from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, cache_path, collect, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import TARGETS, keep, lambda_at, targets
+from rag_lab.policies.stoprag.tau import tune_tau
 from rag_lab.records import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
-
-
-def states_of(traj: Trajectory, upto: int) -> list[tuple[str, list[str]]]:
-    """(question, [d_1 .. d_t]) for t = 1 .. upto."""
-    docs = [p for turn in traj.passages for p in turn]
-    per = [len(turn) for turn in traj.passages]
-    return [(traj.question, docs[: sum(per[:t])]) for t in range(1, upto + 1)]
-
-
-def stop_times(margins: torch.Tensor, tau: float) -> torch.Tensor:
-    """[N] the first t in 1 .. T-1 with margin > τ, else T, from ``margins[:, t]`` (column 0 unused)."""
-    horizon = margins.shape[1]
-    hit = margins[:, 1:] > tau
-    first = hit.float().argmax(dim=1) + 1
-    return torch.where(hit.any(dim=1), first, torch.full_like(first, horizon))
 
 
 def batches(pairs: list, batch_size: int, seed: int, start: int = 0) -> Iterator[list]:
@@ -120,6 +102,22 @@ def save_atomic(obj, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def encoded_states(qnet: QNetwork, inputs: list[list[tuple]], path: Path | None) -> torch.Tensor | None:
+    """[N, T-1, d] the frozen encoder's pooled states ``inputs[i][t-1]``, loaded from ``path`` when it
+    is there, else encoded (256 a pass) and saved there."""
+    if path is not None and path.exists():
+        return torch.load(path, map_location=qnet.stop_head[1].weight.device)
+    flat = [s for row in inputs for s in row]
+    if not flat:
+        return None
+    chunks = tqdm(range(0, len(flat), 256), desc="encode states", unit="batch")
+    pooled = [qnet.encode(flat[i : i + 256]) for i in chunks]
+    features = torch.cat(pooled).view(len(inputs), len(inputs[0]), -1)
+    if path is not None:
+        save_atomic(features, path)
+    return features
 
 
 class QStopper:
@@ -298,17 +296,7 @@ class StopRAG:
         self.stats["states"] = {"all": len(trajs) * (horizon - 1), "kept": len(pairs),
                                 "train": len(train_pairs), "val": len(val_pairs)}  # fmt: skip
         inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
-        features = None
-        if qnet.frozen and features_path is not None and features_path.exists():
-            features = torch.load(features_path, map_location=device)
-        elif qnet.frozen:
-            flat = [s for row in inputs for s in row]
-            pooled = []
-            for start in tqdm(range(0, len(flat), 256), desc="encode states", unit="batch"):
-                pooled.append(qnet.encode(flat[start : start + 256]))
-            features = torch.cat(pooled).view(len(trajs), horizon - 1, -1) if flat else None
-            if features_path is not None and features is not None:
-                save_atomic(features, features_path)
+        features = encoded_states(qnet, inputs, features_path) if qnet.frozen else None
         qnet.clear_cache()  # held in `features`; a cached file or a resume never filled the memo
         params = [p for p in qnet.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
@@ -411,39 +399,11 @@ class StopRAG:
     # ---------------------------------------------------------------------------------------------
     def tune_tau(self, env: Env, dev: list[QAExample], out_dir: Path) -> None:
         """Every τ of the grid on the validation split, from one run to the horizon (see module doc)."""
+        trajs = collect(self.pipeline, env, dev, out_dir / "dev_trajectories.jsonl", samples=0,
+                        greedy_answers=True, batch_size=self.batch_questions,
+                        desc="stoprag τ tuning (dev)")  # fmt: skip
         horizon = self.pipeline.iterations
-        path = out_dir / "dev_trajectories.jsonl"
-        trajs = collect(self.pipeline, env, dev, path, samples=0, greedy_answers=True,
-                        batch_size=self.batch_questions, desc="stoprag τ tuning (dev)")  # fmt: skip
-        margins = torch.zeros(len(trajs), horizon)
-        with torch.no_grad():
-            for i in range(0, len(trajs), 8):  # 8 questions' states per forward pass
-                chunk = trajs[i : i + 8]
-                flat = [s for t in chunk for s in states_of(t, horizon - 1)]
-                stop, cont = self.qnet(flat)
-                margins[i : i + len(chunk), 1:] = (stop - cont).float().cpu().view(len(chunk), horizon - 1)
-        f1, em = SCORERS["squad"]["f1"], SCORERS["squad"]["em"]
-        gold = {ex.id: list(ex.answers) for ex in dev}
-        curve = []
-        for tau in self.tau_grid:
-            ts = stop_times(margins, tau).tolist()
-            answers = [t.answers[s - 1] for t, s in zip(trajs, ts, strict=True)]
-            golds = [gold[t.question_id] for t in trajs]
-            row = {"tau": tau,
-                   "f1": 100 * sum(map(f1, answers, golds)) / len(trajs),
-                   "em": 100 * sum(map(em, answers, golds)) / len(trajs),
-                   "steps": sum(ts) / len(ts)}  # fmt: skip
-            curve.append(row)
-        best = max(curve, key=lambda r: (round(r["f1"], 6), -r["steps"]))
-        self.tau = best["tau"]
-        self.stats["tau"] = best
-        with (out_dir / "tau_curve.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["tau", "f1", "em", "steps"])
-            writer.writeheader()
-            writer.writerows(curve)
-        plot_tau_curve(curve, self.tau, out_dir / "tau_curve.png")
-        log.info("Stop-RAG: τ = %.2f on %d validation questions (F1 %.1f, %.2f steps)",
-                 self.tau, len(trajs), best["f1"], best["steps"])  # fmt: skip
+        self.tau, self.stats["tau"] = tune_tau(self.qnet, trajs, dev, horizon, self.tau_grid, out_dir)
 
     # ---------------------------------------------------------------------------------------------
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
@@ -451,27 +411,3 @@ class StopRAG:
             raise RuntimeError("Stop-RAG has no trained Q-network: run fit() first")
         self.pipeline.stopper = QStopper(self.qnet, self.tau)
         return self.pipeline.rollout(env, batch)
-
-
-def plot_tau_curve(curve: list[dict], tau: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    taus = [r["tau"] for r in curve]
-    ax.plot(taus, [r["f1"] for r in curve], color="tab:blue", label="F1")
-    ax.set_xlabel("τ (stop when Q(STOP) − Q(CONT) > τ)")
-    ax.set_ylabel("validation F1", color="tab:blue")
-    ax.axvline(tau, color="grey", linestyle="--", linewidth=1)
-    twin = ax.twinx()
-    twin.plot(taus, [r["steps"] for r in curve], color="tab:orange", label="steps")
-    twin.set_ylabel("average iterations", color="tab:orange")
-    ax.set_title(f"Stop-RAG τ curve (chosen τ = {tau:.2f})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
