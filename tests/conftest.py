@@ -131,7 +131,8 @@ def untrained_tiny_lm(data, protocols: tuple[str, ...], path: Path, special_toke
     """An untrained toy tiny LM (16 wide, 1 layer) whose word-level vocabulary covers the corpus and the
     teacher's demonstrations of ``protocols``."""
     from rag_lab.retrievers.bm25 import BM25Retriever
-    from rag_lab.train.cold_start import ColdStartConfig, sample_demonstrations
+    from rag_lab.train.cold_start import ColdStartConfig
+    from rag_lab.train.demonstrations import sample_demonstrations
     from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
 
     demos = ColdStartConfig(protocols=protocols, limit=4, temperatures=(0.0,))

@@ -24,14 +24,9 @@ from rag_lab.generators.teacher.agent import Noise
 from rag_lab.generators.teacher.generator import TeacherGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train import cold_start as cs
-from rag_lab.train.cold_start import (
-    ColdStartConfig,
-    LoRA,
-    chosen_protocols,
-    cold_start,
-    load,
-    sample_demonstrations,
-)
+from rag_lab.train import demonstrations as demos_module
+from rag_lab.train.cold_start import ColdStartConfig, LoRA, cold_start, load
+from rag_lab.train.demonstrations import chosen_protocols, sample_demonstrations
 
 from conftest import TINY_DATA, untrained_tiny_lm
 
@@ -146,7 +141,7 @@ def test_sft_trains_publishes_and_reuses(base, data, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("sampled or trained again")
 
-    monkeypatch.setattr(cs, "sample_demonstrations", fail)
+    monkeypatch.setattr(demos_module, "sample_demonstrations", fail)
     monkeypatch.setattr(cs, "sft", fail)
     assert cold_start(base, data, FAST, tmp_path, tokenizer=base / "tokenizer") == out
     monkeypatch.undo()
