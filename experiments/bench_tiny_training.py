@@ -22,7 +22,7 @@ from benchlib import peak_rss_mb, publish
 from rag_lab.data.synth import SynthDataset
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train import tiny_lm as tiny
-from rag_lab.train.tiny_world import (
+from rag_lab.train.tiny_reading import (
     group_by_length,
     intermediate_reading_item,
     page_facts,

@@ -48,7 +48,7 @@ def retriever(data):
 @pytest.fixture(scope="module")
 def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the demonstrations."""
-    from rag_lab.train.tiny_world import TAGS
+    from rag_lab.train.tiny_reading import TAGS
 
     return untrained_tiny_lm(data, ("r3rag", "apex_*"), tmp_path_factory.mktemp("base") / "lm", TAGS)
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the dapo protocol."""
-    from rag_lab.train.tiny_world import TAGS
+    from rag_lab.train.tiny_reading import TAGS
 
     return untrained_tiny_lm(data, ("dapo",), tmp_path_factory.mktemp("b") / "lm", TAGS)
 

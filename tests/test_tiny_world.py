@@ -38,7 +38,7 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     import json
 
     from rag_lab.generators import tiny
-    from rag_lab.train.tiny_world import ship
+    from rag_lab.train.ship import ship
 
     from conftest import TINY_DATA, TINY_LM
 
@@ -93,7 +93,7 @@ def test_reading_drills_and_renaming(tiny_cfg):
 
     from rag_lab.data.base import Passage
     from rag_lab.generators.teacher.reader import answer_from
-    from rag_lab.train.tiny_world import page_facts, reading_drills, renamer
+    from rag_lab.train.tiny_reading import page_facts, reading_drills, renamer
 
     data = instantiate(tiny_cfg().data)
     drills = reading_drills(page_facts(data))
@@ -120,7 +120,7 @@ def test_reading_drills_and_renaming(tiny_cfg):
 def test_reading_pages_ask_every_question_of_a_page_and_shuffle_keeps_them(tiny_cfg):
     import random
 
-    from rag_lab.train.tiny_world import page_facts, reading_pages, shuffle_questions
+    from rag_lab.train.tiny_reading import page_facts, reading_pages, shuffle_questions
 
     facts = page_facts(instantiate(tiny_cfg().data))
     items = reading_pages(facts)
@@ -148,7 +148,7 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
     from rag_lab.env.protocols.base import identify
     from rag_lab.generators.teacher.reader import answer_from
     from rag_lab.retrievers.bm25 import BM25Retriever
-    from rag_lab.train.tiny_world import page_facts, page_neighbours, qa_drills, qa_reading_item
+    from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_drills, qa_reading_item
 
     data = instantiate(tiny_cfg().data)
     facts = page_facts(data)
@@ -180,7 +180,7 @@ def test_contrast_items_ask_one_relation_of_several_pages_first(tiny_cfg):
     from rag_lab.env.protocols.base import identify
     from rag_lab.generators.teacher.reader import answer_from, parse_question
     from rag_lab.retrievers.bm25 import BM25Retriever
-    from rag_lab.train.tiny_world import page_facts, page_neighbours, qa_reading_item
+    from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_reading_item
 
     data = instantiate(tiny_cfg().data)
     facts = page_facts(data)
@@ -212,7 +212,7 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     from rag_lab.env.protocols.simple import QA
     from rag_lab.env.protocols.stoprag import StopRAGIntermediate
     from rag_lab.generators.teacher.reader import answer_from
-    from rag_lab.train.tiny_world import STOP, intermediate_drills, intermediate_reading_item, page_facts
+    from rag_lab.train.tiny_reading import STOP, intermediate_drills, intermediate_reading_item, page_facts
 
     facts = page_facts(instantiate(tiny_cfg().data))
     rng = random.Random(0)
@@ -229,7 +229,7 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
     import json
 
-    from rag_lab.train.tiny_world import page_facts, page_kinds, renamer
+    from rag_lab.train.tiny_reading import page_facts, page_kinds, renamer
 
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=3",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
@@ -272,7 +272,7 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
 def test_a_named_demos_layout_draws_that_protocols_demonstrations_only():
     """``demos:<protocol>`` weights a protocol in the reading stage; plain ``demos`` takes a random one
     per batch; every batch holds one protocol's items."""
-    from rag_lab.train.tiny_world import draw_reading
+    from rag_lab.train.tiny_reading import draw_reading
 
     pools = {"a": [(f"a{i} ", "x") for i in range(5)], "b": [(f"b{i} ", "y") for i in range(5)]}
 
@@ -312,7 +312,7 @@ def test_the_protocol_stage_trains_on_the_cached_model_and_is_cached_apart(tiny_
 
 
 def test_protocol_stage_demonstrations_end_with_their_protocols_stop():
-    from rag_lab.train.tiny_world import draw_reading
+    from rag_lab.train.tiny_reading import draw_reading
 
     pools = {"stoprag_query": [("Main question: q\n[stoprag_query]\n", "Who is x?")],
              "stoprag_decide": [("p", "ok <STOP>")], "apex_plan": [("plan", "1. Who is x?")]}  # fmt: skip
@@ -343,7 +343,7 @@ def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tin
     """``traces``: prompt and completion both labelled, each tokenized alone (a prompt, then what the
     model generates), so the ids are the ones the model sees when it writes the completion."""
     from rag_lab.train.tiny_lm import build_tokenizer, reading_example
-    from rag_lab.train.tiny_world import TAGS, trace_item
+    from rag_lab.train.tiny_reading import TAGS, trace_item
 
     prompt = "Main question: Who directed The Guma?\nFollow up: Who directed The Guma?\n[stoprag_query]\n"
     completion = "Who directed The Guma?"
@@ -356,7 +356,7 @@ def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tin
 def test_reading_batches_are_regrouped_by_length_within_their_kind():
     """group_by_length keeps every batch's kind and size and each kind's items; within a window of
     one kind the batches are length-sorted slices of the window's items, handed out in random order."""
-    from rag_lab.train.tiny_world import group_by_length
+    from rag_lab.train.tiny_reading import group_by_length
 
     rng = random.Random(0)
     kinds = ["qa", "demos:0", "qa", "demos:1"] * 5

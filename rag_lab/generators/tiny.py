@@ -8,7 +8,7 @@ recipe reads). When both equal this run's, the shipped model is loaded (under a 
 differs (another world, another size of it, a changed setting), the recipe trains a model for this
 run into ``cache_dir/tiny_lm/<hash>`` (cached; the card says how long that took on 2 cores), and the
 log says which one differs. ``make tiny-lm`` retrains the shipped checkpoint from the recipe
-(:func:`rag_lab.train.tiny_world.ship`).
+(:func:`rag_lab.train.ship.ship`).
 """
 
 import hashlib

@@ -1,0 +1,138 @@
+"""``make tiny-lm``: train ``generator=tiny``'s recipe (:func:`rag_lab.train.tiny_world.train`) on the
+embedded world and ship the checkpoint that ``generator=tiny`` loads (``rag_lab/checkpoints/tiny_lm``):
+the model, its tokenizer, ``recipe.json`` (the settings and the world's fingerprint) and a model card.
+
+``python -m rag_lab.train.ship [overrides] [--out DIR] [--scores report.md]``.
+"""
+
+import json
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from rag_lab.train.tiny_world import train
+
+log = logging.getLogger(__name__)
+
+
+# What the model card copies from the trained model's directory (the rest of it is training scratch).
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "train.json", "tokenizer")
+
+
+def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | None = None) -> Path:
+    """``make tiny-lm``: train ``generator=tiny``'s recipe on the embedded world (``data=synth``; both
+    with ``overrides``) and write the checkpoint that ``generator=tiny`` loads: the model, its tokenizer,
+    ``recipe.json`` (the settings and the world's fingerprint) and a model card (``README.md``: recipe,
+    hardware, time, and the table of ``scores``, a report.md, when given). The previous checkpoint is
+    replaced only once the new one is complete."""
+    import platform
+    import subprocess
+
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rag_lab.config import compose
+    from rag_lab.generators.tiny import SHIPPED, recipe_settings, world_fingerprint
+
+    out = Path(out or SHIPPED)
+    cfg = compose(["data=synth", "generator=tiny", *overrides])
+    generator = OmegaConf.to_container(cfg.generator, resolve=True)
+    recipe = {
+        k: v
+        for k, v in generator.items()
+        if k not in ("_target_", "data", "cache_dir", "generate_batch_size", "seed")
+    }
+    settings = recipe_settings(recipe)
+    data = instantiate(cfg.data)
+    path = train(data, cfg.cache_dir, **settings)
+    stats = json.loads((path / "train.json").read_text())
+    seconds = stats.get("total_wall_s", stats["wall_s"])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    )
+    card = {
+        "recipe": settings,
+        "world": world_fingerprint(data),
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "trained": path.name,
+        "train_time": f"{seconds / 60:.0f} min",
+        "hardware": f"{_cpu_name() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}",
+        "commit": commit.stdout.strip() or None,
+    }
+    tmp = out.with_name(f".{out.name}.new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in SHIPPED_FILES:
+        source = path / name
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, tmp / name)
+    (tmp / "recipe.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
+    (tmp / "README.md").write_text(model_card(card, stats, scores.read_text() if scores else None))
+    old = out.with_name(f".{out.name}.old")
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    log.info("shipped %s (trained in %s) to %s", path.name, card["train_time"], out)
+    return out
+
+
+def _cpu_name() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+def model_card(card: dict, stats: dict, scores: str | None) -> str:
+    """The shipped checkpoint's README: what it is, its recipe, where and how long it trained, scores."""
+    settings = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in card["recipe"].items())
+    parameters = stats.get("parameters")
+    return f"""# The tiny LM (`generator=tiny`)
+
+A Qwen2-style causal LM of {parameters:,} parameters, vocabulary {stats.get("vocab_size")}, trained from
+scratch by `rag_lab.train.tiny_world.train` on the embedded world (`data=synth`, world fingerprint
+`{card["world"]}`): a reading stage over renamed pages, SFT on the world teacher's demonstrations of every
+protocol, then a protocol stage. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
+how the recipe was found.
+
+- Trained on: {card["hardware"]}, in {card["train_time"]} (commit {card["commit"]}).
+- Loaded by `generator=tiny` when the run's world and settings match `recipe.json`; otherwise the
+  recipe trains a model for the run (cached) and the log says which fingerprint differs.
+
+## Scores
+
+{scores.strip() if scores else "(not measured)"}
+
+## Recipe
+
+| setting | value |
+|---|---|
+{settings}
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    from rag_lab.errors import one_line_errors
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rag_lab.train.ship",
+        description="Train generator=tiny's recipe on the embedded world and ship the checkpoint "
+        "(rag_lab/checkpoints/tiny_lm).",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. generator.reading_steps=3000")
+    parser.add_argument("--out", type=Path, default=None, help="where to write it (default: the shipped one)")
+    parser.add_argument("--scores", type=Path, default=None, help="a report.md whose table goes on the card")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with one_line_errors():
+        print(ship(args.overrides, args.out, args.scores))
+
+
+if __name__ == "__main__":
+    main()
