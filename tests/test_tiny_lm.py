@@ -14,15 +14,15 @@ from transformers import AutoTokenizer
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.train import tiny_lm as tiny
+from rag_lab.train.sft import sft_dataset
 from rag_lab.train.tiny_lm import (
     TinyConfig,
     build_model,
-    build_tokenizer,
     reading_example,
-    sft_dataset,
     sft_trainer,
     train_tiny_lm,
 )
+from rag_lab.train.tiny_tokenizer import build_tokenizer
 
 TAGS = ["<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 TEXTS = [

@@ -13,7 +13,7 @@ start from it on the embedded world (``protocols`` picks the formats).
 
 Hand-written, and why:
 
-- The SFT rows (``rag_lab.train.tiny_lm.sft_dataset``): prompt and completion are tokenized apart
+- The SFT rows (``rag_lab.train.sft.sft_dataset``): prompt and completion are tokenized apart
   and joined as ids, EOS after the completion, a long prompt cut from the left. A chat prompt is
   first rendered by :func:`rag_lab.generators.base.render`, the function ``HFGenerator`` renders it
   with at inference. Deviation from TRL's conversational prompt-completion format, on purpose:
@@ -138,7 +138,7 @@ def sft(
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
-    from rag_lab.train.tiny_lm import sft_config, sft_dataset
+    from rag_lab.train.sft import sft_config, sft_dataset
 
     class LogLastStep(TrainerCallback):
         """The Trainer logs every ``logging_steps`` only; the final loss should be logged too."""

@@ -11,21 +11,7 @@ measurements behind the defaults.
 
 Hand-written, and why:
 
-- ``build_tokenizer``: ``tokenizers`` has the parts but no recipe for a word-level tokenizer that keeps
-  every invented name one token AND decodes back to the exact text. Here a regex ``Split`` makes each
-  word (``\\w+``), each punctuation character and each whitespace character a token of its own, except
-  a single space between two words, which is dropped; the decoder joins the tokens and puts a space
-  back between two word tokens in a row. So ``decode(encode(t)) == t`` for every text built from known
-  words, and a word is the same token wherever it stands (after a space, a newline, ``<search>``):
-  copying a name from a passage into a query or an answer is copying one token id. GPT-2-style
-  ``" word"`` tokens would give each word two ids ("Ada" / " Ada") that the model must learn are one;
-  a separate token for every space would cost 1.65x more tokens (this scheme: 1.12x GPT-2's, on the
-  synth world's passages). The one seam: ``encode(a + b) == encode(a) + encode(b)`` except where ``a``
-  ends in a word and ``b`` starts with a word or with a space and a word. Tags (``special_tokens``)
-  are normal added tokens, so ``skip_special_tokens`` keeps them; only ``<pad>``, ``<eos>``, ``<unk>``
-  are special. There is no BOS. With ``pieces`` (the world's names) the model is ``tokenizers``'
-  WordPiece over the same vocabulary plus each name's syllables (``Lia ##kria ##burg``), and the
-  decoder joins a ``##`` piece to the token before it with no space.
+- The tokenizer: :mod:`rag_lab.train.tiny_tokenizer`.
 - ``read``: a plain loop over padded reading batches with the loss on the answers, as the probe that
   measured reading trains (TRL's length-grouped batches differ, and its per-step extras cost time).
 - ``target_loss``: the causal-LM loss with the LM head applied at the labelled positions only (a
@@ -35,11 +21,7 @@ Hand-written, and why:
   collator, padding or mask; transformers' ``Trainer`` would add a dataset wrapper for no gain. It
   copies the Trainer's optimiser defaults (AdamW, no weight decay, grad-norm clip 1.0, linear warm-up
   then cosine) so the two stages train alike.
-- ``sft_dataset``: prompt and completion are tokenized apart and concatenated as ids, an EOS after
-  the completion, the prompt cut from the LEFT to fit ``max_length`` (TRL 1.16 only truncates with
-  ``keep_start``, which would cut the completion). TRL gets ``input_ids`` + ``completion_mask``, so it
-  adds no second EOS and no BOS, and builds the labels (-100 on the prompt) from our mask. The ids are
-  exactly what the model sees at inference: a prompt tokenized alone, then the generated tokens.
+- The SFT rows and TRL's settings: :mod:`rag_lab.train.sft` (shared with the cold start).
 
 Speed, measured on our 2-core CPU machine (torch 2.13, float32, 2 threads; ``torch.set_num_threads``
 is the caller's) for the embedded default's size (hidden 64, 4 layers, 349k parameters, vocabulary
@@ -59,10 +41,8 @@ import hashlib
 import json
 import logging
 import random
-import re
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
@@ -74,32 +54,15 @@ from tqdm.auto import tqdm
 
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.cache import publish
+from rag_lab.train.sft import sft_config, sft_dataset
+from rag_lab.train.tiny_tokenizer import build_tokenizer, one_token_names
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
 log = logging.getLogger(__name__)
-
-SPECIAL = ("<pad>", "<eos>", "<unk>")
-# One token per word, per punctuation character, per whitespace character ...
-PIECES = r"\w+|[^\w\s]|\s"
-# ... except a single space between two words, which the decoder puts back.
-WORD_SPACE = r"(?<=\w) (?=\w)"
-# Private-use characters that mark word tokens (and a name's later pieces) while decoding; a text must not
-# contain them.
-WORD_START, WORD_END, WORD_GOES_ON = "\ue000", "\ue001", "\ue002"
-# A name's pieces (build_tokenizer's ``pieces``): each run of consonants with the vowels after it, the last
-# with the consonants that end the word ("Liakriaburg" -> Lia, kria, burg).
-SYLLABLE = re.compile(r"[^aeiouy]*[aeiouy]+(?:[^aeiouy]+$)?|[^aeiouy]+$", re.IGNORECASE)
-# The mark of a piece that continues a word (WordPiece's): "Lia", "##kria", "##burg".
-GOES_ON = "##"
-
-
-def syllables(word: str) -> list[str]:
-    """``word`` cut into its :data:`SYLLABLE` pieces, the later ones marked as going on (``##``)."""
-    return [p if i == 0 else GOES_ON + p for i, p in enumerate(SYLLABLE.findall(word))]
 
 
 @dataclass(frozen=True)
@@ -153,90 +116,6 @@ class TinyConfig:
                 f"tiny LM: hidden ({self.hidden}) % heads ({self.heads}) and heads % kv_heads "
                 f"({self.kv_heads}) must be 0"
             )
-
-
-def build_tokenizer(
-    texts: Iterable[str],
-    special_tokens: Sequence[str] = (),
-    names: Sequence[str] = (),
-    pieces: Collection[str] = (),
-) -> "PreTrainedTokenizerFast":
-    """A word-level ``PreTrainedTokenizerFast`` over every piece of ``texts``; unseen words -> ``<unk>``.
-
-    Ids: ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2, then ``special_tokens`` (single tokens wherever they
-    stand, kept by ``skip_special_tokens``), then ``names`` (multi-word entity names, one token each
-    where they stand as whole words: copying "Ada Lovelace" is then one token, not three), then the
-    pieces by frequency.
-
-    ``pieces``: words (the world's names) that are never tokens of their own but their syllables
-    (:func:`syllables`: Lia ##kria ##burg), WordPiece-style: a word in the vocabulary is one token, any
-    other is cut greedily into the longest pieces the vocabulary has (every letter is one, so no name
-    becomes ``<unk>``). A name is then a few frequent tokens, each trained in many names, and copying
-    it is copying a short sequence, where a rare one-token name's embedding is trained in a few
-    contexts only (see tiny_world.tiny_lm's ``name_pieces``).
-    """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tags = [t for t in dict.fromkeys(special_tokens) if t not in SPECIAL]
-    names = [n for n in dict.fromkeys(names) if n not in tags and n not in SPECIAL]
-    split = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(WORD_SPACE), behavior="removed"),
-            pre_tokenizers.Split(Regex(PIECES), behavior="isolated"),
-        ]
-    )
-    # Added tokens are matched before the split; count the words between them the same way.
-    added = re.compile("|".join(re.escape(t) for t in sorted([*SPECIAL, *tags], key=len, reverse=True)))
-    counts: Counter[str] = Counter()
-    for text in texts:
-        if WORD_START in text or WORD_END in text or WORD_GOES_ON in text:
-            raise RagLabError(
-                f"tiny LM: a text holds U+E000, U+E001 or U+E002, which the decoder reserves: {text!r}"
-            )
-        counts.update(piece for part in added.split(text) for piece, _ in split.pre_tokenize_str(part))
-    letters: Counter[str] = Counter()
-    for word in [w for w in counts if w in pieces]:
-        n = counts.pop(word)
-        counts.update({p: n for p in syllables(word)})
-        letters.update(word[:1])
-        letters.update(GOES_ON + c for c in word[1:])
-    vocab = {token: i for i, token in enumerate([*SPECIAL, *tags, *names])}
-    for piece, _ in sorted((counts + letters).items(), key=lambda kv: (-kv[1], kv[0])):
-        vocab.setdefault(piece, len(vocab))
-    if pieces:
-        model = models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix=GOES_ON)
-    else:
-        model = models.WordLevel(vocab, unk_token="<unk>")
-    tok = Tokenizer(model)
-    tok.pre_tokenizer = split
-    # Mark where word tokens start and end (a name's later piece: that it goes on a word), join every
-    # token as it is, then turn "end, start" (two words in a row) back into the space the split
-    # removed, and "end, goes on" into nothing.
-    tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace(Regex("^" + re.escape(GOES_ON)), WORD_GOES_ON),
-            decoders.Replace(Regex(r"^(?=\w)"), WORD_START),
-            decoders.Replace(Regex(r"(?<=\w)$"), WORD_END),
-            decoders.Fuse(),
-            decoders.Replace(WORD_END + WORD_START, " "),
-            decoders.Replace(WORD_END + WORD_GOES_ON, ""),
-            decoders.Replace(WORD_END, ""),
-            decoders.Replace(WORD_START, ""),
-            decoders.Replace(WORD_GOES_ON, ""),
-        ]
-    )
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in tags])
-    tok.add_tokens([AddedToken(n, normalized=False, special=False, single_word=True) for n in names])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        # transformers' clean-up would turn " ." into "." and break the exact round trip
-        clean_up_tokenization_spaces=False,
-    )
 
 
 def build_model(tokenizer: "PreTrainedTokenizerFast", config: TinyConfig) -> "Qwen2ForCausalLM":
@@ -444,66 +323,6 @@ def reading_batch(
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def sft_dataset(
-    pairs: Sequence[tuple[str, str]], tokenizer: "PreTrainedTokenizerFast", max_length: int
-) -> "Dataset":
-    """``input_ids`` (prompt ids + completion ids + EOS) and ``completion_mask`` (1 on the completion
-    and its EOS), each at most ``max_length``: a long prompt loses its start, the completion stays."""
-    from datasets import Dataset
-
-    eos = tokenizer.eos_token_id
-    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False).input_ids
-    completions = tokenizer([c for _, c in pairs], add_special_tokens=False).input_ids
-    rows: dict[str, list[list[int]]] = {"input_ids": [], "completion_mask": []}
-    cut = 0
-    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-        if not completion or completion[-1] != eos:
-            completion = completion + [eos]
-        if len(completion) >= max_length:
-            raise RagLabError(
-                f"tiny LM: completion {i} has {len(completion)} tokens, max_length is {max_length}"
-            )
-        keep = max_length - len(completion)
-        cut += len(prompt) > keep
-        prompt = prompt[max(len(prompt) - keep, 0) :]
-        rows["input_ids"].append(prompt + completion)
-        rows["completion_mask"].append([0] * len(prompt) + [1] * len(completion))
-    if cut:
-        log.warning(
-            "tiny LM: %d of %d prompts lost their start to fit max_length=%d", cut, len(pairs), max_length
-        )
-    return Dataset.from_dict(rows)
-
-
-def sft_config(
-    output_dir: Path, steps: int, batch_size: int, lr: float, warmup_steps: int, seed: int, **settings
-) -> "SFTConfig":
-    """TRL's ``SFTConfig`` as rag_lab's SFT stages use it (the tiny LM's and the cold start's): cosine
-    schedule, batches grouped by length, no reporting, seeded, no dataloader workers; ``settings``
-    adds or overrides the rest (``completion_only_loss``, ``max_length``, saving, ``bf16``)."""
-    from trl import SFTConfig
-
-    shared = dict(
-        output_dir=str(output_dir),
-        # TRL's defaults: bf16 fails at init on CPU; gradient checkpointing only slows a small model.
-        bf16=False,
-        gradient_checkpointing=False,
-        max_steps=steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=warmup_steps,
-        # Batches of similar length (random otherwise) pad less; the demonstrations vary in length.
-        train_sampling_strategy="group_by_length",
-        report_to=[],
-        seed=seed,
-        data_seed=seed,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-    )
-    return SFTConfig(**(shared | settings))
-
-
 def sft_trainer(
     model: "Qwen2ForCausalLM",
     tokenizer: "PreTrainedTokenizerFast",
@@ -667,12 +486,6 @@ def tune_tiny_lm(
         stats["versions"] = _versions()
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
     return out_dir
-
-
-def one_token_names(tokenizer: "PreTrainedTokenizerFast", entities: Sequence[str]) -> set[int]:
-    """The ids of the world's names that are one known token (reading targets only where they repeat)."""
-    ids = tokenizer(list(entities), add_special_tokens=False).input_ids if entities else []
-    return {i[0] for i in ids if len(i) == 1 and i[0] != tokenizer.unk_token_id}
 
 
 def _sft(
