@@ -31,6 +31,7 @@ from rag_lab.train.tiny_reading import (
     qa_reading_item,
     renamer,
 )
+from rag_lab.train.tiny_tokenizer import build_tokenizer
 
 
 def main() -> None:
@@ -56,7 +57,7 @@ def main() -> None:
     texts = [p.contents for p in data.corpus] + [
         x for batch in items.values() for item in batch for x in item
     ]
-    tokenizer = tiny.build_tokenizer(texts, names=names)
+    tokenizer = build_tokenizer(texts, names=names)
     config = tiny.TinyConfig(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=256, lr=3e-3)
     rows = []
     for layout, pool in items.items():
