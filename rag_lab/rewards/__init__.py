@@ -1,2 +1,2 @@
 """Reward functions (``conf/reward/``), pure, with TRL's signature ``f(completions, **columns)``; EVO-RAG's
-step rewards (``evorag``) score the steps of finished episodes instead."""
+(``evorag``) and R3-RAG's (``r3rag``) step rewards score the steps of finished trajectories instead."""
