@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 from rag_lab.config import compose
 from rag_lab.env import Env
-from rag_lab.policies.pipeline import IterativePipeline
+from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
 N_QUESTIONS, BATCH, ITERATIONS = 64, 64, 4
 

@@ -14,6 +14,14 @@ check, so :func:`validate` also merges the whole config into its top-level schem
 
 Bounds ride in the same place: a parameter typed ``Annotated[int, AtLeast(1)]`` (or a dataclass
 field with ``metadata={"min": 1}``) is checked too, so ``policy.k=0`` fails naming ``policy.k``.
+
+A component that passes settings on to another (SmolLM2's to ``HFGenerator``, Stop-RAG's to its
+Q-network and pipeline) declares them there only: :func:`takes` gives its ``**settings`` the other's
+parameters, defaults and hints, so the schema (and ``help``) lists them as its own.
+
+What the runner builds once and hands down (:func:`build`) is not a config key: a constructor parameter
+named in :data:`INJECTED` is filled by name (the run's corpus, dataset, training dataset, reward
+functions, resolved config), and a config that sets it fails like any unknown key.
 """
 
 import dataclasses
@@ -22,6 +30,7 @@ import importlib
 import inspect
 import types
 import typing
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -74,6 +83,9 @@ class RunConfig:
     judge: Any = None
     # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start.py).
     cold_start: Any = None
+    # The dataset a training policy trains on (a data config; null: the run's data), e.g. dapo_2wiki's
+    # 2Wiki while it evaluates on seven datasets: ``- /data@train_data: 2wiki`` in an experiment.
+    train_data: Any = None
     seed: int = 0
     cache_dir: str = "~/.cache/rag_lab"
     # The split a training policy fits on.
@@ -118,6 +130,70 @@ ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
 TOP_SCHEMAS: dict[str, type] = {"config": RunConfig, "score": ScoreConfig, "serve": ServeConfig}
 
 _PRIMITIVES = (int, float, bool, str, Path)
+# Constructor parameters the runner fills (rag_lab/run.py): the run's corpus (retrievers), its dataset
+# (generator=tiny, teacher), the dataset a policy trains on, the reward group built, the resolved config.
+INJECTED = ("corpus", "data", "train_data", "reward", "run_config")
+
+
+def takes(*sources: Callable, drop: Collection[str] = ()) -> Callable:
+    """Decorator: the decorated function's ``**settings`` are the keyword parameters of ``sources`` (a
+    class, for its ``__init__``, or a function), declared there once. Its signature, which the config
+    schema reads, lists them after its own with their defaults and type hints; ``drop`` leaves some out.
+
+    >>> def inner(k: int = 5, depth: int = 20): ...
+    >>> @takes(inner, drop=["depth"])
+    ... def outer(name: str, **settings): ...
+    >>> import inspect; str(inspect.signature(outer))
+    '(name: str, *, k: int = 5)'
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        own = inspect.signature(fn)
+        params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        names, hints = {p.name for p in params} | set(drop), {}
+        for source in sources:
+            target = source.__init__ if inspect.isclass(source) else source
+            hints |= typing.get_type_hints(target, include_extras=True)
+            for p in inspect.signature(target).parameters.values():
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
+                    params.append(p.replace(kind=p.KEYWORD_ONLY))
+                    names.add(p.name)
+        fn.__signature__ = own.replace(parameters=params)
+        fn.__annotations__ = {k: v for k, v in hints.items() if k != "return"} | fn.__annotations__
+        return fn
+
+    return decorate
+
+
+def settings_for(source: Callable, settings: dict[str, Any]) -> dict[str, Any]:
+    """Every keyword parameter of ``source`` (a class or function) that has a value: its value in
+    ``settings``, else its default.
+
+    >>> def inner(k: int = 5, depth: int = 20): ...
+    >>> settings_for(inner, {"k": 3, "other": 1})
+    {'k': 3, 'depth': 20}
+    """
+    target = source.__init__ if inspect.isclass(source) else source
+    out = {}
+    for name, p in inspect.signature(target).parameters.items():
+        if name in settings:
+            out[name] = settings[name]
+        elif p.default is not p.empty:
+            out[name] = p.default
+    return out
+
+
+def build(node: Any, **shared: Any) -> Any:
+    """``instantiate(node)``, handing its target those of ``shared`` (:data:`INJECTED` names) that its
+    constructor takes; None for a null node."""
+    from hydra.utils import instantiate
+
+    if node is None:
+        return None
+    target = locate(node._target_)
+    fn = target.__init__ if inspect.isclass(target) else target
+    wanted = inspect.signature(fn).parameters
+    return instantiate(node, **{k: v for k, v in shared.items() if k in wanted})
 
 
 def _omegaconf_type(hint: Any) -> Any:
@@ -153,7 +229,7 @@ def schema_for(target: str) -> type:
         hints = {}
     fields: list[tuple] = []
     for name, p in signature.parameters.items():
-        if name == "self" or p.kind is p.VAR_POSITIONAL:
+        if name == "self" or p.kind is p.VAR_POSITIONAL or name in INJECTED:
             continue
         if p.kind is p.VAR_KEYWORD:
             if name == "_":

@@ -1,9 +1,13 @@
 """The runner: ``python -m rag_lab.run [group=option ...] [+experiment=name]``.
 
 compose (Hydra) → validate against the components' schemas → read the data → check the run dir →
-seed → instantiate retriever, generator, policy, logger → ``policy.fit`` when the policy trains →
+seed → build retriever, generator, reward, policy, logger → ``policy.fit`` when the policy trains →
 evaluate → write records, metrics and tables into the run directory. ``--help`` lists the
 config groups and options (``hydra.help`` in ``conf/config.yaml``).
+
+Each thing is built once and handed down by name (:func:`rag_lab.config.build`): the corpus to the
+retriever, the dataset to the generator (the tiny LM, the teacher), the training dataset, the reward group
+and the resolved config to the policy. What the policy trains stays on the policy; evaluation asks it.
 """
 
 import logging
@@ -17,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
-from rag_lab.config import check_yaml_files, user_config_dirs, validate
+from rag_lab.config import build, check_yaml_files, user_config_dirs, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
@@ -30,37 +34,47 @@ log = logging.getLogger("rag_lab.run")
 
 def data_counts(data) -> dict[str, int]:
     """What loading dropped under ``data.skip_malformed=true``: malformed lines and repeated ids."""
-    counts = {"skipped_lines": sum(getattr(data, "skipped", {}).values()),
-              "duplicate_ids": sum(getattr(data, "duplicates", {}).values())}  # fmt: skip
+    counts = {
+        "skipped_lines": sum(getattr(data, "skipped", {}).values()),
+        "duplicate_ids": sum(getattr(data, "duplicates", {}).values()),
+    }
     return {k: v for k, v in counts.items() if v}
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
+    train_data = instantiate(cfg.train_data) if cfg.train_data else data
     examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
     config = rundir.prepare(run_dir, cfg, hydra_files)
     seed_everything(cfg.seed)
 
-    retriever = instantiate(cfg.retriever, corpus=data.corpus) if cfg.retriever else None
-    generator = instantiate(cfg.generator) if cfg.generator else None
+    retriever = build(cfg.retriever, corpus=data.corpus)
+    generator = build(cfg.generator, data=data)
     env = Env(data.corpus, retriever, generator)
-    policy = instantiate(cfg.policy)
+    reward = build(cfg.reward)
+    policy = build(cfg.policy, train_data=train_data, reward=reward, run_config=config)
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:
-        policy.fit(
-            env, data.split(cfg.train_split), data.split("dev"), run_dir / "checkpoints", logger=logger
-        )
+        train = train_data.split(cfg.train_split)
+        policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
     judge = None
     if cfg.judge:  # judge.generator: null shares the run's generator
         shared = {"generator": generator} if cfg.judge.generator is None else {}
         judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
     records = evaluate(
-        policy, env, examples, run_dir / "records.jsonl", data.scorer, judge=judge,
-        batch_size=cfg.eval.batch_size, resume=cfg.eval.resume, recall_at=list(cfg.eval.recall_at),
-    )  # fmt: skip
+        policy,
+        env,
+        examples,
+        run_dir / "records.jsonl",
+        data.scorer,
+        judge=judge,
+        batch_size=cfg.eval.batch_size,
+        resume=cfg.eval.resume,
+        recall_at=list(cfg.eval.recall_at),
+    )
     metrics = aggregate(records)
     if cfg.eval.samples > 1:
         metrics["all"] |= group_stats(records)

@@ -1,4 +1,4 @@
-"""APEX-Searcher's plan -> execute -> synthesise loop (policies/apex_pipeline.py) with a scripted
+"""APEX-Searcher's plan -> execute -> synthesise loop (policies/apex/pipeline.py) with a scripted
 generator and a retriever over a fixed list: ``#n`` resolution, de-duplicated retrieval, the stop when a
 search brings nothing new, the fallback when the plan does not parse."""
 
@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.generators.base import Completion
-from rag_lab.policies.apex_pipeline import APEXPipeline
+from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.retrievers.base import Hit, filter_hits
 
 

@@ -20,8 +20,8 @@ from rag_lab.config import ConfigError, compose
 from rag_lab.env.protocols.base import ANSWER, Action, identify
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Sampling
-from rag_lab.generators.teacher.agent import Noise
-from rag_lab.generators.teacher.generator import TeacherGenerator
+from rag_lab.env.teacher.agent import Noise
+from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train import cold_start as cs
 from rag_lab.train import demonstrations as demos_module

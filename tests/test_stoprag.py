@@ -278,7 +278,7 @@ def test_offline_collection_resumes_after_a_kill(tiny_cfg, tmp_path):
     from hydra.utils import instantiate
 
     from rag_lab.env import Env
-    from rag_lab.policies.pipeline import IterativePipeline
+    from rag_lab.policies.stoprag.pipeline import IterativePipeline
     from rag_lab.policies.stoprag.offline import collect
 
     cfg = tiny_cfg("generator=teacher")

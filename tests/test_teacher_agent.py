@@ -2,7 +2,7 @@
 
 import pytest
 
-from rag_lab.generators.teacher.agent import combine, date_key
+from rag_lab.env.teacher.agent import combine, date_key
 from rag_lab.run import run
 
 

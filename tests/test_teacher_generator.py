@@ -8,8 +8,8 @@ from rag_lab.config import compose
 from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn, identify
 from rag_lab.env.protocols.base import SEARCH
 from rag_lab.generators.base import Sampling
-from rag_lab.generators.teacher.demos import demonstrations
-from rag_lab.generators.teacher.generator import TeacherGenerator
+from rag_lab.train.demonstrations import demonstrations
+from rag_lab.env.teacher.generator import TeacherGenerator
 
 from conftest import TINY_DATA
 
@@ -61,7 +61,7 @@ def test_greedy_is_deterministic_and_sampling_varies(data):
 
 def test_noise_lowers_accuracy(data):
     from rag_lab.env import Env
-    from rag_lab.policies.pipeline import IterativePipeline
+    from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
     retriever = instantiate(compose([*TINY_DATA]).retriever, corpus=data.corpus)
     examples = [ex for ex in data.split("dev") if ex.answerable]

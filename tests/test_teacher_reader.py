@@ -4,7 +4,7 @@ and nothing from passages that do not state it."""
 import pytest
 
 from rag_lab.data.synth import SynthDataset
-from rag_lab.generators.teacher.reader import answer_from, extract, parse_question
+from rag_lab.env.teacher.reader import answer_from, extract, parse_question
 
 
 @pytest.fixture(scope="module")

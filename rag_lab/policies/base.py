@@ -1,7 +1,10 @@
-"""The policy contract: roll out a batch of questions; optionally fit on a training split."""
+"""The policy contract: roll out a batch of questions; optionally fit on a training split.
+
+A policy that trains keeps what it trained on itself (a Q-network, a model: its ``generator``); evaluation
+asks for it (:func:`rag_lab.eval.evaluate.acting_env`). Nothing is written into the shared ``Env``."""
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
@@ -10,6 +13,8 @@ from rag_lab.env import Env, Episode
 class Policy(Protocol):
     # False for prompting baselines: the runner skips fit().
     trains: bool
+    # The LM the policy acts with once fit trained one (None, or absent: the env's generator).
+    generator: Any
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         """Train, checkpointing under ``out_dir`` so that a killed run resumes; training curves go to

@@ -8,8 +8,6 @@
   no answer by then → the ``qa`` reader over everything retrieved (IRCoT's reader step).
 - ``iter_retgen`` (Shao et al. 2023): ``iterations`` rounds of retrieve-with(question + last
   answer) → answer; the last answer is the prediction.
-- ``agent``: any agentic protocol (``dapo``, ``evorag``, ``r3rag``) run by the rollout engine, as
-  its paper's untrained prompting baseline.
 """
 
 from pathlib import Path
@@ -17,20 +15,9 @@ from pathlib import Path
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
-from rag_lab.env.engine import chat_of, generate, record, run_agent
-from rag_lab.env.protocols.base import (
-    ANSWER,
-    INVALID,
-    PROTOCOLS,
-    REASON,
-    SEARCH,
-    Action,
-    Protocol,
-    State,
-    Turn,
-)  # fmt: skip
+from rag_lab.env.engine import chat_of, generate, record
+from rag_lab.env.protocols.base import ANSWER, INVALID, REASON, SEARCH, Action, Protocol, State, Turn
 from rag_lab.env.protocols.simple import QA, CoT
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 
 
@@ -162,20 +149,3 @@ class ChainOfThought(Prompting):
                         self.ask(env, QA(), [states[i] for i in live], [episodes[i] for i in live]),
                         reason="max_steps")  # fmt: skip
         return episodes
-
-
-class Agent(Prompting):
-    """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
-
-    def __init__(self, protocol: str = "dapo", k: PositiveInt = 5, max_turns: PositiveInt = 5,
-                 exclude_seen: bool = False, max_new_tokens: PositiveInt = 128,
-                 temperature: float = 0.0):  # fmt: skip
-        super().__init__(k, max_new_tokens, temperature)
-        if protocol not in PROTOCOLS:
-            raise RagLabError(
-                f"policy.protocol: unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}"
-            )
-        self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
-
-    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
-        return run_agent(self.protocol, batch, env, self.sampling, self.k, self.max_turns, self.exclude_seen)

@@ -1,4 +1,4 @@
-"""``policy=teacher``: the world teacher (a rule-based SIMULATOR, rag_lab.generators.teacher) run as a
+"""``policy=teacher``: the world teacher (a rule-based SIMULATOR, rag_lab.env.teacher) run as a
 policy on the embedded world: the ceiling a learned policy can approach with the same retriever.
 
 It follows each question's gold decomposition (sub-questions only, never answers) and reads
@@ -7,25 +7,19 @@ answers from what it retrieves; it only works on ``data=synth``, whose sentences
 
 from pathlib import Path
 
-from rag_lab.config import PositiveInt
+from rag_lab.config import PositiveInt, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
-from rag_lab.generators.teacher.agent import Noise, WorldTeacher
+from rag_lab.env.teacher.agent import Noise, WorldTeacher
 
 
 class TeacherPolicy:
     trains = False
 
-    def __init__(
-        self,
-        k: PositiveInt = 5,
-        vague_query: float = 0.0,
-        miscopy: float = 0.0,
-        premature_answer: float = 0.0,
-        seed: int = 0,
-    ):
+    @takes(Noise, drop=["distraction"])
+    def __init__(self, k: PositiveInt = 5, seed: int = 0, **noise: float):
         self.k = k
-        self.teacher = WorldTeacher(k, Noise(vague_query, miscopy, premature_answer), seed)
+        self.teacher = WorldTeacher(k, Noise(**noise), seed)
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError("the teacher does not train")

@@ -14,10 +14,11 @@ import bm25s
 import numpy as np
 from tqdm.auto import tqdm
 
+from rag_lab import cache
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, filter_hits
-from rag_lab.retrievers.cache import index_dir, publish
+from rag_lab.retrievers.cache import index_dir
 from rag_lab.retrievers.tokenize import Tokenizer
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -67,7 +68,7 @@ class BM25Retriever:
                                                             disable=not self.show_progress)]  # fmt: skip
 
     def _build_bm25s(self, params: dict, cache_dir: str | None) -> None:
-        path = index_dir(cache_dir, "bm25", self.corpus, params)
+        path = index_dir(cache_dir, "bm25", self.corpus, params, __name__)
         if path is not None and (path / "params.index.json").exists():
             self.index = bm25s.BM25.load(str(path), mmap=True, show_progress=False)
         else:
@@ -76,7 +77,7 @@ class BM25Retriever:
             )
             self.index.index(self._docs(), show_progress=self.show_progress)
             if path is not None:
-                with publish(path) as tmp:
+                with cache.publish(path) as tmp:
                     self.index.save(str(tmp), show_progress=False)
         self.vocab = self.index.vocab_dict
 

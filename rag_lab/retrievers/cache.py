@@ -1,41 +1,16 @@
-"""On-disk index cache keyed by (corpus fingerprint, retriever config).
+"""Where the retrievers keep their indexes: ``cache_dir/index/<kind>/<key>`` (:func:`rag_lab.cache.path`:
+the corpus' fingerprint, the retriever's settings, the code that builds the index), so a changed corpus,
+setting or builder never reuses a stale index. Entries are published atomically (:func:`rag_lab.cache.
+publish`)."""
 
-A changed corpus (any id, title or text) or a changed parameter gives a new key, so a stale
-index is never served. Entries are published atomically: built in a temp dir, then renamed.
-"""
-
-import contextlib
-import hashlib
-import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from rag_lab import cache
 from rag_lab.data.base import Corpus
 
 
-def index_dir(cache_dir: str | None, kind: str, corpus: Corpus, params: dict) -> Path | None:
-    """``cache_dir/index/<kind>/<key>`` (None when caching is off)."""
+def index_dir(cache_dir: str | None, kind: str, corpus: Corpus, params: dict, code: str) -> Path | None:
+    """``cache_dir/index/<kind>/<key>`` for an index built by the module ``code`` (None: caching off)."""
     if not cache_dir:
         return None
-    key = hashlib.sha256(json.dumps([corpus.fingerprint, kind, params], sort_keys=True).encode()).hexdigest()[
-        :16
-    ]
-    return Path(cache_dir).expanduser() / "index" / kind / key
-
-
-@contextlib.contextmanager
-def publish(path: Path) -> Iterator[Path]:
-    """Yield a temp dir beside ``path``; on success it becomes ``path`` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():  # another process published first: keep theirs
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return cache.path(cache_dir, f"index/{kind}", corpus.fingerprint, params, code=code)

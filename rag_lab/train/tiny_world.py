@@ -2,7 +2,7 @@
 
 Data: the corpus (pretraining texts, ``title\\ntext``), reading items built from its pages
 (:mod:`rag_lab.train.tiny_reading`) and the world teacher's demonstrations of every protocol on the
-*training* questions (rag_lab.generators.teacher.demos; BM25 retrieval, ``k`` passages per search,
+*training* questions (rag_lab.train.demonstrations; BM25 retrieval, ``k`` passages per search,
 Stop-RAG pipelines of ``iterations``). Training: ``train_tiny_lm`` (rag_lab.train.tiny_lm). The
 checkpoint lives under ``cache_dir/tiny_lm/<hash of config and data>``, so the first run trains it and
 every later run with the same world and sizes reuses it; ``train_seed`` (not the run's seed) seeds
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from rag_lab.env.protocols.base import PROTOCOLS
 from rag_lab.errors import RagLabError
-from rag_lab.generators.teacher.demos import collect, sample
-from rag_lab.generators.teacher.generator import TeacherGenerator
+from rag_lab.train.demonstrations import collect, sample
+from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.tiny_lm import TinyConfig, fingerprint, train_tiny_lm, tune_tiny_lm
 from rag_lab.train.tiny_reading import (

@@ -1,16 +1,15 @@
 """``data=synth``: the embedded multi-hop world, generated, written in FlashRAG format, read back.
 
-The world is generated once per config (cached under ``cache_dir/synth/<config hash>``) and
-read back through :class:`~rag_lab.data.flashrag.FlashRAGDataset`, the same loader a real
-FlashRAG-format dataset goes through.
+The world is generated once per config (cached under ``cache_dir/synth/<key>``, :mod:`rag_lab.cache`: the
+settings and the generator's code) and read back through :class:`~rag_lab.data.flashrag.FlashRAGDataset`,
+the same loader a real FlashRAG-format dataset goes through.
 """
 
-import hashlib
 import json
 import random
 from functools import cached_property
-from pathlib import Path
 
+from rag_lab import cache
 from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
@@ -20,15 +19,6 @@ from rag_lab.data.synth.world import build_world
 from rag_lab.records import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "dev", "test")
-
-
-def _generator_fingerprint() -> str:
-    """A hash of the generator's source: a changed generator never reuses an older world's cache."""
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(here.glob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 class SynthDataset:
@@ -55,11 +45,9 @@ class SynthDataset:
         self.name = name
         sizes = {"people": n_people, "cities": n_cities, "countries": n_countries, "films": n_films,
                  "companies": n_companies, "bands": n_bands}  # fmt: skip
-        self.params = {"generator": _generator_fingerprint(), "seed": seed, "sizes": sizes,
-                       "withhold_rate": withhold_rate, "max_hops": max_hops, "dev_size": dev_size,
-                       "test_size": test_size}  # fmt: skip
-        key = hashlib.sha256(json.dumps(self.params, sort_keys=True).encode()).hexdigest()[:12]
-        self.root = Path(cache_dir).expanduser() / "synth" / key
+        self.params = {"seed": seed, "sizes": sizes, "withhold_rate": withhold_rate, "max_hops": max_hops,
+                       "dev_size": dev_size, "test_size": test_size}  # fmt: skip
+        self.root = cache.path(cache_dir, "synth", self.params, code=__name__)
         if not (self.root / "world.json").exists():
             self._generate()
         self._flashrag = FlashRAGDataset(str(self.root), str(self.root / "corpus.jsonl"), name=name)

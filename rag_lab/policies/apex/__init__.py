@@ -1,5 +1,7 @@
-"""APEX-Searcher: the policy (:mod:`.policy`) and its planner RL (:mod:`.planner`)."""
+"""APEX-Searcher (papers/apex-searcher.txt; METHODS.md §5). ``policy=apex``, ``policy=apex_prompt``.
 
-from rag_lab.policies.apex.policy import APEX
-
-__all__ = ["APEX"]
+- :mod:`.pipeline`: the loop, plan → execute → synthesise, with any generator (``policy=apex_prompt``);
+- :mod:`.policy`: :class:`~.policy.APEX`: the loop with its trained planner and executor;
+- :mod:`.planner`: the planner's GRPO with SEPR (:mod:`rag_lab.rewards.sepr`);
+- protocol: :mod:`rag_lab.env.protocols.apex`; the executor's SFT: the shared cold start.
+"""

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
+from rag_lab import cache
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN, State
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import render
-from rag_lab.retrievers.cache import publish
-from rag_lab.rewards.answer import _text
+from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 
 log = logging.getLogger(__name__)
@@ -62,20 +62,14 @@ def plan_steps(completions: list[Any], **_: Any) -> list[float]:
     >>> plan_steps(["1. Who?\\n2. Where?", "no plan"])
     [2.0, 0.0]
     """
-    parsed = [APEXPlan().parse(_text(c)) for c in completions]
+    parsed = [APEXPlan().parse(completion_text(c)) for c in completions]
     return [float(len(a.plan)) if a.kind == PLAN else 0.0 for a in parsed]
 
 
-def train_planner(
-    generator, questions: list[QAExample], sepr, config: PlannerRL, out: Path, chat: bool = False,
-    callbacks: Sequence[Any] = (),
-) -> dict:  # fmt: skip
-    """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
-    ``callbacks``: extra ``transformers`` trainer callbacks."""
-    from datasets import Dataset
-    from transformers.trainer_utils import get_last_checkpoint
-    from trl import GRPOConfig, GRPOTrainer
-
+def planner_rows(generator, questions: list[QAExample], config: PlannerRL, chat: bool) -> list[dict]:
+    """The planner's training rows: the ``apex_plan`` prompt of each question with a gold plan (the first
+    ``config.train_limit``) and that plan (``gold_plans``, SEPR's reference). TRL tokenizes plain prompts
+    itself and renders chat ones with the template, so plain ones are rendered here."""
     rows = [
         {"prompt": APEXPlan().prompt(State(q.question), chat), "gold_plans": gold_plan(q)}
         for q in questions
@@ -83,17 +77,22 @@ def train_planner(
     ][: config.train_limit]
     if not rows:
         raise RagLabError("policy=apex: no training question has a gold decomposition for the planner's SEPR")
-    if not chat:  # TRL tokenizes plain prompts itself; chat ones it renders with the template
+    if not chat:
         rows = [r | {"prompt": render(generator.tokenizer, r["prompt"])} for r in rows]
-    work = out.with_name(f"{out.name}.work")
+    return rows
+
+
+def grpo_config(config: PlannerRL, work: Path):
+    """TRL's ``GRPOConfig`` for the planner (the module docstring's GRPO), at ``config``'s sizes."""
+    from trl import GRPOConfig
+
     cuda = torch.cuda.is_available()
-    batch = config.questions_per_step * config.group_size
-    args = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(work),
         num_train_epochs=config.epochs,
         seed=config.seed,
         data_seed=config.seed,
-        per_device_train_batch_size=batch,
+        per_device_train_batch_size=config.questions_per_step * config.group_size,
         num_generations=config.group_size,
         gradient_accumulation_steps=1,
         learning_rate=config.lr,
@@ -116,10 +115,24 @@ def train_planner(
         gradient_checkpointing=False,
         reward_weights=[1.0, 0.0],
     )
+
+
+def train_planner(
+    generator, questions: list[QAExample], sepr, config: PlannerRL, out: Path, chat: bool = False,
+    callbacks: Sequence[Any] = (),
+) -> dict:  # fmt: skip
+    """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
+    ``callbacks``: extra ``transformers`` trainer callbacks."""
+    from datasets import Dataset
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOTrainer
+
+    rows = planner_rows(generator, questions, config, chat)
+    work = out.with_name(f"{out.name}.work")
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[sepr, plan_steps],
-        args=args,
+        args=grpo_config(config, work),
         train_dataset=Dataset.from_list(rows),
         processing_class=generator.tokenizer,
         callbacks=list(callbacks),
@@ -143,7 +156,7 @@ def train_planner(
         "resumed_from": last,
         "settings": asdict(config),
     }
-    with publish(out) as tmp:
+    with cache.publish(out) as tmp:
         generator.model.save_pretrained(tmp)
         (tmp / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """APEX-Searcher (papers/apex-searcher.txt; METHODS.md §5) as a policy: ``policy=apex``.
 
-Inference is the plan → execute → synthesise loop of :class:`rag_lab.policies.apex_pipeline.APEXPipeline`
+Inference is the plan → execute → synthesise loop of :class:`rag_lab.policies.apex.pipeline.APEXPipeline`
 (its algorithms 1 and 2: ``#n`` resolved from the knowledge base, up to ``hops`` rounds of the executor
 step with de-duplicated retrieval, a fallback to the question itself when the plan does not parse, a
 final answer with a confidence). Training follows its Refining Credit Assignment, each part a switch
@@ -12,27 +12,31 @@ final answer with a confidence). Training follows its Refining Credit Assignment
   traces (the shared cold start, :func:`rag_lab.train.cold_start.cold_start`), from the same model.
 
 Planner and executor are two models, as in the paper (its planner and executor are trained apart): the
-planner generates the plans, the run's generator (the executor) everything else. Both trainings are
-cached by content and resume after a kill.
+planner generates the plans, the executor everything else. Both stay on the policy (``planner``, and
+``generator``: the fine-tuned executor, which evaluation acts with); untrained, each is the run's
+generator. The plan reward is the run's ``reward`` group (``reward=sepr``, which this policy's config
+selects). Both trainings are cached (:mod:`rag_lab.cache`; the planner's key holds the base model, the
+questions' gold plans, the planner's and the reward's resolved config and the code; built outside the
+runner, with no ``run_config``, it is kept in the run's ``checkpoints/`` instead) and resume after a kill.
 """
 
-import hashlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from rag_lab.config import PositiveInt
+from rag_lab import cache
+from rag_lab.config import takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
+from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.apex.planner import PlannerRL, train_planner
-from rag_lab.policies.apex_pipeline import APEXPipeline
-from rag_lab.policies.dapo.curves import write_curves
 from rag_lab.records import read_records
 from rag_lab.rewards.sepr import gold_plan
-from rag_lab.train.cold_start import ColdStartConfig, cold_start, content_hash, load
+from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
+from rag_lab.train.curves import write_curves
 
 log = logging.getLogger(__name__)
 
@@ -49,55 +53,53 @@ PANELS = [
 class APEX(APEXPipeline):
     trains = True
 
+    @takes(APEXPipeline)
     def __init__(
         self,
-        # the three switches of the paper's table 2
-        plan: bool = True,
+        # two of the three switches of the paper's table 2 (the third, plan, is the pipeline's)
         plan_rl: bool = True,
         executor_sft: bool = True,
-        # the set-equivalence plan reward (reward=sepr)
-        sepr: Any = None,
         planner: PlannerRL | None = None,
         # the executor's SFT: the cold start on the executor's protocols
         executor: ColdStartConfig | None = None,
-        # the world the executor's teacher demonstrates on (the run's data), and the teacher: a generator
-        # (null: the world teacher, data=synth only; the paper's are Qwen2.5-32B-Instruct and DeepSeek-V3)
-        data: Any = None,
+        # the executor's teacher: a generator (null: the world teacher, data=synth only; the paper's are
+        # Qwen2.5-32B-Instruct and DeepSeek-V3)
         teacher: Any = None,
-        # the data the planner and the executor train on (null: the run's), e.g. apex_musique's MuSiQue
-        train_data: Any = None,
         cache_dir: str = "~/.cache/rag_lab",
-        hops: PositiveInt = 3,
-        k: PositiveInt = 3,
-        max_new_tokens: PositiveInt = 64,
-        temperature: float = 0.0,
+        # the plan reward (reward=sepr), the dataset the planner and the executor train on, and the run's
+        # resolved config (the planner's cache key): filled by the runner
+        reward: Any = None,
+        train_data: Any = None,
+        run_config: dict | None = None,
+        # the loop: policy=apex_prompt's keys (plan, hops, k, max_new_tokens, temperature)
+        **pipeline: Any,
     ):
-        super().__init__(plan, hops, k, max_new_tokens, temperature)
-        self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, sepr
+        super().__init__(**pipeline)
+        self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, reward
         self.planner_config, self.executor_config = planner or PlannerRL(), executor
-        self.data, self.teacher, self.train_data, self.cache_dir = data, teacher, train_data, cache_dir
+        self.teacher, self.train_data, self.cache_dir = teacher, train_data, cache_dir
+        self.run_config = run_config
+        # what fit trains: the planner and the executor (None: the run's generator)
         self.planner: HFGenerator | None = None
+        self.generator: HFGenerator | None = None
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         base = env.generator
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)
-        if self.train_data is not None:
-            train = self.train_data.split("train")
         rows: list[dict] = []
         if self.plan and self.plan_rl:
             if self.sepr is None:
-                raise RagLabError("policy.sepr: plan RL needs the plan reward (set reward=sepr)")
-            planner_dir = self._planner(base, model_dir, tokenizer_dir, train)
+                raise RagLabError("reward: plan RL needs the plan reward (set reward=sepr)")
+            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir))
             rows += [r | {"stage": "planner"} for r in read_records(planner_dir / "log.jsonl")]
         if self.executor_sft:
-            data = self.train_data if self.train_data is not None else self.data
-            if data is None or self.executor_config is None:
-                raise RagLabError("policy.executor / policy.data: the executor's SFT needs both")
-            path = cold_start(model_dir, data, self.executor_config, self.cache_dir, tokenizer=tokenizer_dir,
-                              chat=base.chat, teacher=self.teacher)  # fmt: skip
-            env.generator = load(path, batch_size=base.batch_size, seed=base.seed)
+            if self.train_data is None or self.executor_config is None:
+                raise RagLabError("policy.executor: the executor's SFT needs its config and training data")
+            path = cold_start(model_dir, self.train_data, self.executor_config, self.cache_dir,
+                              tokenizer=tokenizer_dir, chat=base.chat, teacher=self.teacher)  # fmt: skip
+            self.generator = load(path, batch_size=base.batch_size, seed=base.seed)
             if self.plan and self.planner is None:
                 self.planner = base  # the untrained planner plans, not the executor's fine-tuned model
             offset = rows[-1]["step"] if rows else 0
@@ -107,43 +109,23 @@ class APEX(APEXPipeline):
             write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training", sharex=False)
 
     def _planner(
-        self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample]
+        self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample], out_dir: Path
     ) -> Path:
-        """The planner trained by GRPO with SEPR (cached by content), loaded as ``self.planner``; its dir."""
-        from rag_lab.policies.dapo.policy import describe
-
+        """The planner trained by GRPO with SEPR (cached, see the module docstring), loaded as
+        ``self.planner``; its dir."""
         questions = [q for q in train if q.decomposition]
-        ids = [[q.id, q.question, [[s.question, s.answer] for s in q.decomposition]] for q in questions]
-        source = (Path(__file__).parent / "planner.py").read_text()
-        blob = json.dumps(
-            [
-                content_hash(model_dir, tokenizer_dir),
-                repr(self.planner_config),
-                describe(self.sepr),
-                ids,
-                hashlib.sha256(source.encode()).hexdigest(),
-            ],
-            default=str,
-        )
-        out = (
-            Path(self.cache_dir).expanduser()
-            / "apex_planner"
-            / hashlib.sha256(blob.encode()).hexdigest()[:16]
-        )
+        plans = [[q.id, q.question, [[s.question, s.answer] for s in q.decomposition]] for q in questions]
+        root = self.cache_dir if self.run_config is not None else out_dir
+        reward = (self.run_config or {}).get("reward")
+        out = cache.path(root, "apex_planner", cache.files_digest(model_dir, tokenizer_dir), base.chat, plans,
+                         self.planner_config, reward, code="rag_lab.policies.apex.planner")  # fmt: skip
+        settings = {"chat": base.chat, "batch_size": base.batch_size, "seed": base.seed, "dtype": "float32"}
         if (out / "train.json").exists():
             log.info("APEX planner: reusing %s", out)
         else:
-            fresh = HFGenerator(
-                str(model_dir),
-                str(tokenizer_dir),
-                chat=base.chat,
-                batch_size=base.batch_size,
-                seed=base.seed,
-                dtype="float32",
-            )
+            fresh = HFGenerator(str(model_dir), str(tokenizer_dir), **settings)
             train_planner(fresh, questions, self.sepr, self.planner_config, out, chat=base.chat)
-        self.planner = HFGenerator(str(out), str(tokenizer_dir), chat=base.chat, batch_size=base.batch_size,
-                                   seed=base.seed, dtype="float32")  # fmt: skip
+        self.planner = HFGenerator(str(out), str(tokenizer_dir), **settings)
         return out
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
@@ -159,5 +141,5 @@ class APEX(APEXPipeline):
 
     def plan_env(self, env: Env) -> Env:
         """The planner's environment: the planner (trained, or the untrained model when only the executor
-        was fine-tuned) when fit set one, else the run's generator."""
-        return env if self.planner is None else Env(env.corpus, env.retriever, self.planner)
+        was fine-tuned) when fit set one, else the env as it is."""
+        return env if self.planner is None else env.with_generator(self.planner)

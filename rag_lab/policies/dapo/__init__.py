@@ -1,6 +1,8 @@
-"""Multi-stage-reward DAPO: the policy (:mod:`.policy`), its multi-turn rollouts with dynamic sampling
-(:mod:`.rollout`) and its training curves (:mod:`.curves`)."""
+"""Multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2). ``policy=dapo``.
 
-from rag_lab.policies.dapo.policy import DAPO
-
-__all__ = ["DAPO"]
+- :mod:`.policy`: :class:`~.policy.DAPO`: the ``dapo`` agent (:mod:`rag_lab.policies.agent`), cold-started,
+  then trained stage by stage;
+- :mod:`.trainer`: one stage of TRL's ``GRPOTrainer`` in DAPO's setting;
+- :mod:`.rollout`: its multi-turn rollouts through the engine, with dynamic sampling;
+- rewards: :mod:`rag_lab.rewards.dapo`; protocol: :mod:`rag_lab.env.protocols.tagged`.
+"""

@@ -4,8 +4,8 @@ sampling (papers/multi-stage-dapo.txt sec. 3.2; Yu et al. 2025, DAPO, sec. 3.2 "
 Each training step TRL hands over its batch of prompts, every question repeated ``G`` times in a row.
 :class:`SearchRollouts` plays each group of ``G`` episodes through the shared batched engine
 (:func:`rag_lab.env.engine.run_agent`: one ``generate`` call per turn for every live episode of the
-batch, one batched search), with the trainer's current model, and returns one training sequence per
-episode:
+batch, one batched search), with the trainer's current model (the policy's generator around it, in a view
+of the env: :meth:`rag_lab.env.Env.with_generator`), and returns one training sequence per episode:
 
 - ``prompt_ids``: the first prompt (question and tag line, or the chat template's prompt);
 - ``completion_ids``: the policy's sampled tokens of every turn with the engine's
@@ -41,10 +41,11 @@ import numpy as np
 
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.env.engine import chat_of, run_agent
+from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols.base import State, Turn
 from rag_lab.env.protocols.tagged import DAPOTagged
 from rag_lab.generators.base import Sampling, render
+from rag_lab.generators.hf import HFGenerator
 
 TRAIN_SAMPLING = Sampling(temperature=1.0, max_new_tokens=128)
 
@@ -78,9 +79,13 @@ class Batch:
 
 
 class SearchRollouts:
+    """TRL's ``rollout_func``: ``env``'s corpus and retriever, ``generator``'s tokenizer and settings around
+    the trainer's model (see the module docstring)."""
+
     def __init__(
         self,
         env: Env,
+        generator: HFGenerator,
         questions: Sequence[QAExample],
         rewards: Sequence[tuple[Callable[..., list[float]], float]],
         k: int = 5,
@@ -90,7 +95,7 @@ class SearchRollouts:
         max_rounds: int = 4,
         seed: int = 0,
     ):
-        self.env, self.protocol = env, DAPOTagged()
+        self.env, self.generator, self.protocol = env.with_generator(generator), generator, DAPOTagged()
         self.pool = list(questions)
         self.by_prompt = {self.key(self.first_prompt(q)): q for q in self.pool}
         self.rewards, self.k, self.max_turns, self.sampling = list(rewards), k, max_turns, sampling
@@ -99,7 +104,7 @@ class SearchRollouts:
         self.stats: dict[str, float] = {}
 
     def first_prompt(self, example: QAExample):
-        return self.protocol.prompt(State(example.question), chat_of(self.env))
+        return self.protocol.prompt(State(example.question), bool(self.generator.chat))
 
     @staticmethod
     def key(prompt) -> str:
@@ -112,7 +117,7 @@ class SearchRollouts:
         step = trainer.state.global_step
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
-        self.env.generator.model = model.eval()
+        self.env = self.env.with_generator(self.generator.with_model(model.eval()))
         try:
             batch = self.play(questions, group, step)
         finally:
@@ -166,7 +171,7 @@ class SearchRollouts:
 
     # ---- to TRL's rows --------------------------------------------------------------------------
     def encode(self, batch: Batch) -> dict[str, list]:
-        tokenizer = self.env.generator.tokenizer
+        tokenizer = self.generator.tokenizer
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                  "rollouts", "answers")}  # fmt: skip
         for question, episodes, texts in zip(batch.questions, batch.episodes, batch.texts, strict=True):

@@ -1,5 +1,9 @@
-"""Stop-RAG (papers/stop-rag.txt): value-based stopping for iterative RAG, trained offline with Q(λ)."""
+"""Stop-RAG (papers/stop-rag.txt; METHODS.md §1): value-based stopping for iterative RAG, trained offline
+with Q(λ). ``policy=stoprag``.
 
-from rag_lab.policies.stoprag.policy import QStopper, StopRAG
-
-__all__ = ["QStopper", "StopRAG"]
+- :mod:`.pipeline`: the loop, Stop-RAG's iterative pipeline with a pluggable stopping rule
+  (``policy=fixed_iter``, ``policy=llm_stop``);
+- :mod:`.policy`: :class:`~.policy.StopRAG` (offline data → Q-network → τ) and its stopper;
+- :mod:`.offline` (the offline dataset), :mod:`.qnet` (the Q-network), :mod:`.targets` (Q(λ) targets),
+  :mod:`.trainer` (the Q-network's training loop), :mod:`.tau` (τ tuned on dev).
+"""

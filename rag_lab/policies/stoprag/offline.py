@@ -5,20 +5,17 @@ prefix s_t (t = 1 .. T) is a state, and r(s_t, STOP) (eq. 13) is the mean score 
 of N final answers sampled from s_t at temperature > 0 (the authors use 0.7, top-p 0.9: at
 temperature 0 the N answers are identical). r(s_{T-1}, CONT) is the same quantity at s_T (eq. 14).
 
-Batched: a batch of questions advances one iteration per two generator calls (queries, then
-intermediate answers), and the N samples of *every* state of the batch go through one call with
-``n = N`` — 2T + 1 calls per batch instead of T·(2 + N) per question. Rows are appended to a jsonl
-under ``cache_dir/stoprag/<hash of world, questions, generator and settings>.jsonl`` one flushed
-batch at a time, so a killed collection resumes at the next unfinished batch and a second run with
-the same settings reuses the file. The batches are fixed by the question order, not by what is
-left: a batch that a kill cut mid-append runs again whole, so every generator call of a resumed
-collection sees the prompts it saw in an uninterrupted one (a sampling generator seeded per call,
-or one whose padding depends on the batch, gives the same rows).
+Batched: a batch of questions advances one iteration per two generator calls (queries, then intermediate
+answers), and the N samples of *every* state of the batch go through one call with ``n = N`` — 2T + 1
+calls per batch instead of T·(2 + N) per question. Rows are appended to a jsonl (``StopRAG.offline_path``:
+``cache_dir/stoprag/<key>.jsonl``) one flushed batch at a time, so a killed collection resumes at the next
+unfinished batch and a second run with the same settings reuses the file. The batches are fixed by the
+question order, not by what is left: a batch that a kill cut mid-append runs again whole, so every
+generator call of a resumed collection sees the prompts it saw in an uninterrupted one (a sampling
+generator seeded per call, or one whose padding depends on the batch, gives the same rows).
 """
 
 import dataclasses
-import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -60,21 +57,6 @@ class CountingGenerator:
         self.calls += 1
         self.completions += len(prompts) * sampling.n
         return self.inner.generate(prompts, sampling)
-
-
-def generator_fingerprint(generator) -> str:
-    """The generator's class and its plain settings (model path, noise, seed ...), for cache keys."""
-    fields = {}
-    for key, value in sorted(vars(generator).items()):
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = dataclasses.asdict(value)
-        if (
-            isinstance(value, (str, int, float, bool, type(None)))
-            or isinstance(value, dict)
-            and len(value) < 50
-        ):
-            fields[key] = value
-    return json.dumps([type(generator).__qualname__, fields], sort_keys=True, default=str)
 
 
 def prefixes(state: State) -> list[State]:
@@ -149,17 +131,6 @@ def collect(
         writer.write([r for r in rows if r["question_id"] not in done])
         done.update((r["question_id"], r) for r in rows)
     return [Trajectory(**done[ex.id]) for ex in examples]
-
-
-def cache_path(cache_dir: str, env: Env, examples: Sequence[QAExample], settings: dict) -> Path:
-    """Where the offline data of these questions, this world and generator, and ``settings`` live."""
-    key = json.dumps(
-        [env.corpus.fingerprint, [ex.id for ex in examples], generator_fingerprint(env.generator), settings],
-        sort_keys=True,
-        default=str,
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(cache_dir).expanduser() / "stoprag" / f"{digest}.jsonl"
 
 
 def states_of(traj: Trajectory, upto: int) -> list[tuple[str, list[str]]]:

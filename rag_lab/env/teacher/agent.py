@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.data.synth.world import MONTHS
-from rag_lab.generators.teacher.reader import answer_from, parse_question
+from rag_lab.env.teacher.reader import answer_from, parse_question
 
 # search(queries) -> passages per query, best first (a batched retriever call behind it)
 Search = Callable[[Sequence[str]], list[list[Passage]]]

@@ -1,10 +1,12 @@
-"""DAPO's training curves: one row per step (TRL's logs and the rollouts' counts), to a stage's
-``log.jsonl`` while it trains, then to the run (``checkpoints/train_log.jsonl``, the logger, a png)."""
+"""Training curves, as every trainer of rag_lab writes them: one row per logged step (a ``transformers``
+trainer's logs, and whatever the method adds) to a ``log.jsonl`` while it trains (:class:`CurveLog`), then
+to the run (:func:`write_curves`: ``checkpoints/train_log.jsonl``, the logger, a png of chosen panels)."""
 
 import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,24 +14,17 @@ from transformers import TrainerCallback
 
 from rag_lab.records import RecordWriter, atomic_write_text, read_records
 
-# TRL's log keys -> ours (the rest keep TRL's names)
-RENAME = {"rewards/rc/mean": "rc", "rewards/acc/mean": "acc", "frac_reward_zero_std": "flat_groups"}
-PANELS = [
-    ("reward", ["reward", "rewards/answer/mean", "rewards/search/mean", "rewards/format/mean"]),
-    ("retrieval count (RC)", ["rc"]),
-    ("accuracy / format rate", ["acc", "format_rate"]),
-    ("loss", ["loss"]),
-    ("dynamic sampling", ["sampling/dropped_groups", "sampling/flat_groups_kept"]),
-    ("completion tokens", ["completions/mean_length"]),
-]
+# (title, the row keys it plots) per panel of the png
+Panels = list[tuple[str, list[str]]]
 
 
 class CurveLog(TrainerCallback):
-    """Appends each logged step to ``path``; on a resume, first drops the rows after the checkpoint
-    (a killed run's steps are trained again and logged once)."""
+    """Appends each logged step (its finite numbers; ``finish(row)`` renames or adds keys) to ``path``; on
+    a resume, first drops the rows after the checkpoint (a killed run's steps are trained again and logged
+    once)."""
 
-    def __init__(self, path: Path, rollouts, resumed_at: int = 0):
-        self.path, self.rollouts, self.resumed_at = Path(path), rollouts, resumed_at
+    def __init__(self, path: Path, resumed_at: int = 0, finish: Callable[[dict], dict] | None = None):
+        self.path, self.resumed_at, self.finish = Path(path), resumed_at, finish or (lambda row: row)
         if self.path.exists():
             kept = [r for r in read_records(self.path) if r["step"] <= resumed_at]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -39,21 +34,12 @@ class CurveLog(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         row = {"step": state.global_step, "time": time.time()}
-        for key, value in logs.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                row[RENAME.get(key, key)] = value
-        if "rewards/format/mean" in row:  # r_f is +1 / -1
-            row["format_rate"] = (row["rewards/format/mean"] + 1) / 2
-        self.writer.write([row | self.rollouts.stats])
+        row |= {k: v for k, v in logs.items() if isinstance(v, int | float) and math.isfinite(v)}
+        self.writer.write([self.finish(row)])
 
 
 def write_curves(
-    rows: list[dict],
-    out_dir: Path,
-    logger=None,
-    panels=PANELS,
-    title: str = "DAPO training",
-    sharex: bool = True,
+    rows: list[dict], out_dir: Path, logger, panels: Panels, title: str, sharex: bool = True
 ) -> None:
     """The run's curve (every stage, steps numbered on): ``train_log.jsonl``, ``curves.png`` (``panels``:
     (title, row keys) per plot), and the logger's metrics once per run (a resumed run that finds them
@@ -69,9 +55,7 @@ def write_curves(
         atomic_write_text(marker, str(len(rows)))
 
 
-def plot(
-    rows: list[dict], path: Path, panels=PANELS, title: str = "DAPO training", sharex: bool = True
-) -> None:
+def plot(rows: list[dict], path: Path, panels: Panels, title: str, sharex: bool = True) -> None:
     """``panels`` in a 2-row grid; ``sharex``: one step axis (stages that follow each other), else each
     panel its own (stages of different lengths whose panels do not overlap)."""
     import matplotlib

@@ -19,18 +19,19 @@ incomplete trace gives a random guess among the entities in view (the variety St
 sampled answers need).
 """
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rag_lab.cache import text_digest
+from rag_lab.config import takes
 from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.env.protocols import Action, State, identify
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, CONTINUE, PLAN, REASON, REFUSE, SEARCH, STOP
 from rag_lab.env.protocols.simple import evidence
+from rag_lab.env.teacher.agent import FIRST, SAME, Noise, combine, near_name
+from rag_lab.env.teacher.reader import answer_from, parse_question
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop
-from rag_lab.generators.teacher.agent import FIRST, SAME, Noise, combine, near_name
-from rag_lab.generators.teacher.reader import answer_from, parse_question
 
 
 @dataclass
@@ -236,18 +237,13 @@ DECIDE: dict[str, Callable[[Mind, State], Action]] = {
 class TeacherGenerator:
     """The world teacher as a black-box generator (a SIMULATOR; data=synth)."""
 
-    def __init__(
-        self,
-        dataset,
-        vague_query: float = 0.0,
-        miscopy: float = 0.0,
-        premature_answer: float = 0.0,
-        distraction: float = 0.0,
-        seed: int = 0,
-    ):
+    @takes(Noise)
+    def __init__(self, data, seed: int = 0, **noise: float):
+        """``data``: the dataset whose questions it knows (the run's, handed over by the runner); ``noise``:
+        :class:`~rag_lab.env.teacher.agent.Noise`'s probabilities."""
         splits = ("train", "dev", "test")
-        self.examples = {ex.question: ex for name in splits for ex in dataset.split(name)}
-        self.noise = Noise(vague_query, miscopy, premature_answer, distraction)
+        self.examples = {ex.question: ex for name in splits for ex in data.split(name)}
+        self.noise = Noise(**noise)
         self.seed = seed
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
@@ -260,7 +256,7 @@ class TeacherGenerator:
         protocol, state = found
         greedy = sampling.temperature <= 0
         key = f"{self.seed}:{sampling.seed}:{prompt}:{0 if greedy else sample}"
-        rng = random.Random(hashlib.sha256(key.encode()).hexdigest())
+        rng = random.Random(text_digest(key))
         mind = Mind(self.examples.get(state.question), rng, self.noise, greedy)
         text = protocol.format(DECIDE[protocol.name](mind, state))
         return Completion(cut_at_stop(text, sampling)[0])  # the contract: text ends at the first stop

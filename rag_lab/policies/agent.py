@@ -1,0 +1,29 @@
+"""``policy=agent``: an agentic protocol (``dapo``, ``evorag``, ``r3rag``: rag_lab/env/protocols) rolled out
+by the batched engine (:func:`rag_lab.env.engine.run_agent`), untrained: each paper's prompting baseline, and
+the loop that DAPO (and EVO-RAG, R3-RAG) train.
+"""
+
+from rag_lab.config import PositiveInt
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.engine import run_agent
+from rag_lab.env.protocols.base import PROTOCOLS
+from rag_lab.errors import RagLabError
+from rag_lab.policies.prompting import Prompting
+
+
+class Agent(Prompting):
+    """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
+
+    def __init__(self, protocol: str = "dapo", k: PositiveInt = 5, max_turns: PositiveInt = 5,
+                 exclude_seen: bool = False, max_new_tokens: PositiveInt = 128,
+                 temperature: float = 0.0):  # fmt: skip
+        super().__init__(k, max_new_tokens, temperature)
+        if protocol not in PROTOCOLS:
+            raise RagLabError(
+                f"policy.protocol: unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}"
+            )
+        self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        return run_agent(self.protocol, batch, env, self.sampling, self.k, self.max_turns, self.exclude_seen)

@@ -1,0 +1,163 @@
+"""One stage of multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2) on TRL's
+``GRPOTrainer`` in DAPO's setting: ``loss_type="dapo"`` (token-level loss averaged over the batch's
+tokens), clip-higher ``epsilon`` 0.2 / ``epsilon_high`` 0.28, ``beta`` 0 (no KL term, no reference
+model), group-normalised advantages; rollouts from the engine with the retrieved tokens out of the loss and
+dynamic sampling (:mod:`rag_lab.policies.dapo.rollout`). The stage trains the model it is given in place
+and publishes it to its cache directory (:func:`rag_lab.cache.publish`); a killed stage resumes from its
+last Trainer checkpoint (``<dir>.work`` beside it) to the uninterrupted weights.
+"""
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from rag_lab import cache
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env
+from rag_lab.errors import RagLabError
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
+from rag_lab.rewards.dapo import answer_correct, retrieval_count
+from rag_lab.train.curves import CurveLog
+from rag_lab.train.lora import peft_config
+
+log = logging.getLogger(__name__)
+
+# TRL's log keys -> the curves' (the rest keep TRL's names)
+RENAME = {"rewards/rc/mean": "rc", "rewards/acc/mean": "acc", "frac_reward_zero_std": "flat_groups"}
+PANELS = [
+    ("reward", ["reward", "rewards/answer/mean", "rewards/search/mean", "rewards/format/mean"]),
+    ("retrieval count (RC)", ["rc"]),
+    ("accuracy / format rate", ["acc", "format_rate"]),
+    ("loss", ["loss"]),
+    ("dynamic sampling", ["sampling/dropped_groups", "sampling/flat_groups_kept"]),
+    ("completion tokens", ["completions/mean_length"]),
+]
+
+
+def grpo_config(policy, work: Path, reward_weights: list[float]):
+    """TRL's ``GRPOConfig`` in DAPO's setting (module docstring), at the sizes of ``policy`` (a
+    :class:`~rag_lab.policies.dapo.policy.DAPO`)."""
+    from trl import GRPOConfig
+
+    cuda = torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=str(work),
+        max_steps=policy.steps,
+        seed=policy.seed,
+        data_seed=policy.seed,
+        per_device_train_batch_size=policy.questions_per_step * policy.group_size,
+        num_generations=policy.group_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        learning_rate=policy.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        loss_type="dapo",
+        epsilon=policy.epsilon,
+        epsilon_high=policy.epsilon_high,
+        beta=0.0,
+        scale_rewards="group",
+        reward_weights=reward_weights,
+        temperature=policy.train_sampling.temperature,
+        max_completion_length=policy.max_turns * policy.sampling.max_new_tokens,
+        disable_dropout=True,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=policy.save_steps,
+        save_total_limit=2,
+        bf16=(cuda and torch.cuda.is_bf16_supported()) if policy.bf16 is None else policy.bf16,
+        use_cpu=not cuda,
+        report_to="none",
+        gradient_checkpointing=False,
+        remove_unused_columns=False,
+    )
+
+
+def curve_row(rollouts: SearchRollouts):
+    """The curve's row of a logged step: TRL's keys renamed, the format rate, the rollouts' counts."""
+
+    def finish(row: dict) -> dict:
+        row = {RENAME.get(k, k): v for k, v in row.items()}
+        if "rewards/format/mean" in row:  # r_f is +1 / -1
+            row["format_rate"] = (row["rewards/format/mean"] + 1) / 2
+        return row | rollouts.stats
+
+    return finish
+
+
+def train_stage(
+    policy, generator: HFGenerator, env: Env, stage, questions: list[QAExample], done: Path
+) -> None:
+    """One stage of GRPO-with-DAPO on ``generator.model`` (in place), published to ``done``, with the
+    settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`)."""
+    from datasets import Dataset
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOTrainer
+
+    work = done.with_name(f"{done.name}.work")
+    rewards = [
+        (OnRollouts(name, fn, **({"stage": stage} if takes_stage(fn) else {})), policy.weights[name])
+        for name, fn in policy.reward.items()
+    ]
+    # monitors: logged by TRL as rewards/rc and rewards/acc, weight 0 (they train nothing)
+    monitors = [(OnRollouts("rc", retrieval_count), 0.0), (OnRollouts("acc", answer_correct), 0.0)]
+    rollouts = SearchRollouts(
+        env, generator, questions, rewards, policy.k, policy.max_turns, policy.train_sampling,
+        policy.dynamic_sampling, policy.max_rounds, policy.seed,
+    )  # fmt: skip
+    dataset = Dataset.from_list(
+        [{"prompt": rollouts.first_prompt(q), "answers": list(q.answers)} for q in questions]
+    )
+    last = get_last_checkpoint(str(work)) if work.is_dir() else None
+    resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
+    curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
+    peft = peft_config(policy.lora)
+    trainer = GRPOTrainer(
+        model=generator.model,
+        reward_funcs=[fn for fn, _ in rewards + monitors],
+        args=grpo_config(policy, work, [w for _, w in rewards + monitors]),
+        train_dataset=dataset,
+        processing_class=generator.tokenizer,
+        peft_config=peft,
+        rollout_func=rollouts,
+        callbacks=[curve],
+    )
+    resuming = f", resuming from {last}" if last else ""
+    log.info("DAPO stage %s: %d steps of %d questions x %d samples%s", stage, policy.steps,
+             policy.questions_per_step, policy.group_size, resuming)  # fmt: skip
+    began = time.perf_counter()
+    trainer.train(resume_from_checkpoint=last)
+    if trainer.state.global_step < policy.steps:
+        raise RagLabError(f"DAPO stage {stage}: stopped at step {trainer.state.global_step} of "
+                          f"{policy.steps}; the next run resumes from {work}")  # fmt: skip
+    model = trainer.model.merge_and_unload() if peft else trainer.model
+    with cache.publish(done) as tmp:
+        model.save_pretrained(tmp)
+        shutil.copy2(work / "log.jsonl", tmp / "log.jsonl")
+        stats = {"stage": str(stage), "steps": policy.steps, "seconds": time.perf_counter() - began,
+                 "resumed_from": curve.resumed_at or None}  # fmt: skip
+        (tmp / "train.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def takes_stage(fn) -> bool:
+    """Whether reward ``fn`` has a ``stage`` parameter (the multi-stage answer reward's)."""
+    import inspect
+    from functools import partial
+
+    target = fn.func if isinstance(fn, partial) else fn
+    return "stage" in inspect.signature(target).parameters
+
+
+def load_model(path: Path | str, like):
+    """The causal LM saved at ``path``, in float32 and eval mode, on the device of the model ``like``."""
+    from transformers import AutoModelForCausalLM
+
+    device = next(like.parameters()).device
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

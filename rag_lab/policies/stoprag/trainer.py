@@ -1,0 +1,228 @@
+"""Stop-RAG's Q-network training (papers/stop-rag.txt, Algorithm 1; METHODS.md §1): Q(λ) regression on the
+offline trajectories' states. Sample a batch of kept states, bootstrap from the current network under
+no-grad over each state's future (:func:`rag_lab.policies.stoprag.targets.targets`), squared error on both
+heads (BCE on the margin for the binary classifier). AdamW, cosine lr with warm-up; λ annealed by step.
+
+Resumable to the bit (``policy.py``'s module doc): a checkpoint every ``checkpoint_every`` steps
+(:func:`save_atomic`) holds the heads (the encoder too when it trains), AdamW, the schedule, the step,
+torch's RNG states (:func:`rng_state`: the heads' dropout), the log rows and the stats; the data order is a
+pure function of the seed and the step (:func:`batches`), λ of the step. With a frozen encoder the states
+are encoded once (:func:`encoded_states`, kept beside the offline data).
+
+Hand-written: no RL library has the full-width forward-view Q(λ) of a two-action stopping MDP.
+"""
+
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Iterator
+from copy import deepcopy
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rag_lab.policies.stoprag.offline import Trajectory, states_of
+from rag_lab.policies.stoprag.qnet import QNetwork
+from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
+from rag_lab.records import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def batches(pairs: list, batch_size: int, seed: int, start: int = 0) -> Iterator[list]:
+    """The training batches from step ``start`` on, a pure function of the arguments: epoch e is the
+    (e+1)-th shuffle of one stream seeded by ``seed`` (a resume replays the e shuffles, cheap next to
+    a step), and step s is batch s mod B of epoch s // B, B = ceil(len(pairs) / batch_size).
+
+    >>> from itertools import islice
+    >>> pairs = list(range(10))
+    >>> list(islice(batches(pairs, 4, 0, start=5), 2)) == list(islice(batches(pairs, 4, 0), 7))[5:]
+    True
+    """
+    per_epoch = math.ceil(len(pairs) / batch_size)
+    rng = random.Random(f"{seed}:0")  # the stream's seed from before: uninterrupted runs keep their numbers
+    epoch = 0
+    while per_epoch:
+        order = pairs[:]
+        rng.shuffle(order)
+        for b in range(max(0, start - epoch * per_epoch), per_epoch):
+            yield order[b * batch_size : (b + 1) * batch_size]
+        epoch += 1
+
+
+def rng_state() -> dict:
+    """Torch's RNG states (CPU, and every GPU's): what dropout draws from."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Back to a :func:`rng_state` (its tensors on any device: a checkpoint loads onto the GPU)."""
+    torch.set_rng_state(state["cpu"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a kill never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def encoded_states(qnet: QNetwork, inputs: list[list[tuple]], path: Path | None) -> torch.Tensor | None:
+    """[N, T-1, d] the frozen encoder's pooled states ``inputs[i][t-1]``, loaded from ``path`` when it
+    is there, else encoded (256 a pass) and saved there."""
+    if path is not None and path.exists():
+        return torch.load(path, map_location=qnet.stop_head[1].weight.device)
+    flat = [s for row in inputs for s in row]
+    if not flat:
+        return None
+    chunks = tqdm(range(0, len(flat), 256), desc="encode states", unit="batch")
+    pooled = [qnet.encode(flat[i : i + 256]) for i in chunks]
+    features = torch.cat(pooled).view(len(inputs), len(inputs[0]), -1)
+    if path is not None:
+        save_atomic(features, path)
+    return features
+
+
+class QLoss:
+    """The loss of a batch of (trajectory, t) states of one training run of ``policy`` (a
+    :class:`~rag_lab.policies.stoprag.policy.StopRAG`): the targets of ``policy.target`` at λ, bootstrapped
+    from the network itself in eval mode, against its two heads."""
+
+    def __init__(self, policy, trajs: list[Trajectory], features_path: Path | None):
+        self.qnet, self.target, horizon = policy.qnet, policy.target, policy.pipeline.iterations
+        self.device = policy.device
+        rewards = torch.tensor([t.rewards for t in trajs], dtype=torch.float32)  # [N, T+1]
+        mask = keep(rewards)
+        self.rewards = rewards.to(self.device)
+        order = list(range(len(trajs)))
+        random.Random(policy.seed).shuffle(order)
+        n_val = int(round(policy.val_fraction * len(trajs)))
+        val_q, train_q = set(order[:n_val]), set(order[n_val:])
+        pairs = [(i, t) for i in range(len(trajs)) for t in range(1, horizon) if mask[i, t]]
+        self.train_pairs = [p for p in pairs if p[0] in train_q]
+        self.val_pairs = [p for p in pairs if p[0] in val_q]
+        self.states = {"all": len(trajs) * (horizon - 1), "kept": len(pairs),
+                       "train": len(self.train_pairs), "val": len(self.val_pairs)}  # fmt: skip
+        self.inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
+        frozen = self.qnet.frozen
+        self.features = encoded_states(self.qnet, self.inputs, features_path) if frozen else None
+        self.qnet.clear_cache()  # held in `features`; a cached file or a resume never filled the memo
+        # bf16 where supported (a GPU with bf16); CPU runs stay in float32
+        self.amp = policy.bf16 and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def q_values(self, rows: list[int], ts: list[int] | None = None):
+        """Q at s_1..s_{T-1} of each row, padded to [rows, T+1] (no grad), or at (row, t) pairs (grad)."""
+        qnet, features, inputs = self.qnet, self.features, self.inputs
+        if ts is not None:
+            if features is not None:
+                return qnet.heads(features[rows, [t - 1 for t in ts]])
+            return qnet([inputs[r][t - 1] for r, t in zip(rows, ts, strict=True)])
+        with torch.no_grad():
+            if features is not None:
+                s, c = qnet.heads(features[rows].flatten(0, 1))
+            else:
+                s, c = qnet([st for r in rows for st in inputs[r]])
+        pad = torch.zeros(len(rows), 1, device=self.device)
+        return (
+            torch.cat([pad, s.view(len(rows), -1), pad], 1),
+            torch.cat([pad, c.view(len(rows), -1), pad], 1),
+        )
+
+    def __call__(self, batch: list[tuple[int, int]], lam: float) -> torch.Tensor:
+        rows, qnet = [i for i, _ in batch], self.qnet
+        ts = torch.tensor([t for _, t in batch], device=self.device)
+        bootstrap = self.target in ("qlambda", "q0")
+        was = qnet.training
+        qnet.eval()
+        qs, qc = self.q_values(rows) if bootstrap else (None, None)
+        qnet.train(was)
+        stop_t, cont_t = targets(self.target, self.rewards[rows], ts, qs, qc, lam)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            stop, cont = self.q_values(rows, ts=ts.tolist())
+        stop, cont = stop.float(), cont.float()
+        if self.target == "binary":
+            return torch.nn.functional.binary_cross_entropy_with_logits(stop - cont, cont_t, reduction="sum")
+        return ((stop_t - stop) ** 2 + (cont_t - cont) ** 2).sum()
+
+    def validation(self, lam: float, batch_size: int) -> float:
+        """The mean loss per validation state, in eval mode, in training-size chunks (a fine-tuned
+        encoder's memory); the network goes back to training mode (its frozen encoder to eval)."""
+        self.qnet.eval()
+        with torch.no_grad():
+            chunks = range(0, len(self.val_pairs), batch_size)
+            total = sum(self(self.val_pairs[c : c + batch_size], lam).item() for c in chunks)
+        training_mode(self.qnet)
+        return total / len(self.val_pairs)
+
+
+def training_mode(qnet: QNetwork) -> None:
+    qnet.train()
+    if qnet.frozen:
+        qnet.encoder.eval()
+
+
+def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Path | None, rng: dict | None):
+    """Train ``policy.qnet`` (a :class:`~rag_lab.policies.stoprag.policy.StopRAG`'s) on ``trajs`` (module
+    docstring). Starts from torch's RNG state ``rng`` (:func:`rng_state`; None: the current one), or
+    resumes exactly from ``out_dir/qnet_checkpoint.pt``."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)
+    policy.stats["states"] = loss_of.states
+    params = [p for p in qnet.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=policy.lr, weight_decay=policy.weight_decay)
+    per_epoch = max(1, math.ceil(len(loss_of.train_pairs) / policy.batch_size))
+    total = max(1, math.ceil(policy.epochs * per_epoch))
+    sched = get_cosine_schedule_with_warmup(opt, int(policy.warmup_ratio * total), total)
+    ckpt, step, rows = out_dir / "qnet_checkpoint.pt", 0, []
+    saved = torch.load(ckpt, weights_only=False, map_location=policy.device) if ckpt.exists() else None
+    if saved is not None and "rng" not in saved:
+        log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
+        saved = None
+    if saved is not None:
+        qnet.load_state_dict(saved["model"], strict=False)
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        step, rows, rng = saved["step"], saved["log"], saved["rng"]
+        policy.stats.update(saved["stats"])
+        log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
+    if rng is not None:
+        set_rng_state(rng)
+    log_path = out_dir / "train_log.jsonl"  # the checkpoint's rows: none after it, none twice
+    atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
+    bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({policy.target})", unit="step")
+    training_mode(qnet)
+    for batch in batches(loss_of.train_pairs, policy.batch_size, policy.seed, step):
+        if step >= total:
+            break
+        lam = lambda_at(step / total, *policy.lambdas)
+        loss = loss_of(batch, lam)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item() / policy.batch_size:.4f}", lam=f"{lam:.2f}")
+        if step % policy.checkpoint_every == 0 or step == total:
+            lr = sched.get_last_lr()[0]
+            row = {"step": step, "loss": loss.item() / len(batch), "lambda": lam, "lr": lr}
+            if loss_of.val_pairs:
+                row["val_loss"] = loss_of.validation(lam, policy.batch_size)
+            rows.append(row)
+            policy.stats["train"] = row
+            save_atomic({"model": policy.trainable_state(), "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "step": step, "rng": rng_state(), "log": rows,
+                         "stats": deepcopy(policy.stats)}, ckpt)  # fmt: skip
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    bar.close()
+    qnet.eval()

@@ -1,0 +1,120 @@
+"""The architecture, enforced: imports follow the layers, no import cycles, small modules and functions.
+
+The layers, lowest first (README, "Architecture"); a module may import its own layer and those below:
+
+    foundation → data → retrievers → generators → env → eval → rewards → policies / train → run
+
+Every import counts: at the top of a module, inside a function (a lazy import) and under
+``TYPE_CHECKING``. The graph is :func:`rag_lab.cache.import_graph` (the one the cache keys' code digests
+read), where importing ``a.b.c`` also runs the packages ``a`` and ``a.b``.
+"""
+
+import ast
+
+import pytest
+
+from rag_lab.cache import PACKAGE_DIR, import_graph, module_files
+
+LAYERS = [
+    ("foundation", ["rag_lab", "rag_lab.errors", "rag_lab.records", "rag_lab.config", "rag_lab.seeding",
+                    "rag_lab.cache"]),
+    ("data", ["rag_lab.data"]),
+    ("retrievers", ["rag_lab.retrievers"]),
+    ("generators", ["rag_lab.generators"]),
+    ("env", ["rag_lab.env"]),
+    ("eval", ["rag_lab.eval"]),
+    ("rewards", ["rag_lab.rewards"]),
+    ("policies / train", ["rag_lab.policies", "rag_lab.train", "rag_lab.checkpoints"]),
+    ("run", ["rag_lab.run", "rag_lab.rundir", "rag_lab.report", "rag_lab.score", "rag_lab.serve",
+             "rag_lab.docs", "rag_lab.index", "rag_lab.loggers"]),
+]  # fmt: skip
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 80
+
+
+def layer_of(module: str) -> int:
+    """The index of ``module``'s layer: its longest listed prefix."""
+    best = None
+    for i, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[1]):
+                best = (i, len(name))
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS (tests/test_layers.py) and the README")
+    return best[0]
+
+
+def upward_imports(graph: dict[str, frozenset[str]]) -> list[str]:
+    return sorted(
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+        for m, targets in graph.items()
+        for t in targets
+        if layer_of(t) > layer_of(m)
+    )
+
+
+def cycles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_import_goes_down_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_an_upward_import_and_a_cycle():
+    # a generator that imports a policy, and two modules that import each other
+    graph = {"rag_lab.generators.x": frozenset({"rag_lab.policies.y"}), "rag_lab.policies.y": frozenset(),
+             "rag_lab.env.a": frozenset({"rag_lab.env.b"}), "rag_lab.env.b": frozenset({"rag_lab.env.a"})}  # fmt: skip
+    assert upward_imports(graph) == [
+        "rag_lab.generators.x (generators) imports rag_lab.policies.y (policies / train)"
+    ]
+    assert cycles(graph) == [["rag_lab.env.a", "rag_lab.env.b"]]
+
+
+def test_the_graph_sees_lazy_and_type_checking_imports():
+    graph = import_graph()
+    # rag_lab.run imports policies nowhere; the cold start imports the teacher lazily and under TYPE_CHECKING
+    assert "rag_lab.env.teacher.generator" in graph["rag_lab.train.demonstrations"]
+    assert all(m in graph for m in module_files())
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_modules_and_functions_stay_small(module):
+    file = module_files()[module]
+    lines = file.read_text().splitlines()
+    assert len(lines) <= MAX_FILE_LINES, f"{file.relative_to(PACKAGE_DIR.parent)}: {len(lines)} lines"
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{module}.{node.name}: {length} lines"
