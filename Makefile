@@ -38,7 +38,7 @@ demo: install ## The embedded default end to end: the default LM and the teacher
 	@cat outputs/demo/report.md outputs/demo/stoprag/tables.md
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~1-2 h on 2 cores)
-	$(PY) -m rag_lab.train.ship $(if $(SCORES),--scores $(SCORES))
+	$(PY) -m rag_lab.train.tiny.ship $(if $(SCORES),--scores $(SCORES))
 
 test: install ## Fast test suite (CPU, offline; < 10 min on 2 cores)
 	$(PY) -m pytest -q

@@ -16,8 +16,9 @@ from bench_rollout import Timed
 from benchlib import peak_rss_mb, publish
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.config import build, compose
 from rag_lab.env import Env
+from rag_lab.generators.hf import HFGenerator
 
 STEPS = 6
 
@@ -40,14 +41,16 @@ def main() -> None:
     cfg = compose(["generator=tiny", "policy=dapo", "reward=dapo", "policy.cold_start=null",
                    f"policy.steps={STEPS}", "policy.save_steps=1000"])  # fmt: skip
     data = instantiate(cfg.data)
-    generator = instantiate(cfg.generator, data=data)
-    retriever = instantiate(cfg.retriever, corpus=data.corpus)
-    generate, search = Timed(generator, "generate"), Timed(retriever, "search")
-    rewards = SimpleNamespace(seconds=0.0)
-    env = Env(data.corpus, search, generate)
+    generator = build(cfg.generator, data=data)
+    search = Timed(build(cfg.retriever, corpus=data.corpus), "search")
+    generate, rewards = SimpleNamespace(seconds=0.0), SimpleNamespace(seconds=0.0)
+    # the class's: DAPO rolls out with its own copy of the model, a generator of its own
+    HFGenerator.generate = timed(HFGenerator.generate, generate)
+    env = Env(data.corpus, search, generator)
     with tempfile.TemporaryDirectory() as tmp:
-        policy = instantiate(cfg.policy, cache_dir=tmp, data=None)
-        policy.rewards = {name: timed(fn, rewards) for name, fn in policy.rewards.items()}
+        policy = build(cfg.policy, reward=build(cfg.reward), train_data=data)
+        policy.cache_dir = tmp
+        policy.reward = {name: timed(fn, rewards) for name, fn in policy.reward.items()}
         start = time.perf_counter()
         policy.fit(env, data.split("train"), [], Path(tmp) / "run")
         total = time.perf_counter() - start

@@ -16,7 +16,7 @@ import pandas as pd
 from benchlib import peak_rss_mb, publish
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.config import build, compose
 from rag_lab.env.protocols import State
 from rag_lab.env.protocols.stoprag import StopRAGQuery
 from rag_lab.generators.base import Sampling
@@ -38,7 +38,7 @@ def measure(gen, prompts: list[str], batch: int) -> tuple[float, int]:
 def main() -> None:
     cfg = compose(["generator=tiny"])
     data = instantiate(cfg.data)
-    tiny = instantiate(cfg.generator, data=data)
+    tiny = build(cfg.generator, data=data)
     path = Path(tiny.model.name_or_path)
     query = StopRAGQuery()
     prompts = [query.prompt(State(ex.question)) for ex in data.split("dev")[:N_PROMPTS]]

@@ -13,7 +13,7 @@ import pandas as pd
 from benchlib import peak_rss_mb, publish
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.config import build, compose
 from rag_lab.env import Env
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
@@ -69,8 +69,8 @@ def measure(env_parts, examples, batch: int) -> dict:
 def main() -> None:
     cfg = compose(["generator=tiny"])
     data = instantiate(cfg.data)
-    retriever = instantiate(cfg.retriever, corpus=data.corpus)
-    generator = instantiate(cfg.generator, data=data)
+    retriever = build(cfg.retriever, corpus=data.corpus)
+    generator = build(cfg.generator, data=data)
     examples = data.split("dev")[:N_QUESTIONS]
     parts = (data.corpus, retriever, generator)
     rows = [measure(parts, examples, BATCH), measure(parts, examples, 1)]

@@ -21,8 +21,8 @@ from benchlib import peak_rss_mb, publish
 
 from rag_lab.data.synth import SynthDataset
 from rag_lab.retrievers.bm25 import BM25Retriever
-from rag_lab.train import tiny_lm as tiny
-from rag_lab.train.tiny_reading import (
+from rag_lab.train.tiny import model as tiny
+from rag_lab.train.tiny.reading import (
     group_by_length,
     intermediate_reading_item,
     page_facts,
@@ -31,7 +31,7 @@ from rag_lab.train.tiny_reading import (
     qa_reading_item,
     renamer,
 )
-from rag_lab.train.tiny_tokenizer import build_tokenizer
+from rag_lab.train.tiny.tokenizer import build_tokenizer
 
 
 def main() -> None:
@@ -39,7 +39,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--cache", default="~/.cache/rag_lab")
-    parser.add_argument("--whole-names", action="store_true", help="names as one token each")
     args = parser.parse_args()
     torch.set_num_threads(2)
     data = SynthDataset(args.cache)
@@ -53,11 +52,10 @@ def main() -> None:
     items = {
         name: [rename(draw(), rng) for _ in range(args.steps * args.batch)] for name, draw in layouts.items()
     }
-    names = sorted({t for t in data.corpus.titles if " " in t}) if args.whole_names else []
     texts = [p.contents for p in data.corpus] + [
         x for batch in items.values() for item in batch for x in item
     ]
-    tokenizer = build_tokenizer(texts, names=names)
+    tokenizer = build_tokenizer(texts)
     config = tiny.TinyConfig(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=256, lr=3e-3)
     rows = []
     for layout, pool in items.items():
@@ -92,7 +90,7 @@ def main() -> None:
     table = pd.DataFrame(rows)
     body = (
         f"Reading stage, batch {args.batch}, {args.steps} steps per row, hidden 64, 4 layers, vocabulary "
-        f"{len(tokenizer)}, names {'one token each' if args.whole_names else 'as their words'}; "
+        f"{len(tokenizer)}, names as their words; "
         f"torch {torch.__version__}, 2 threads.\n\n{table.to_markdown(index=False, floatfmt='.1f')}\n\n"
         f"Peak RSS {peak_rss_mb():.0f} MB.\n"
     )

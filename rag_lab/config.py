@@ -155,7 +155,8 @@ def takes(*sources: Callable, drop: Collection[str] = ()) -> Callable:
             target = source.__init__ if inspect.isclass(source) else source
             hints |= typing.get_type_hints(target, include_extras=True)
             for p in inspect.signature(target).parameters.values():
-                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
+                variadic = p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                if p.name != "self" and not variadic and p.name not in names:
                     params.append(p.replace(kind=p.KEYWORD_ONLY))
                     names.add(p.name)
         fn.__signature__ = own.replace(parameters=params)
@@ -192,8 +193,16 @@ def build(node: Any, **shared: Any) -> Any:
         return None
     target = locate(node._target_)
     fn = target.__init__ if inspect.isclass(target) else target
-    wanted = inspect.signature(fn).parameters
-    return instantiate(node, **{k: v for k, v in shared.items() if k in wanted})
+    params = inspect.signature(fn).parameters
+    required = [k for k in INJECTED if k in params and params[k].default is params[k].empty]
+    missing = [k for k in required if k not in shared]
+    if missing:
+        raise ConfigError(f"{node._target_} needs the run's {missing[0]}, which this command does not build")
+    wanted = {k: v for k, v in shared.items() if k in params}
+    if not wanted:
+        return instantiate(node)
+    # handed over as they are: instantiate() would turn a dict into a config (and build its _target_s)
+    return instantiate(node, _partial_=True)(**wanted)
 
 
 def _omegaconf_type(hint: Any) -> Any:
@@ -243,8 +252,11 @@ def schema_for(target: str) -> type:
         elif not isinstance(default, (*_PRIMITIVES, type(None))) and default is not MISSING:
             hint, default = Any, dataclasses.field(default_factory=lambda d=default: d)
         if bounds:
-            kwargs = {"default_factory": default.default_factory} if isinstance(default, dataclasses.Field) \
-                else {"default": default}  # fmt: skip
+            kwargs = (
+                {"default_factory": default.default_factory}
+                if isinstance(default, dataclasses.Field)
+                else {"default": default}
+            )
             default = dataclasses.field(**kwargs, metadata={"min": max(b.min for b in bounds)})
         fields.append((name, hint, default))
     for meta in ("_target_", "_partial_", "_recursive_", "_convert_", "_args_"):
@@ -291,8 +303,9 @@ def validate(cfg: DictConfig, schema: type | None = RunConfig) -> None:
             OmegaConf.merge(OmegaConf.structured(schema), plain)
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", None)
-            raise ConfigError(f"config '{key}': {str(e).splitlines()[0]}" if key else
-                              f"config: {str(e).splitlines()[0]}") from None  # fmt: skip
+            raise ConfigError(
+                f"config '{key}': {str(e).splitlines()[0]}" if key else f"config: {str(e).splitlines()[0]}"
+            ) from None
         missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra."))
         if missing:
             raise ConfigError(f"config '{missing[0]}' is required: set {missing[0]}=...")
@@ -344,66 +357,6 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
         cfg = hydra_compose(config_name=config_name, overrides=overrides or [], return_hydra_config=False)
     validate(cfg, TOP_SCHEMAS.get(config_name))
     return cfg
-
-
-def check_yaml_files(conf_dirs: list[Path] | None = None) -> None:
-    """Parse every yaml of the config tree(s); a syntax error becomes one line naming file, line, column.
-
-    Hydra would report it too, but deep inside a long traceback. ``conf_dirs`` defaults to the shipped
-    tree; :func:`user_config_dirs` adds the folders a command line puts on Hydra's search path.
-    """
-    import yaml
-
-    for conf_dir in conf_dirs or [CONF_DIR]:
-        for path in sorted(Path(conf_dir).rglob("*.yaml")):
-            try:
-                yaml.safe_load(path.read_text())
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-                raise ConfigError(f"{where}: malformed yaml ({problem})") from None
-
-
-def user_config_dirs(argv: list[str]) -> list[Path]:
-    """The config folders a command line adds: ``--config-dir`` / ``-cd`` and ``hydra.searchpath``.
-
-    >>> user_config_dirs(["-cd", "/a", "hydra.searchpath=[file:///b,pkg://x]", "seed=1"])
-    [PosixPath('/a'), PosixPath('/b')]
-    """
-    dirs: list[str] = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
-            dirs.append(argv[i + 1])
-        elif arg.startswith("--config-dir="):
-            dirs.append(arg.split("=", 1)[1])
-        elif arg.lstrip("+").startswith("hydra.searchpath="):
-            items = arg.split("=", 1)[1].strip("[]")
-            dirs += [item.strip().strip("'\"") for item in items.split(",") if item.strip()]
-    paths = [d.removeprefix("file://") for d in dirs if not d.startswith("pkg://")]
-    return [Path(d).expanduser() for d in paths]
-
-
-def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
-    """The ``key=value`` overrides of a command line that composes ``conf/<config_name>.yaml``.
-
-    ``-h`` / ``--help`` prints ``doc`` (what the command does, an example), that yaml (the options,
-    with their comments) and the options of its config groups, then exits; another ``-flag`` is an
-    error, since these commands take Hydra overrides only.
-    """
-    if any(a in ("-h", "--help") for a in argv):
-        path = CONF_DIR / f"{config_name}.yaml"
-        text = path.read_text()
-        groups = [g for g in (CONF_DIR.iterdir()) if g.is_dir() and f"- {g.name}:" in text]
-        listing = "".join(f"  {g.name}: {', '.join(group_options(g.name))}\n" for g in sorted(groups))
-        print(
-            f"{doc.strip()}\n\nConfig groups (group=option):\n{listing}\nOptions (key=value), {path}:\n{text}"
-        )
-        raise SystemExit(0)
-    flags = [a for a in argv if a.startswith("-")]
-    if flags:
-        raise ConfigError(f"unknown option '{flags[0]}': this command takes key=value overrides (see --help)")
-    return argv
 
 
 def group_options(group: str) -> list[str]:

@@ -23,9 +23,9 @@ BEGIN, END = "<!-- config-groups:begin -->", "<!-- config-groups:end -->"
 PACKAGES = {
     "data": "`data/` — `QAExample`, `Passage`, `Corpus`, loaders, `synth/` (the generated world)",
     "retriever": "`retrievers/` — batched `search(queries, k, exclude)`, on-disk index cache",
-    "generator": "`generators/` — `generate(prompts, sampling)`",
-    "policy": "`policies/` — `rollout(env, batch)`, `fit(...)` for trained policies",
-    "reward": "`rewards/` — pure functions with TRL's signature",
+    "generator": "`generators/` — `generate(prompts, sampling)`; `env/teacher/`, `train/tiny/`",
+    "policy": "`policies/` — `rollout(env, batch)`; a method per package (`fit(...)`: trained policies)",
+    "reward": "`rewards/` — pure functions with TRL's signature; a method's policy selects its own",
     "logger": "`loggers/`",
     "judge": "`eval/judge.py` — LLM-as-judge accuracy (DAPO paper B.4 prompt) through any generator",
     "cold_start": "`train/cold_start.py` — SFT on rejection-sampled teacher demonstrations",

@@ -13,7 +13,8 @@ import time
 
 from hydra.utils import instantiate
 
-from rag_lab.config import cli_overrides, compose
+from rag_lab.cli import cli_overrides
+from rag_lab.config import compose
 from rag_lab.errors import one_line_errors
 
 

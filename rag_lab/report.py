@@ -208,8 +208,7 @@ def seed_tables(
         out[name] = pd.DataFrame(rows)
 
     def scores(members: list[Path]) -> dict[tuple[str, str], dict]:
-        return {(overrides_of(r).get("seed", "0"), rec["id"]): rec for r in members
-                for rec in records_of(r)}  # fmt: skip
+        return {(overrides_of(r).get("seed", "0"), rec["id"]): rec for r in members for rec in records_of(r)}
 
     mine, tests = scores(groups[method]), []
     for value, members in groups.items():
@@ -221,8 +220,10 @@ def seed_tables(
             if not shared:
                 continue
             res = paired_bootstrap([mine[k][m] for k in shared], [theirs[k][m] for k in shared])
-            tests.append({"A": method, "B": value, "metric": m} | {
-                k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()})  # fmt: skip
+            tests.append(
+                {"A": method, "B": value, "metric": m}
+                | {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
+            )
     tests = pd.DataFrame(tests)
     tests.attrs["method"] = method
     return out, tests
@@ -233,8 +234,14 @@ class SeedTablesCallback(Callback):
     ``tables.md`` in the sweep dir: the paper's tables (mean ± sd over seeds) and the paired
     bootstrap of the method against each baseline."""
 
-    def __init__(self, by: str, method: str, tables: dict[str, list[str]], title: str = "",
-                 metrics: list[str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        by: str,
+        method: str,
+        tables: dict[str, list[str]],
+        title: str = "",
+        metrics: list[str] | None = None,
+    ):
         self.by, self.method, self.title = by, method, title
         self.tables = {k: list(v) for k, v in tables.items()}
         # the per-question record fields the bootstrap compares (default: em, f1, acc)

@@ -21,7 +21,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
-from rag_lab.config import build, check_yaml_files, user_config_dirs, validate
+from rag_lab.cli import check_yaml_files, user_config_dirs
+from rag_lab.config import build, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate

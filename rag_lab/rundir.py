@@ -29,8 +29,18 @@ log = logging.getLogger("rag_lab.run")
 # Keys that may differ between a killed run and its resumption.
 RESUMABLE_CHANGES = {"eval.batch_size", "eval.resume", "logger"}
 # What a run writes into its directory (Hydra's run.log stays: it is open for this run's log).
-RUN_FILES = ["config.yaml", ".hydra", "records.jsonl", "metrics.json", "table.md", "table.csv",
-             "log.jsonl", "judge_cache.jsonl", "checkpoints", "wandb"]  # fmt: skip
+RUN_FILES = [
+    "config.yaml",
+    ".hydra",
+    "records.jsonl",
+    "metrics.json",
+    "table.md",
+    "table.csv",
+    "log.jsonl",
+    "judge_cache.jsonl",
+    "checkpoints",
+    "wandb",
+]
 # Files whose presence means the directory holds results of the config in config.yaml.
 RESULTS = ["records.jsonl", "metrics.json", "checkpoints"]
 

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from rag_lab.config import cli_overrides, compose
+from rag_lab.cli import cli_overrides
+from rag_lab.config import compose
 from rag_lab.data.base import DataError
 from rag_lab.data.jsonl import FieldError, read_jsonl, require
 from rag_lab.errors import one_line_errors

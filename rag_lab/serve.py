@@ -111,15 +111,14 @@ class Handler(BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from hydra.utils import instantiate
-
-    from rag_lab.config import cli_overrides, compose
+    from rag_lab.cli import cli_overrides
+    from rag_lab.config import build, compose
     from rag_lab.errors import RagLabError, one_line_errors
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
         cfg = compose(cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "serve"), "serve")
-        generator = instantiate(cfg.generator)
+        generator = build(cfg.generator)
         name = cfg.serve.model_name or cfg.generator.get("model", cfg.generator._target_)
         try:
             server = Server(generator, name, cfg.serve.host, cfg.serve.port)

@@ -39,10 +39,6 @@ TINY_LM = [
     "generator.kv_heads=1",
     "generator.intermediate=32",
     "generator.max_length=512",
-    "generator.pretrain_steps=2",
-    "generator.copy_steps=2",
-    "generator.pretrain_length=64",
-    "generator.pretrain_demo_words=40",
     "generator.epochs=0.1",
     "generator.batch_size=4",
     "generator.warmup_steps=1",
@@ -59,7 +55,7 @@ def tiny_cfg():
     def make(*overrides: str):
         other_data = any(o.startswith("data=") and o != "data=synth" for o in overrides)
         cfg = compose([*([] if other_data else TINY_DATA), *overrides])
-        if cfg.generator and cfg.generator._target_ == "rag_lab.generators.tiny.tiny_lm":
+        if cfg.generator and cfg.generator._target_ == "rag_lab.train.tiny.generator.tiny_lm":
             # The recipe's reading and protocol stages shrink too; what the test sets wins.
             toy = [*TINY_LM, *(["generator.reading_steps=4"] if cfg.generator.reading_steps else []),
                    *(["generator.tune_steps=2"] if cfg.generator.get("tune_steps") else [])]  # fmt: skip
@@ -133,10 +129,11 @@ def untrained_tiny_lm(data, protocols: tuple[str, ...], path: Path, special_toke
     from rag_lab.retrievers.bm25 import BM25Retriever
     from rag_lab.train.cold_start import ColdStartConfig
     from rag_lab.train.demonstrations import sample_demonstrations
-    from rag_lab.train.tiny_lm import TinyConfig, train_tiny_lm
+    from rag_lab.train.tiny.model import TinyConfig
+    from rag_lab.train.tiny.trainer import train_tiny_lm
 
     demos = ColdStartConfig(protocols=protocols, limit=4, temperatures=(0.0,))
     pairs = sample_demonstrations(data, demos, BM25Retriever(data.corpus)).pairs
     config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
-                        pretrain_steps=0, sft_steps=0)  # fmt: skip
+                        sft_steps=0)  # fmt: skip
     return train_tiny_lm([p.contents for p in data.corpus], pairs, config, path, special_tokens)

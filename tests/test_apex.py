@@ -110,10 +110,14 @@ def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp
     monkeypatch.setattr(apex, "cold_start", lambda *args, **kwargs: tmp_path / "sft")
     monkeypatch.setattr(apex, "load", lambda path, **kwargs: tuned)
     monkeypatch.setattr(apex, "write_curves", lambda *args, **kwargs: None)
-    policy = apex.APEX(plan=True, plan_rl=False, executor_sft=True, executor=object(), data=object())
+    policy = apex.APEX(plan=True, plan_rl=False, executor_sft=True, executor=object(), train_data=object())
     env = Env(corpus, Listed([p.id for p in list(corpus)[:5]]), base)
     policy.fit(env, [], [], Path(tmp_path / "run"))
     ex = QAExample(id="q", question="Where was the director of Film X born?", answers=("Paris",))
-    [ep] = policy.rollout(env, [ex])
-    assert env.generator is tuned and len(base.prompts) == 1 and not base.replies  # base wrote the plan
+    # the policy acts with the fine-tuned executor (evaluation's view of the env); the base wrote the plan
+    from rag_lab.eval.evaluate import acting_env
+
+    [ep] = policy.rollout(acting_env(policy, env), [ex])
+    assert policy.generator is tuned and env.generator is base
+    assert len(base.prompts) == 1 and not base.replies
     assert len(tuned.prompts) == 3 and ep.prediction == "Paris"

@@ -16,24 +16,34 @@ from hydra.utils import instantiate
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from rag_lab.config import ConfigError, compose
+from rag_lab.config import ConfigError, build, compose
 from rag_lab.env.protocols.base import ANSWER, Action, identify
-from rag_lab.errors import RagLabError
-from rag_lab.generators.base import Completion, Sampling
 from rag_lab.env.teacher.agent import Noise
 from rag_lab.env.teacher.generator import TeacherGenerator
+from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Completion, Sampling
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train import cold_start as cs
 from rag_lab.train import demonstrations as demos_module
-from rag_lab.train.cold_start import ColdStartConfig, LoRA, cold_start, load
+from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.demonstrations import chosen_protocols, sample_demonstrations
+from rag_lab.train.lora import LoRA
 
 from conftest import TINY_DATA, untrained_tiny_lm
 
 # APEX's plans (short rows) of four questions, a greedy and a sampled rollout each; six SFT steps of
 # four rows, a checkpoint every two.
-FAST = ColdStartConfig(protocols=("apex_plan",), limit=4, temperatures=(0.0, 1.0), max_steps=6,
-                       batch_size=4, lr=1e-3, warmup_steps=0, max_length=512, save_steps=2)  # fmt: skip
+FAST = ColdStartConfig(
+    protocols=("apex_plan",),
+    limit=4,
+    temperatures=(0.0, 1.0),
+    max_steps=6,
+    batch_size=4,
+    lr=1e-3,
+    warmup_steps=0,
+    max_length=512,
+    save_steps=2,
+)
 LORA = LoRA(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 
 
@@ -48,7 +58,7 @@ def retriever(data):
 @pytest.fixture(scope="module")
 def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the demonstrations."""
-    from rag_lab.train.tiny_reading import TAGS
+    from rag_lab.train.tiny.reading import TAGS
 
     return untrained_tiny_lm(data, ("r3rag", "apex_*"), tmp_path_factory.mktemp("base") / "lm", TAGS)
 
@@ -195,7 +205,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(base, data, retriever
         cold_start(base, data, FAST, tmp_path / "b", callbacks=[KillAfterSave(4)], **run)
     (work,) = [p for p in (tmp_path / "b" / "cold_start").iterdir() if p.name.endswith(".work")]
     assert sorted(p.name for p in work.iterdir() if p.name.startswith("checkpoint")) == [
-        "checkpoint-2", "checkpoint-4"]  # fmt: skip
+        "checkpoint-2",
+        "checkpoint-4",
+    ]
     steps = Steps()
     resumed = cold_start(base, data, FAST, tmp_path / "b", callbacks=[steps], **run)
     assert steps.done == [5, 6]  # only the steps after the last checkpoint ran
@@ -216,15 +228,25 @@ def test_config_group_and_command_line(base, tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"cold_start\.lora\.rank"):
         compose(["+cold_start=default", "+cold_start.lora.rank=8"])
 
-    cs.main([*TINY_DATA, f"cache_dir={tmp_path}", "generator=hf", f"generator.model={base}",
-             f"generator.tokenizer={base / 'tokenizer'}", "cold_start.protocols=[apex_plan]",
-             "cold_start.limit=4", "cold_start.max_steps=2", "cold_start.batch_size=2"])  # fmt: skip
+    cs.main(
+        [
+            *TINY_DATA,
+            f"cache_dir={tmp_path}",
+            "generator=hf",
+            f"generator.model={base}",
+            f"generator.tokenizer={base / 'tokenizer'}",
+            "cold_start.protocols=[apex_plan]",
+            "cold_start.limit=4",
+            "cold_start.max_steps=2",
+            "cold_start.batch_size=2",
+        ]
+    )
     out = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert out.parent == tmp_path / "cold_start" and (out / "train.json").exists()
     cfg = compose(
         [*TINY_DATA, "generator=hf", f"generator.model={out}", f"generator.tokenizer={out / 'tokenizer'}"]
     )
-    generator = instantiate(cfg.generator)
+    generator = build(cfg.generator)
     assert generator.chat is False and generator.generate(
         ["Question: x\n[apex_plan]\n"], Sampling(max_new_tokens=2)
     )
@@ -235,8 +257,16 @@ def test_smollm2_two_lora_steps(data, retriever, tmp_path):
     from rag_lab.generators.smollm2 import convert
 
     model_dir = convert(tmp_path / "cache")
-    config = replace(FAST, protocols=("apex_plan",), limit=2, temperatures=(0.0,), max_steps=2, batch_size=2,
-                     lr=1e-3, lora=LoRA(r=8, alpha=16, dropout=0.0))  # fmt: skip
+    config = replace(
+        FAST,
+        protocols=("apex_plan",),
+        limit=2,
+        temperatures=(0.0,),
+        max_steps=2,
+        batch_size=2,
+        lr=1e-3,
+        lora=LoRA(r=8, alpha=16, dropout=0.0),
+    )
     out = cold_start(model_dir, data, config, tmp_path / "cache", retriever=retriever)
     info = json.loads((out / "train.json").read_text())
     assert info["chat"] is True and info["tokenizer"] == "."

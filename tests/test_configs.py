@@ -10,7 +10,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from rag_lab import CONF_DIR
-from rag_lab.config import ConfigError, check_yaml_files, compose, group_options, schema_for, validate
+from rag_lab.cli import check_yaml_files
+from rag_lab.config import ConfigError, build, compose, group_options, schema_for, validate
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 
@@ -64,8 +65,9 @@ def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
             obj = instantiate(node, _partial_=True)(run_dir=str(tmp_path), run_config={"a": 1})
             obj.log_metrics({"em": 1.0})
             obj.finish()
-        else:
-            obj = instantiate(node)
+        else:  # what the runner hands over: the dataset, the run's config
+            data = instantiate(cfg.data)
+            obj = build(node, data=data, train_data=data, run_config={})
     except InstantiationException as e:
         # Real hub models (E5, BGE, Contriever, Qwen) cannot be fetched here, and vLLM needs a GPU
         # install: the error must say so in one line.
@@ -101,7 +103,27 @@ def test_yaml_typo_and_wrong_type_fail_validation_naming_the_key(tiny_cfg):
 def test_schema_is_the_signature():
     schema = OmegaConf.structured(schema_for("rag_lab.retrievers.bm25.BM25Retriever"))
     assert schema.k1 == 1.5 and schema.method == "lucene"
-    assert OmegaConf.is_missing(schema, "corpus")
+    # what the runner hands over is not a config key
+    assert "corpus" not in schema
+    with pytest.raises(ConfigError, match="generator.data"):
+        compose(["generator=teacher", "+generator.data=x"])
+
+
+def test_forwarded_settings_are_declared_once():
+    """SmolLM2's, Stop-RAG's and the teacher's settings are their targets' own (``config.takes``): the same
+    defaults, checked the same way."""
+    hf = OmegaConf.structured(schema_for("rag_lab.generators.hf.HFGenerator"))
+    smol = OmegaConf.structured(schema_for("rag_lab.generators.smollm2.smollm2"))
+    assert {k: smol[k] for k in ("dtype", "batch_size", "chat")} == {
+        k: hf[k] for k in ("dtype", "batch_size", "chat")
+    }
+    stoprag = OmegaConf.structured(schema_for("rag_lab.policies.stoprag.policy.StopRAG"))
+    qnet = OmegaConf.structured(schema_for("rag_lab.policies.stoprag.qnet.QNetwork"))
+    assert stoprag.freeze_encoder == qnet.freeze_encoder and stoprag.iterations == 10
+    with pytest.raises(ConfigError, match="policy.iterations"):
+        compose(["policy=stoprag", "policy.iterations=0"])
+    with pytest.raises(ConfigError, match="generator.batch_size"):
+        compose(["generator=smollm2", "generator.batch_size=abc"])
 
 
 def test_malformed_yaml_names_file_line(tmp_path):
@@ -115,8 +137,11 @@ def test_malformed_yaml_names_file_line(tmp_path):
 def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "rag_lab.run", "policy.k1=1.2", f"hydra.run.dir={tmp_path}"],
-        cwd=repo_root, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "Could not override 'policy.k1'" in proc.stderr
     assert not (tmp_path / "records.jsonl").exists()

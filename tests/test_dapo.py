@@ -15,7 +15,7 @@ from rag_lab.env.protocols.tagged import INFORMATION
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Sampling
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.policies.dapo import DAPO
+from rag_lab.policies.dapo.policy import DAPO
 from rag_lab.policies.dapo.rollout import SearchRollouts
 from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def base(data, tmp_path_factory) -> Path:
     """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the dapo protocol."""
-    from rag_lab.train.tiny_reading import TAGS
+    from rag_lab.train.tiny.reading import TAGS
 
     return untrained_tiny_lm(data, ("dapo",), tmp_path_factory.mktemp("b") / "lm", TAGS)
 
@@ -69,9 +69,21 @@ answer.stages = set()
 
 
 def policy(**overrides) -> DAPO:
-    settings = dict(rewards={"answer": answer, "length": length}, stages=[1], steps=2, questions_per_step=2,
-                    group_size=4, lr=1e-2, k=2, max_turns=2, max_new_tokens=12, save_steps=1,
-                    cold_start=None)  # fmt: skip
+    """A DAPO of toy sizes; ``run_config={}`` (as the runner hands one) caches its stages in cache_dir."""
+    settings = dict(
+        reward={"answer": answer, "length": length},
+        stages=[1],
+        steps=2,
+        questions_per_step=2,
+        group_size=4,
+        lr=1e-2,
+        k=2,
+        max_turns=2,
+        max_new_tokens=12,
+        save_steps=1,
+        cold_start=None,
+        run_config={},
+    )
     return DAPO(**(settings | overrides))
 
 
@@ -102,7 +114,8 @@ def test_two_dapo_steps_train_the_model_with_retrieved_tokens_masked(data, base,
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", spy)
     env, cache = env_for(data, base), tmp_path / "cache"
     answer.stages.clear()
-    policy(cache_dir=str(cache), stages=[1, 2]).fit(env, data.split("train"), [], tmp_path / "run")
+    trained = policy(cache_dir=str(cache), stages=[1, 2])
+    trained.fit(env, data.split("train"), [], tmp_path / "run")
 
     assert answer.stages == {1, 2}
     dirs = stage_dirs(cache)
@@ -111,10 +124,12 @@ def test_two_dapo_steps_train_the_model_with_retrieved_tokens_masked(data, base,
     assert [(r["stage"], r["step"]) for r in rows] == [("1", 1), ("1", 2), ("2", 3), ("2", 4)]
     assert all(math.isfinite(r["loss"]) for r in rows) and all("rc" in r and "acc" in r for r in rows)
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
-    # trained: each stage moved the weights; the env's generator now holds the last stage's
+    # trained: each stage moved the weights; the policy's generator holds the last stage's, the env's is
+    # untouched (a copy trained)
     start, one, two = weights(base), *(weights(d) for d in dirs)
     assert all(any(not torch.equal(start[n], w[n]) for n in start) for w in (one, two))
-    assert Path(env.generator.model.name_or_path) in dirs
+    assert Path(trained.generator.model.name_or_path) in dirs and trained.generator is not env.generator
+    assert all(torch.equal(start[n], p) for n, p in env.generator.model.state_dict().items() if n in start)
     # the retrieved tokens reached TRL as environment tokens (mask 0): out of the loss
     assert len(seen) == 4
     for out in seen:
@@ -125,8 +140,15 @@ def test_two_dapo_steps_train_the_model_with_retrieved_tokens_masked(data, base,
 def test_rollouts_mask_exactly_the_information_blocks(data, base):
     env = env_for(data, base)
     questions = data.split("train")[:3]
-    rollouts = SearchRollouts(env, questions, [(length, 1.0)], k=2, max_turns=3,
-                              sampling=Sampling(temperature=1.0, max_new_tokens=12))  # fmt: skip
+    rollouts = SearchRollouts(
+        env,
+        env.generator,
+        questions,
+        [(length, 1.0)],
+        k=2,
+        max_turns=3,
+        sampling=Sampling(temperature=1.0, max_new_tokens=12),
+    )
     trainer = SimpleNamespace(
         num_generations=2,
         state=SimpleNamespace(global_step=0),
@@ -139,9 +161,14 @@ def test_rollouts_mask_exactly_the_information_blocks(data, base):
     assert len(out["completion_ids"]) == 6 and out["answers"][0] == list(questions[0].answers)
     searched = 0
     for ids, mask, logprobs, text, prompt_ids, prompt in zip(
-        out["completion_ids"], out["env_mask"], out["logprobs"], out["rollouts"], out["prompt_ids"], prompts,
+        out["completion_ids"],
+        out["env_mask"],
+        out["logprobs"],
+        out["rollouts"],
+        out["prompt_ids"],
+        prompts,
         strict=True,
-    ):  # fmt: skip
+    ):
         assert len(ids) == len(mask) == len(logprobs)
         assert prompt_ids == tokenizer(prompt, add_special_tokens=False).input_ids
         # mask 0: exactly the engine's information blocks; mask 1: exactly the policy's own turns
@@ -167,6 +194,7 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
 
     rollouts = SearchRollouts(
         env,
+        env.generator,
         questions,
         [(flat_for_one, 1.0)],
         k=2,
@@ -179,6 +207,7 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
     assert batch.questions[1] is questions[1]
     off = SearchRollouts(
         env,
+        env.generator,
         questions,
         [(flat_for_one, 1.0)],
         k=2,
@@ -187,8 +216,11 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
         dynamic_sampling=False,
     )
     kept = off.play([flat, questions[1]], group=3, step=0)
-    assert kept.questions[0] is flat and off.stats == {"sampling/rounds": 1, "sampling/dropped_groups": 0,
-                                                       "sampling/flat_groups_kept": 1}  # fmt: skip
+    assert kept.questions[0] is flat and off.stats == {
+        "sampling/rounds": 1,
+        "sampling/dropped_groups": 0,
+        "sampling/flat_groups_kept": 1,
+    }
 
 
 class Killed(Exception):
@@ -229,9 +261,27 @@ def test_bad_settings_are_one_line_errors():
     with pytest.raises(RagLabError, match="policy.stages: 3 is not a stage"):
         policy(stages=[3])
     with pytest.raises(RagLabError, match="reward: DAPO needs reward functions"):
-        policy(rewards={"answer": None}).fit(None, [], [], Path("unused"))
+        policy(reward={"answer": None}).fit(None, [], [], Path("unused"))
 
 
 def test_format_reward_scores_a_broken_rollout_as_a_failure():
     broken = "<think>x</think>\n<search>q</search>"  # no answer: the engine ends it, the reward scores it
     assert format_reward([broken]) == [-1.0]
+
+
+def test_the_stage_key_is_the_runs_config_but_the_stages(data, base, tmp_path):
+    """A stage is reused by a run with the same config but for ``policy.stages`` (a sweep over stages) and
+    for the evaluation's settings; any other setting, the retriever's included, trains it anew."""
+    env, questions = env_for(data, base), data.split("train")[:3]
+
+    def key(**config) -> str:
+        return policy(run_config=config).stage_dir("start", 1, questions, env, tmp_path).name
+
+    assert key(retriever={"k1": 1.2}) == key(retriever={"k1": 1.2}) != key(retriever={"k1": 0.9})
+    assert key(policy={"stages": [1], "lr": 0.1}) == key(policy={"stages": [1, 2], "lr": 0.1})
+    assert key(policy={"lr": 0.1}) != key(policy={"lr": 0.2}) != key(reward={"search": None})
+    assert key(eval={"limit": 5}) == key(eval={"limit": 9}) == key()
+    assert key() != policy(run_config={}).stage_dir("start", 1, questions[:2], env, tmp_path).name
+    # built outside the runner (no run config): the stages stay in the run's directory
+    alone = policy(run_config=None).stage_dir("start", 1, questions, env, tmp_path / "run")
+    assert alone.parent.parent == tmp_path / "run" / "stages"

@@ -7,9 +7,9 @@ from hydra.utils import instantiate
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols import PROTOCOLS
+from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.generators.base import Completion, Sampling
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.policies.stoprag.pipeline import IterativePipeline, LLMStop
 from rag_lab.run import run
 

@@ -22,14 +22,26 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # A trained policy's smallest run: a couple of steps, a few questions (DAPO: cold start and RL; APEX:
 # planner RL and executor SFT).
 SHORT_TRAINING = {
-    "rag_lab.policies.dapo.DAPO": ["policy.steps=1", "policy.questions_per_step=1", "policy.group_size=2",
-                                   "policy.max_new_tokens=16", "policy.cold_start.limit=4",
-                                   "policy.cold_start.max_steps=2", "eval.limit=4"],
-    "rag_lab.policies.apex.APEX": ["policy.planner.train_limit=2", "policy.planner.questions_per_step=1",
-                                   "policy.planner.group_size=2", "policy.planner.epochs=1",
-                                   "policy.planner.max_new_tokens=16", "policy.executor.limit=4",
-                                   "policy.executor.max_steps=2", "eval.limit=4"],
-}  # fmt: skip
+    "rag_lab.policies.dapo.policy.DAPO": [
+        "policy.steps=1",
+        "policy.questions_per_step=1",
+        "policy.group_size=2",
+        "policy.max_new_tokens=16",
+        "policy.cold_start.limit=4",
+        "policy.cold_start.max_steps=2",
+        "eval.limit=4",
+    ],
+    "rag_lab.policies.apex.policy.APEX": [
+        "policy.planner.train_limit=2",
+        "policy.planner.questions_per_step=1",
+        "policy.planner.group_size=2",
+        "policy.planner.epochs=1",
+        "policy.planner.max_new_tokens=16",
+        "policy.executor.limit=4",
+        "policy.executor.max_steps=2",
+        "eval.limit=4",
+    ],
+}
 
 
 @pytest.mark.slow
@@ -115,26 +127,43 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
 def test_demo_sweep_points_run(generator, tmp_path):
     """One point of each of the demo's swept generators (its sweep is a Hydra multirun)."""
     extra = TINY_LM if generator == "tiny" else []
-    cfg = compose(["+experiment=demo", *TINY_DATA, *extra, f"generator={generator}", "policy=llm_stop",
-                   "policy.iterations=2", "eval.limit=6", f"cache_dir={tmp_path}/cache"])  # fmt: skip
+    cfg = compose(
+        [
+            "+experiment=demo",
+            *TINY_DATA,
+            *extra,
+            f"generator={generator}",
+            "policy=llm_stop",
+            "policy.iterations=2",
+            "eval.limit=6",
+            f"cache_dir={tmp_path}/cache",
+        ]
+    )
     assert run(cfg, tmp_path / "run")["all"]["n"] == 6
 
 
 def toy_lm() -> list[str]:
     """generator=tiny's toy recipe (what the tiny_cfg fixture adds), for a sweep run as a subprocess."""
     generator = compose(["generator=tiny"]).generator
-    return [*TINY_LM, *(["generator.reading_steps=4"] if generator.reading_steps else []),
-            *(["generator.tune_steps=2"] if generator.get("tune_steps") else [])]  # fmt: skip
+    return [
+        *TINY_LM,
+        *(["generator.reading_steps=4"] if generator.reading_steps else []),
+        *(["generator.tune_steps=2"] if generator.get("tune_steps") else []),
+    ]
 
 
 # notebook -> (the variable naming its sweep, the sweep's overrides on the tiny world)
 SWEEPS = {
     "stoprag.ipynb": ("RAG_LAB_STOPRAG", ["+experiment=stoprag_synth", "policy.iterations=3", "seed=0,1"]),
-    "dapo.ipynb": ("RAG_LAB_DAPO", ["+experiment=dapo_synth", *toy_lm(),
-                                    *SHORT_TRAINING["rag_lab.policies.dapo.DAPO"]]),
-    "apex.ipynb": ("RAG_LAB_APEX", ["+experiment=apex_synth", *toy_lm(),
-                                    *SHORT_TRAINING["rag_lab.policies.apex.APEX"]]),
-}  # fmt: skip
+    "dapo.ipynb": (
+        "RAG_LAB_DAPO",
+        ["+experiment=dapo_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.dapo.policy.DAPO"]],
+    ),
+    "apex.ipynb": (
+        "RAG_LAB_APEX",
+        ["+experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
+    ),
+}
 
 
 @pytest.mark.slow
@@ -146,9 +175,19 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     if path.name in SWEEPS:  # a real (tiny) sweep of the paper's experiment for it to read
         variable, overrides = SWEEPS[path.name]
         sweep = tmp_path / "sweep"
-        subprocess.run([sys.executable, "-m", "rag_lab.run", *TINY_DATA, *overrides,
-                        f"hydra.sweep.dir={sweep}", f"cache_dir={tmp_path / 'cache'}"],
-                       check=True, cwd=path.parent.parent)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rag_lab.run",
+                *TINY_DATA,
+                *overrides,
+                f"hydra.sweep.dir={sweep}",
+                f"cache_dir={tmp_path / 'cache'}",
+            ],
+            check=True,
+            cwd=path.parent.parent,
+        )
         monkeypatch.setenv(variable, str(sweep))
     nb = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rag_lab.config import compose
+from rag_lab.config import build, compose
 from rag_lab.policies.stoprag.offline import Trajectory
 from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
@@ -204,16 +204,16 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
 # (a test-side patch: the tiny fit trains ~150 steps/s, too fast to kill reliably from outside).
 KILLED_AFTER_CHECKPOINT = """
 import os, runpy, signal, sys
-from rag_lab.policies.stoprag import policy
+from rag_lab.policies.stoprag import trainer
 
-kill_at, save = int(sys.argv.pop(1)), policy.save_atomic
+kill_at, save = int(sys.argv.pop(1)), trainer.save_atomic
 
 def save_then_die(obj, path):
     save(obj, path)
     if path.name == "qnet_checkpoint.pt" and obj["step"] == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
 
-policy.save_atomic = save_then_die
+trainer.save_atomic = save_then_die
 runpy.run_module("rag_lab.run", run_name="__main__")
 """
 
@@ -278,12 +278,12 @@ def test_offline_collection_resumes_after_a_kill(tiny_cfg, tmp_path):
     from hydra.utils import instantiate
 
     from rag_lab.env import Env
-    from rag_lab.policies.stoprag.pipeline import IterativePipeline
     from rag_lab.policies.stoprag.offline import collect
+    from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
     cfg = tiny_cfg("generator=teacher")
     data = instantiate(cfg.data)
-    gen = RecordingGenerator(instantiate(cfg.generator))
+    gen = RecordingGenerator(build(cfg.generator, data=data))
     env = Env(data.corpus, instantiate(cfg.retriever, corpus=data.corpus), gen)
     pipeline = IterativePipeline(iterations=2)
     questions = data.split("train")[:10]

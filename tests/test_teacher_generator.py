@@ -7,9 +7,9 @@ from hydra.utils import instantiate
 from rag_lab.config import compose
 from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn, identify
 from rag_lab.env.protocols.base import SEARCH
-from rag_lab.generators.base import Sampling
-from rag_lab.train.demonstrations import demonstrations
 from rag_lab.env.teacher.generator import TeacherGenerator
+from rag_lab.generators.base import Sampling
+from rag_lab.train.demonstrations import collect, sample
 
 from conftest import TINY_DATA
 
@@ -75,7 +75,7 @@ def test_noise_lowers_accuracy(data):
 
 def test_demonstrations_cover_every_protocol(data):
     retriever = instantiate(compose([*TINY_DATA]).retriever, corpus=data.corpus)
-    pairs = demonstrations(TeacherGenerator(data), data.corpus, retriever, data.split("train")[:40], 20)
+    pairs = sample(collect(TeacherGenerator(data), data.corpus, retriever, data.split("train")[:40]), 20)
     names = {identify(prompt)[0].name for prompt, _ in pairs}
     assert names == set(PROTOCOLS)
     assert all(isinstance(p, str) and c for p, c in pairs)

@@ -1,5 +1,6 @@
-"""The tiny LM's machinery: an exact word-level tokenizer, prompts cut from the left, the SFT loss on
-completion tokens only, and train -> publish -> reuse -> load in ``HFGenerator``."""
+"""The tiny LM's machinery: an exact word-level tokenizer whose ids follow the counts, prompts cut from
+the left, the SFT loss on completion tokens only, the reading loss, and train -> publish -> reuse -> load
+in ``HFGenerator``."""
 
 import json
 import math
@@ -13,16 +14,12 @@ from transformers import AutoTokenizer
 
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
-from rag_lab.train import tiny_lm as tiny
 from rag_lab.train.sft import sft_dataset
-from rag_lab.train.tiny_lm import (
-    TinyConfig,
-    build_model,
-    reading_example,
-    sft_trainer,
-    train_tiny_lm,
-)
-from rag_lab.train.tiny_tokenizer import build_tokenizer
+from rag_lab.train.tiny import model as tiny
+from rag_lab.train.tiny import trainer
+from rag_lab.train.tiny.model import TinyConfig, build_model, reading_example, sft_trainer
+from rag_lab.train.tiny.tokenizer import build_tokenizer
+from rag_lab.train.tiny.trainer import train_tiny_lm
 
 TAGS = ["<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 TEXTS = [
@@ -40,8 +37,8 @@ PAIRS = [
     ("Question: Who directed Glimmer Road?\n", "<search>Glimmer Road</search>"),
 ]
 # max_length 32 cuts the second pair (40 prompt + 4 completion tokens) in the end-to-end run.
-TINY = TinyConfig(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64, max_length=32, pretrain_steps=4,
-                  pretrain_length=16, sft_steps=4, batch_size=2, lr=1e-2, warmup_steps=1)  # fmt: skip
+TINY = TinyConfig(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64, max_length=32, sft_steps=4,
+                  batch_size=2, lr=1e-2, warmup_steps=1)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +74,17 @@ def test_words_tags_punctuation_and_whitespace_are_single_tokens(tok):
     assert set(tok.all_special_tokens) == {"<pad>", "<eos>", "<unk>"}
     with pytest.raises(RagLabError, match="U\\+E000"):
         build_tokenizer(["a\ue000b"])
+
+
+def test_ids_follow_the_counts_after_the_specials_and_tags():
+    """Token ids are ordered by frequency (ties by the piece), so every text counted, even one that trains
+    nothing (the recipe's vocab_demo_words), decides the ids. Counted by hand: "b a c c" and "a b c"
+    give c 3, a 2, b 2 (a single space between words is no token); one more "b b" makes b 4."""
+    tok = build_tokenizer(["b a c c", "a b c"], ["<t>"])
+    tokens = tok.convert_ids_to_tokens(list(range(len(tok))))
+    assert tokens == ["<pad>", "<eos>", "<unk>", "<t>", "c", "a", "b"]
+    tok = build_tokenizer(["b a c c", "a b c", "b b"], ["<t>"])
+    assert tok.convert_ids_to_tokens(list(range(4, len(tok)))) == ["b", "c", "a"]
 
 
 def test_name_pieces_cut_names_into_syllables_and_still_round_trip(tmp_path):
@@ -152,13 +160,9 @@ def test_train_tiny_lm_publishes_a_model_hf_generator_loads(trained):
         p.name for p in trained.iterdir()
     }
     stats = json.loads((trained / "train.json").read_text())
-    assert stats["config"] == asdict(TINY)
-    assert (stats["pretrain"]["steps"], stats["sft"]["steps"]) == (TINY.pretrain_steps, TINY.sft_steps)
-    assert all(
-        math.isfinite(stats[stage][k])
-        for stage in ("pretrain", "sft")
-        for k in ("final_loss", "tokens_per_s")
-    )
+    assert stats["config"] == asdict(TINY) and "reading" not in stats
+    assert stats["sft"]["steps"] == TINY.sft_steps
+    assert all(math.isfinite(stats["sft"][k]) for k in ("final_loss", "tokens_per_s"))
     assert stats["sft"]["max_length"] == TINY.max_length  # the second pair was cut to fit
     weights = load_file(trained / "model.safetensors")
     tokenizer = AutoTokenizer.from_pretrained(trained / "tokenizer")
@@ -176,7 +180,7 @@ def test_a_published_model_is_reused_never_retrained(trained, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("retrained")
 
-    monkeypatch.setattr(tiny, "build_tokenizer", fail)
+    monkeypatch.setattr(trainer, "build_tokenizer", fail)
     assert train_tiny_lm(TEXTS, PAIRS, TINY, trained, special_tokens=TAGS) == trained
     with pytest.raises(RagLabError, match="another config or data"):
         train_tiny_lm(TEXTS, PAIRS, replace(TINY, seed=1), trained, special_tokens=TAGS)
@@ -195,7 +199,7 @@ def test_a_failed_training_leaves_nothing(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(tiny, "_sft", crash)
+    monkeypatch.setattr(trainer, "sft_stage", crash)
     with pytest.raises(RuntimeError, match="killed"):
         train_tiny_lm(TEXTS, PAIRS, TINY, tmp_path / "lm", special_tokens=TAGS)
     assert list(tmp_path.iterdir()) == []
@@ -237,7 +241,7 @@ def test_the_reading_stage_trains_on_its_own_items_with_the_answer_only_loss(tmp
     config = replace(TINY, reading_steps=3, reading_batch_size=2)
     out = train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "lm", special_tokens=TAGS, reading=reading)
     stats = json.loads((out / "train.json").read_text())
-    assert [stats[stage]["steps"] for stage in ("reading", "pretrain", "sft")] == [3, 4, 4]
+    assert [stats[stage]["steps"] for stage in ("reading", "sft")] == [3, 4]
     assert math.isfinite(stats["reading"]["final_loss"])
     with pytest.raises(RagLabError, match="reading_steps needs reading items"):
         train_tiny_lm(TEXTS, PAIRS, config, tmp_path / "other", special_tokens=TAGS)
@@ -246,30 +250,6 @@ def test_the_reading_stage_trains_on_its_own_items_with_the_answer_only_loss(tmp
     # the reading items are part of the data a cached model is checked against
     with pytest.raises(RagLabError, match="another config or data"):
         train_tiny_lm(TEXTS, PAIRS, config, out, special_tokens=TAGS, reading=reading[:2])
-
-
-def test_anchored_names_are_drawn_apart_and_stay_frozen_through_training(tok):
-    """``name_std`` draws the names' embeddings (seeded) at that scale; ``freeze_names`` keeps them
-    through an optimiser step while every other row of the tied matrix trains."""
-    config = replace(TINY, name_std=0.5, freeze_names=True)
-    names = sorted({tok.convert_tokens_to_ids(w) for w in ("Zorbu", "Kaltane", "Velmora", "Dravia")})
-    model = build_model(tok, config)
-    tiny.anchor_names(model, names, config)
-    weight = model.get_input_embeddings().weight
-    drawn = weight.detach().clone()
-    rest = [i for i in range(len(drawn)) if i not in names]
-    assert 0.3 < drawn[names].std().item() < 0.7 and drawn[rest].std().item() < 0.05
-    other = build_model(tok, config)
-    tiny.anchor_names(other, names, config)
-    assert torch.equal(other.get_input_embeddings().weight[names], drawn[names])  # seeded
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    sentence = "Zorbu Kaltane was born in Velmora, Dravia."
-    ids = torch.tensor([tok(sentence, add_special_tokens=False).input_ids])
-    model(input_ids=ids, labels=ids).loss.backward()
-    optimizer.step()
-    assert torch.equal(weight[names], drawn[names])
-    moved = [i for i in set(ids[0].tolist()) - set(names) if not torch.equal(weight[i], drawn[i])]
-    assert moved, "the other tokens of the sentence train"
 
 
 def test_the_loss_on_labelled_positions_only_equals_the_models_own_loss_and_gradient(tok):

@@ -37,8 +37,8 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     settings, and for another world or setting trains with the recipe, saying which differs."""
     import json
 
-    from rag_lab.generators import tiny
-    from rag_lab.train.ship import ship
+    from rag_lab.train.tiny import generator as tiny
+    from rag_lab.train.tiny.ship import ship
 
     from conftest import TINY_DATA, TINY_LM
 
@@ -55,13 +55,8 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     assert "## Recipe" in (out / "README.md").read_text()
     cfg = tiny_cfg("generator=tiny", *toy)
     data = instantiate(cfg.data)
-    settings = tiny.recipe_settings(
-        {
-            k: v
-            for k, v in cfg.generator.items()
-            if k not in ("_target_", "data", "cache_dir", "generate_batch_size", "seed")
-        }
-    )
+    not_recipe = ("_target_", "cache_dir", "generate_batch_size", "seed")
+    settings = tiny.recipe_settings({k: v for k, v in cfg.generator.items() if k not in not_recipe})
     assert card["world"] == tiny.world_fingerprint(data)
     assert tiny.shipped_for(data, settings, shipped=out) == out
     with caplog.at_level("WARNING"):
@@ -73,6 +68,40 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     assert f"the world differs (fingerprint {tiny.world_fingerprint(other)}" in caplog.text
     # Shipping again replaces it in place (same model: the recipe's cached one).
     assert ship(toy, out=out) == out and json.loads((out / "recipe.json").read_text()) == card
+
+
+def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_path, monkeypatch, caplog):
+    """The shipped recipe.json matches conf/generator/tiny.yaml and the default world (data=synth at its
+    shipped sizes), so generator=tiny loads the shipped model and trains nothing."""
+    from rag_lab.config import build, compose
+    from rag_lab.train.tiny import generator as tiny
+
+    def fail(*args, **kwargs):
+        raise AssertionError("trained")
+
+    monkeypatch.setattr(tiny, "train", fail)
+    cfg = compose(["generator=tiny", f"cache_dir={tmp_path}"])
+    data = instantiate(cfg.data)
+    with caplog.at_level("INFO"):
+        generator = build(cfg.generator, data=data)
+    assert Path(generator.model.name_or_path) == tiny.SHIPPED and "shipped checkpoint" in caplog.text
+    assert not (tmp_path / "tiny_lm").exists()
+
+
+def test_the_vocabulary_texts_are_the_corpus_and_the_short_demonstrations():
+    """vocab_demo_words: a demonstration (prompt + completion) joins the counted texts when it has at most
+    that many words. By hand: "Q: a\nb" has 3 words, "xy z" 2, "Q: a b c\nd" 5."""
+    from types import SimpleNamespace
+
+    from rag_lab.data.base import Passage
+    from rag_lab.train.tiny.recipe import vocabulary_texts
+
+    page = Passage("p1", "Ada", "Ada was born in Paris.")
+    data = SimpleNamespace(corpus=[page])
+    chosen = {"qa": {"Q: a b c\n": "d", "Q: a\n": "b"}, "cot": {"x": "y z"}}
+    assert vocabulary_texts(data, chosen, 3) == [page.contents, "Q: a\nb", "xy z"]
+    assert vocabulary_texts(data, chosen, 2) == [page.contents, "xy z"]
+    assert vocabulary_texts(data, chosen, 0) == [page.contents]
 
 
 def test_an_unknown_tiny_lm_setting_fails_when_the_config_is_checked(tiny_cfg):
@@ -93,7 +122,7 @@ def test_reading_drills_and_renaming(tiny_cfg):
 
     from rag_lab.data.base import Passage
     from rag_lab.env.teacher.reader import answer_from
-    from rag_lab.train.tiny_reading import page_facts, reading_drills, renamer
+    from rag_lab.train.tiny.reading import page_facts, reading_drills, renamer
 
     data = instantiate(tiny_cfg().data)
     drills = reading_drills(page_facts(data))
@@ -120,7 +149,7 @@ def test_reading_drills_and_renaming(tiny_cfg):
 def test_reading_pages_ask_every_question_of_a_page_and_shuffle_keeps_them(tiny_cfg):
     import random
 
-    from rag_lab.train.tiny_reading import page_facts, reading_pages, shuffle_questions
+    from rag_lab.train.tiny.reading import page_facts, reading_pages, shuffle_questions
 
     facts = page_facts(instantiate(tiny_cfg().data))
     items = reading_pages(facts)
@@ -148,7 +177,7 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
     from rag_lab.env.protocols.base import identify
     from rag_lab.env.teacher.reader import answer_from
     from rag_lab.retrievers.bm25 import BM25Retriever
-    from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_drills, qa_reading_item
+    from rag_lab.train.tiny.reading import page_facts, page_neighbours, qa_drills, qa_reading_item
 
     data = instantiate(tiny_cfg().data)
     facts = page_facts(data)
@@ -174,37 +203,6 @@ def test_qa_reading_items_are_qa_prompts_whose_pages_state_every_answer(tiny_cfg
         assert protocol.name == "qa" and answer_from(state.question, turn.passages) == answer
 
 
-def test_contrast_items_ask_one_relation_of_several_pages_first(tiny_cfg):
-    """``contrast``: the first questions ask one relation of every page that states it, so copying the
-    asked relation's value from any page is not enough; the rest as without it."""
-    from rag_lab.env.protocols.base import identify
-    from rag_lab.env.teacher.reader import answer_from, parse_question
-    from rag_lab.retrievers.bm25 import BM25Retriever
-    from rag_lab.train.tiny_reading import page_facts, page_neighbours, qa_reading_item
-
-    data = instantiate(tiny_cfg().data)
-    facts = page_facts(data)
-    neighbours = page_neighbours(facts, BM25Retriever(data.corpus), 4)
-    rng, contrasted = random.Random(0), 0
-    for i in range(0, len(facts), max(1, len(facts) // 60)):
-        item = qa_reading_item(facts, i, neighbours, rng, max_pages=5, max_questions=6, contrast=True)
-        protocol, state = identify(item[0])
-        pages = [p for turn in state.turns for p in turn.passages]
-        questions = [
-            state.question,
-            *(q.removeprefix("Question: ").removesuffix(protocol.tag) for q in item[2::2]),
-        ]
-        for question, answer in zip(questions, item[1::2], strict=True):
-            assert answer_from(question, pages) + protocol.stop[0] == answer
-        relations = [parse_question(q).relation for q in questions]
-        subjects = [parse_question(q).subject for q in questions]
-        if relations[1:2] == relations[:1]:
-            contrasted += 1
-            n = next((k for k, r in enumerate(relations) if r != relations[0]), len(relations))
-            assert len(set(subjects[:n])) == n
-    assert contrasted > 20
-
-
 def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     """Stop-RAG's question-first layout: each item parses as that protocol, its one document is the
     page asked about, and the answer is what the page states."""
@@ -212,7 +210,7 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
     from rag_lab.env.protocols.simple import QA
     from rag_lab.env.protocols.stoprag import StopRAGIntermediate
     from rag_lab.env.teacher.reader import answer_from
-    from rag_lab.train.tiny_reading import STOP, intermediate_drills, intermediate_reading_item, page_facts
+    from rag_lab.train.tiny.reading import STOP, intermediate_drills, intermediate_reading_item, page_facts
 
     facts = page_facts(instantiate(tiny_cfg().data))
     rng = random.Random(0)
@@ -229,13 +227,12 @@ def test_intermediate_reading_items_are_stoprag_intermediate_prompts(tiny_cfg):
 def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_path):
     import json
 
-    from rag_lab.train.tiny_reading import page_facts, page_kinds, renamer
+    from rag_lab.train.tiny.reading import page_facts, page_kinds, renamer
 
     cfg = tiny_cfg("generator=tiny", f"cache_dir={tmp_path}", "generator.reading_steps=3",
                    "generator.reading_batch_size=2", "generator.rename_entities=true",
-                   "generator.reading_layout=[qa,stoprag_intermediate,traces]",
-                   "generator.drills=true", "generator.whole_names=false",
-                   "generator.name_pieces=false")  # fmt: skip
+                   "generator.reading_layout=[qa,stoprag_intermediate,drill]",
+                   "generator.drills=true", "generator.name_pieces=false")  # fmt: skip
     data = instantiate(cfg.data)
     generator = instantiate(cfg.generator, data=data)
     checkpoint = Path(generator.model.name_or_path)
@@ -243,14 +240,14 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
     if "base" in stats:  # the protocol stage's model: the stages before it are its base's
         checkpoint = tmp_path / "tiny_lm" / stats["base"]
         stats = json.loads((checkpoint / "train.json").read_text())
-    # whole_names=false: a multi-word name is its words (whole_names=true: one token, tested below)
+    # name_pieces=false: a multi-word name is its words, one token each
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / "tokenizer")
     name = next(t for t in data.corpus.titles if " " in t)
     assert tokenizer.tokenize(name) == name.split()
     assert stats["reading"]["steps"] == 3 and stats["sft"]["steps"] >= 1
-    # Drills of both layouts in SFT: two per fact.
+    # Drills of the three layouts in SFT: three per fact.
     n_facts = sum(len(qas) for _, qas in page_facts(data))
-    assert stats["pairs"] >= 2 * n_facts
+    assert stats["pairs"] >= 3 * n_facts
     kinds = page_kinds(page_facts(data))
     assert {"birthplace", "director", "capital"} <= set(kinds.values())
     rename = renamer(sorted(kinds), kinds)
@@ -263,7 +260,7 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
     import pytest
 
     from rag_lab.errors import RagLabError
-    from rag_lab.train.tiny_world import train
+    from rag_lab.train.tiny.recipe import train
 
     with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa, stop"):
         train(instantiate(tiny_cfg().data), str(tmp_path), reading_layout=["qa", "page"])
@@ -272,7 +269,7 @@ def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
 def test_a_named_demos_layout_draws_that_protocols_demonstrations_only():
     """``demos:<protocol>`` weights a protocol in the reading stage; plain ``demos`` takes a random one
     per batch; every batch holds one protocol's items."""
-    from rag_lab.train.tiny_reading import draw_reading
+    from rag_lab.train.tiny.reading import draw_reading
 
     pools = {"a": [(f"a{i} ", "x") for i in range(5)], "b": [(f"b{i} ", "y") for i in range(5)]}
 
@@ -312,7 +309,7 @@ def test_the_protocol_stage_trains_on_the_cached_model_and_is_cached_apart(tiny_
 
 
 def test_protocol_stage_demonstrations_end_with_their_protocols_stop():
-    from rag_lab.train.tiny_reading import draw_reading
+    from rag_lab.train.tiny.reading import draw_reading
 
     pools = {"stoprag_query": [("Main question: q\n[stoprag_query]\n", "Who is x?")],
              "stoprag_decide": [("p", "ok <STOP>")], "apex_plan": [("plan", "1. Who is x?")]}  # fmt: skip
@@ -328,7 +325,7 @@ def test_a_named_demos_layout_must_name_a_chosen_protocol(tiny_cfg, tmp_path):
     import pytest
 
     from rag_lab.errors import RagLabError
-    from rag_lab.train.tiny_world import train
+    from rag_lab.train.tiny.recipe import train
 
     data = instantiate(tiny_cfg().data)
     with pytest.raises(RagLabError, match=r"'demos:qa' names a protocol that generator.protocols \(cot\)"):
@@ -339,24 +336,10 @@ def test_a_named_demos_layout_must_name_a_chosen_protocol(tiny_cfg, tmp_path):
         train(data, str(tmp_path), reading_layout=["qa:cot"])
 
 
-def test_a_trace_item_puts_the_loss_on_every_token_tokenized_as_at_inference(tiny_cfg, tmp_path):
-    """``traces``: prompt and completion both labelled, each tokenized alone (a prompt, then what the
-    model generates), so the ids are the ones the model sees when it writes the completion."""
-    from rag_lab.train.tiny_lm import build_tokenizer, reading_example
-    from rag_lab.train.tiny_reading import TAGS, trace_item
-
-    prompt = "Main question: Who directed The Guma?\nFollow up: Who directed The Guma?\n[stoprag_query]\n"
-    completion = "Who directed The Guma?"
-    tok = build_tokenizer([prompt, completion], TAGS)
-    ids, labels = reading_example(tok, trace_item(prompt, completion), 1024)
-    alone = tok([prompt, completion], add_special_tokens=False).input_ids
-    assert ids == labels == alone[0] + alone[1]
-
-
 def test_reading_batches_are_regrouped_by_length_within_their_kind():
     """group_by_length keeps every batch's kind and size and each kind's items; within a window of
     one kind the batches are length-sorted slices of the window's items, handed out in random order."""
-    from rag_lab.train.tiny_reading import group_by_length
+    from rag_lab.train.tiny.reading import group_by_length
 
     rng = random.Random(0)
     kinds = ["qa", "demos:0", "qa", "demos:1"] * 5

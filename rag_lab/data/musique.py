@@ -34,8 +34,11 @@ def parse_row(row: dict) -> tuple[QAExample, list[Context]]:
         if not isinstance(step, dict):
             raise FieldError("field 'question_decomposition' should hold objects")
         support = by_idx.get(step.get("paragraph_support_idx"))
-        decomposition.append(SubQuestion(require(step, "question", str), require(step, "answer", str),
-                                         support.id if support else None))  # fmt: skip
+        decomposition.append(
+            SubQuestion(
+                require(step, "question", str), require(step, "answer", str), support.id if support else None
+            )
+        )
     aliases = require(row, "answer_aliases", list) if "answer_aliases" in row else []
     example = QAExample(
         id=str(require(row, "id", str)),

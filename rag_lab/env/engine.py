@@ -47,8 +47,13 @@ def generate(env: Env, protocol: Protocol, prompts: Sequence[Prompt], sampling: 
 
 
 def record(episode: Episode, completion: Completion, action: Action) -> Step:
-    step = Step(text=completion.text, action=action.kind, query=action.query, token_ids=completion.token_ids,
-                logprobs=completion.logprobs)  # fmt: skip
+    step = Step(
+        text=completion.text,
+        action=action.kind,
+        query=action.query,
+        token_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+    )
     episode.steps.append(step)
     episode.completion_tokens += len(completion.token_ids)
     episode.prompt_tokens += completion.prompt_tokens

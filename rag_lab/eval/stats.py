@@ -24,9 +24,14 @@ def bootstrap_ci(values: list[float], confidence: float = 0.95, seed: int = 0) -
         mean = float(x.mean()) if len(x) else float("nan")
         return mean, mean
     res = stats.bootstrap(
-        (x,), np.mean, n_resamples=N_RESAMPLES, confidence_level=confidence, method="percentile",
-        vectorized=True, rng=np.random.default_rng(seed),
-    )  # fmt: skip
+        (x,),
+        np.mean,
+        n_resamples=N_RESAMPLES,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 

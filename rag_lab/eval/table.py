@@ -24,8 +24,19 @@ COLUMNS = {
     "mixed_groups": "Mixed",
     "solved_groups": "Solved",
 }
-PERCENT = {"em", "f1", "acc", "ret_precision", "ret_recall", "answer_recall", "judge_acc", "sepr",
-           "format_failure_rate", "mixed_groups", "solved_groups"}  # fmt: skip
+PERCENT = {
+    "em",
+    "f1",
+    "acc",
+    "ret_precision",
+    "ret_recall",
+    "answer_recall",
+    "judge_acc",
+    "sepr",
+    "format_failure_rate",
+    "mixed_groups",
+    "solved_groups",
+}
 # Shown in a table cell whose metric was not measured (e.g. tokens of a generator that counts none).
 MISSING = "—"
 

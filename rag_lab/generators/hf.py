@@ -100,8 +100,10 @@ class HFGenerator:
         if self.want_logprobs:
             logits = torch.stack(result.logits, dim=1).float()
             logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        completions = [self._completion(new[j], None if logprobs is None else logprobs[j], sampling)
-                       for j in range(new.shape[0])]  # fmt: skip
+        completions = [
+            self._completion(new[j], None if logprobs is None else logprobs[j], sampling)
+            for j in range(new.shape[0])
+        ]
         return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
 
     def _completion(self, ids: torch.Tensor, logprobs: torch.Tensor | None, sampling: Sampling) -> Completion:

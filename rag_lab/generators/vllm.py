@@ -34,9 +34,13 @@ class VLLMGenerator:
             ) from None
         self._vllm = vllm
         self.llm = vllm.LLM(
-            model=model, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-        )  # fmt: skip
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.seed, self.want_logprobs, self.chat = seed, logprobs, chat
 

@@ -15,9 +15,15 @@ from rag_lab.policies.prompting import Prompting
 class Agent(Prompting):
     """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
 
-    def __init__(self, protocol: str = "dapo", k: PositiveInt = 5, max_turns: PositiveInt = 5,
-                 exclude_seen: bool = False, max_new_tokens: PositiveInt = 128,
-                 temperature: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        protocol: str = "dapo",
+        k: PositiveInt = 5,
+        max_turns: PositiveInt = 5,
+        exclude_seen: bool = False,
+        max_new_tokens: PositiveInt = 128,
+        temperature: float = 0.0,
+    ):
         super().__init__(k, max_new_tokens, temperature)
         if protocol not in PROTOCOLS:
             raise RagLabError(

@@ -44,9 +44,14 @@ class Prompting:
         return actions
 
     def retrieve(
-        self, env: Env, states: list[State], episodes: list[Episode], queries: list[str],
-        seen: list[set[str]] | None = None, asked: bool = False,
-    ) -> list[bool]:  # fmt: skip
+        self,
+        env: Env,
+        states: list[State],
+        episodes: list[Episode],
+        queries: list[str],
+        seen: list[set[str]] | None = None,
+        asked: bool = False,
+    ) -> list[bool]:
         """One batched search; the passages join each state (excluding ``seen`` ones when given) and
         a search step of each episode: a new one, or with ``asked`` the generated step that asked for
         it (one search, one step). Whether each search found a passage (with ``seen``: a new one)."""
@@ -121,8 +126,14 @@ class IterRetGen(Prompting):
 class ChainOfThought(Prompting):
     """CoT (``retrieve=False``) and IRCoT (``retrieve=True``): one reasoning sentence per call."""
 
-    def __init__(self, retrieve: bool = False, max_steps: PositiveInt = 6, k: PositiveInt = 3,
-                 max_new_tokens: PositiveInt = 48, temperature: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        retrieve: bool = False,
+        max_steps: PositiveInt = 6,
+        k: PositiveInt = 3,
+        max_new_tokens: PositiveInt = 48,
+        temperature: float = 0.0,
+    ):
         super().__init__(k, max_new_tokens, temperature)
         self.retrieve_each, self.max_steps = retrieve, max_steps
 
@@ -142,10 +153,17 @@ class ChainOfThought(Prompting):
             for i, a in zip(live, [a for a in actions if a.kind == REASON], strict=True):
                 states[i].notes.append((a.thought, ""))
             if self.retrieve_each and live:
-                self.retrieve(env, [states[i] for i in live], [episodes[i] for i in live],
-                              [states[i].notes[-1][0] for i in live], [seen[i] for i in live])  # fmt: skip
+                self.retrieve(
+                    env,
+                    [states[i] for i in live],
+                    [episodes[i] for i in live],
+                    [states[i].notes[-1][0] for i in live],
+                    [seen[i] for i in live],
+                )
         if live:  # no answer within max_steps: the reader answers from everything retrieved
-            self.finish([episodes[i] for i in live],
-                        self.ask(env, QA(), [states[i] for i in live], [episodes[i] for i in live]),
-                        reason="max_steps")  # fmt: skip
+            self.finish(
+                [episodes[i] for i in live],
+                self.ask(env, QA(), [states[i] for i in live], [episodes[i] for i in live]),
+                reason="max_steps",
+            )
         return episodes

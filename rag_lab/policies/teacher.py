@@ -30,8 +30,10 @@ class TeacherPolicy:
 
         episodes = []
         for ex, trace in zip(batch, self.teacher.solve(batch, search), strict=True):
-            steps = [Step(text=s.answer or "", action="search", query=s.query, retrieved_ids=s.passage_ids)
-                     for s in trace.steps]  # fmt: skip
+            steps = [
+                Step(text=s.answer or "", action="search", query=s.query, retrieved_ids=s.passage_ids)
+                for s in trace.steps
+            ]
             reason = "answer" if trace.answer else "no_evidence"
             episodes.append(Episode(ex.id, ex.question, steps, trace.answer, stop_reason=reason))
         return episodes

@@ -64,8 +64,10 @@ class BM25Retriever:
 
     def _docs(self) -> list[list[str]]:
         pairs = zip(self.corpus.titles, self.corpus.texts, strict=True)
-        return [self.tokenize(f"{t}\n{x}") for t, x in tqdm(pairs, total=len(self.corpus), desc="tokenize",
-                                                            disable=not self.show_progress)]  # fmt: skip
+        return [
+            self.tokenize(f"{t}\n{x}")
+            for t, x in tqdm(pairs, total=len(self.corpus), desc="tokenize", disable=not self.show_progress)
+        ]
 
     def _build_bm25s(self, params: dict, cache_dir: str | None) -> None:
         path = index_dir(cache_dir, "bm25", self.corpus, params, __name__)

@@ -89,8 +89,13 @@ class Encoder:
         )
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         # What passage embeddings depend on: the key of their on-disk cache.
-        self.passage_config = {"model": model, "pooling": pooling, "normalize": normalize,
-                               "max_length": max_length, "passage_prefix": passage_prefix}  # fmt: skip
+        self.passage_config = {
+            "model": model,
+            "pooling": pooling,
+            "normalize": normalize,
+            "max_length": max_length,
+            "passage_prefix": passage_prefix,
+        }
 
     @property
     def dim(self) -> int:
@@ -104,8 +109,13 @@ class Encoder:
         batches = range(0, len(texts), self.batch_size)
         for start in tqdm(batches, desc="encode", disable=not show_progress, unit="batch"):
             idx = order[start : start + self.batch_size]
-            enc = self.tokenizer([prefix + texts[i] for i in idx], padding=True, truncation=True,
-                                 max_length=self.max_length, return_tensors="pt").to(self.device)  # fmt: skip
+            enc = self.tokenizer(
+                [prefix + texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             hidden = self.model(**enc).last_hidden_state
             if self.pooling == "cls":
                 emb = hidden[:, 0]

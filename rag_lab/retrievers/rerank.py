@@ -40,8 +40,14 @@ class CrossEncoderReranker:
         scores: list[float] = []
         for start in range(0, len(pairs), self.batch_size):
             chunk = pairs[start : start + self.batch_size]
-            enc = self.tokenizer([q for q, _ in chunk], [p for _, p in chunk], padding=True, truncation=True,
-                                 max_length=self.max_length, return_tensors="pt").to(self.device)  # fmt: skip
+            enc = self.tokenizer(
+                [q for q, _ in chunk],
+                [p for _, p in chunk],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             scores += self.model(**enc).logits[:, -1].float().cpu().tolist()
         return scores
 

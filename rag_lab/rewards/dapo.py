@@ -40,8 +40,19 @@ from rag_lab.rewards.embedding import default_encoder, query_vectors
 SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 QUESTION_WORDS = ("what", "who", "whom", "whose", "when", "where", "which", "why", "how")
-FILLERS = ("please", "tell", "me", "find", "search", "information", "about", "some", "exactly", "really",
-           "very")  # fmt: skip
+FILLERS = (
+    "please",
+    "tell",
+    "me",
+    "find",
+    "search",
+    "information",
+    "about",
+    "some",
+    "exactly",
+    "really",
+    "very",
+)
 
 
 def own_text(completion: Any) -> str:
@@ -82,9 +93,11 @@ def format_reward(completions: list[Any], **_: Any) -> list[float]:
 
 
 def concise(
-    query: str, max_words: int = 10, question_words: Sequence[str] = QUESTION_WORDS,
+    query: str,
+    max_words: int = 10,
+    question_words: Sequence[str] = QUESTION_WORDS,
     fillers: Sequence[str] = FILLERS,
-) -> bool:  # fmt: skip
+) -> bool:
     """Eq. (9)'s "concise" query, our rule (the paper's is unpublished): keywords, not a sentence. At
     most ``max_words`` words, none of them (case-insensitively) a question word or a filler, no '?'.
 

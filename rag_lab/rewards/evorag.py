@@ -51,11 +51,25 @@ from rag_lab.rewards.embedding import default_encoder, query_vectors
 COMPONENTS = ("ret", "act", "dup", "bt", "ref", "step", "ans")
 # Table 1: each weight's (start, end) in stage 1 (Discovery: Start → Mid) and stage 2 (Refinement: Mid → End).
 TABLE_1 = {
-    1: {"ret": (2.0, 1.0), "act": (1.5, 0.8), "dup": (0.1, 0.5), "bt": (0.3, 0.5), "ref": (0.5, 0.5),
-        "step": (0.02, 0.05), "ans": (0.05, 0.10)},
-    2: {"ret": (1.0, 0.5), "act": (0.8, 0.4), "dup": (0.5, 1.2), "bt": (0.5, 1.0), "ref": (0.5, 0.5),
-        "step": (0.05, 0.10), "ans": (0.10, 1.00)},
-}  # fmt: skip
+    1: {
+        "ret": (2.0, 1.0),
+        "act": (1.5, 0.8),
+        "dup": (0.1, 0.5),
+        "bt": (0.3, 0.5),
+        "ref": (0.5, 0.5),
+        "step": (0.02, 0.05),
+        "ans": (0.05, 0.10),
+    },
+    2: {
+        "ret": (1.0, 0.5),
+        "act": (0.8, 0.4),
+        "dup": (0.5, 1.2),
+        "bt": (0.5, 1.0),
+        "ref": (0.5, 0.5),
+        "step": (0.05, 0.10),
+        "ans": (0.10, 1.00),
+    },
+}
 # r_act charges late searches from this share of T_max on.
 LATE = 0.3
 
@@ -164,15 +178,19 @@ def step_rewards(
                 q = vectors[step.query or ""]
                 dup = overlap_penalty([float(q @ v) for v in earlier])
                 earlier.append(q)
-            rows.append({
-                "ret": retrieval_bonus(step.action, step.retrieved_ids, example.supporting_ids),
-                "act": action_penalty(step.action, t / t_max, dup),
-                "dup": dup,
-                "bt": -1.0 if step.action == BACKTRACK else 0.0,
-                "ref": refusal_reward(step.action, example.answerable),
-                "step": -1.0,
-                "ans": answer_reward(step.action, step.answer or episode.prediction, example.answers, scorer),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "ret": retrieval_bonus(step.action, step.retrieved_ids, example.supporting_ids),
+                    "act": action_penalty(step.action, t / t_max, dup),
+                    "dup": dup,
+                    "bt": -1.0 if step.action == BACKTRACK else 0.0,
+                    "ref": refusal_reward(step.action, example.answerable),
+                    "step": -1.0,
+                    "ans": answer_reward(
+                        step.action, step.answer or episode.prediction, example.answers, scorer
+                    ),
+                }
+            )
         out.append(rows)
     return out
 

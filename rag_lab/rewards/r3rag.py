@@ -83,8 +83,9 @@ def paper_rewards(
     return [r * factor for r in rows]
 
 
-def process_score(coherence: float, rationality: float, relevance: float, fatal: bool = False,
-                  documents: bool = True) -> float:  # fmt: skip
+def process_score(
+    coherence: float, rationality: float, relevance: float, fatal: bool = False, documents: bool = True
+) -> float:
     """The official code's step score: 0.3·coherence + 0.3·rationality + 0.4·relevance, each in [0, 1];
     0 on a fatal error (a contradiction, illogical reasoning); relevance 0 when the step retrieved nothing.
 

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     """The command line (:data:`HELP`)."""
     from hydra.utils import instantiate
 
-    from rag_lab.config import cli_overrides, compose
+    from rag_lab.cli import cli_overrides
+    from rag_lab.config import build, compose
     from rag_lab.errors import one_line_errors
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -174,11 +175,17 @@ def main(argv: list[str] | None = None) -> None:
                 "cold start: set generator=<the base LM> (tiny, smollm2, hf generator.model=...)"
             )
         data = instantiate(cfg.data)
-        base = instantiate(cfg.generator, **({"data": data} if "data" in cfg.generator else {}))
+        base = build(cfg.generator, data=data)
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError(f"cold start: generator {cfg.generator._target_} is not a transformers model")
-        out = cold_start(base.model.name_or_path, data, instantiate(cfg.cold_start), cfg.cache_dir,
-                         tokenizer=base.tokenizer.name_or_path, chat=base.chat)  # fmt: skip
+        out = cold_start(
+            base.model.name_or_path,
+            data,
+            instantiate(cfg.cold_start),
+            cfg.cache_dir,
+            tokenizer=base.tokenizer.name_or_path,
+            chat=base.chat,
+        )
     tokenizer = json.loads((out / "train.json").read_text())["tokenizer"]
     hint = f" generator.tokenizer={out / tokenizer}" if tokenizer != "." else ""
     log.info("load it with: generator=hf generator.model=%s%s", out, hint)

@@ -82,8 +82,12 @@ def plot(rows: list[dict], path: Path, panels: Panels, title: str, sharex: bool 
                 steps, values = zip(*[(p[0], p[1]) for p in points if p[2] == stage], strict=True)
                 if len(values) >= window:
                     smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-                    ax.plot(steps[window - 1 :], smooth, color=line.get_color(),
-                            label=f"{label} (mean of {window})" if i == 0 else None)  # fmt: skip
+                    ax.plot(
+                        steps[window - 1 :],
+                        smooth,
+                        color=line.get_color(),
+                        label=f"{label} (mean of {window})" if i == 0 else None,
+                    )
         for x in boundaries if sharex else []:
             ax.axvline(x, color="grey", linestyle="--", linewidth=1)
         ax.set_title(name)

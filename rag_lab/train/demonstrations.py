@@ -264,8 +264,10 @@ def sample_demonstrations(
     if not questions:
         raise RagLabError(f"cold_start.split: the split {config.split!r} of {data.name} has no questions")
     env, em = Env(data.corpus, retriever), SCORERS[getattr(data, "scorer", "squad")]["em"]
-    plan = [(t, config.seed * 1000 + j) for j, t in enumerate(
-        t for t in config.temperatures for _ in range(1 if t == 0 else config.samples))]  # fmt: skip
+    plan = [
+        (t, config.seed * 1000 + j)
+        for j, t in enumerate(t for t in config.temperatures for _ in range(1 if t == 0 else config.samples))
+    ]
     counts = {name: dict.fromkeys(("episodes", "kept", "wrong", "malformed", "pairs"), 0) for name in wanted}
     kept: dict[str, tuple[Prompt, str, str]] = {}
     policies = speakers(teacher, env, questions, set(wanted), config, chat)
@@ -290,8 +292,15 @@ def sample_demonstrations(
     for _, _, name in kept.values():
         counts[name]["pairs"] += 1
     for name, c in counts.items():
-        log.info("cold start: %s: %d episodes, %d kept, %d wrong, %d malformed; %d distinct pairs",
-                 name, c["episodes"], c["kept"], c["wrong"], c["malformed"], c["pairs"])  # fmt: skip
+        log.info(
+            "cold start: %s: %d episodes, %d kept, %d wrong, %d malformed; %d distinct pairs",
+            name,
+            c["episodes"],
+            c["kept"],
+            c["wrong"],
+            c["malformed"],
+            c["pairs"],
+        )
     return Demonstrations([(prompt, text) for prompt, text, _ in kept.values()], counts)
 
 
@@ -307,11 +316,14 @@ def demonstrations(
     sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
     if retriever is not None or teacher is not None:
         return sample_demonstrations(data, config, sampled, chat, teacher)
-    questions = [[ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
-                 for ex in list(data.split(config.split))[: config.limit]]  # fmt: skip
+    questions = [
+        [ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
+        for ex in list(data.split(config.split))[: config.limit]
+    ]
     settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(DemoSettings)}
-    where = cache.path(cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat,
-                       code=__name__)  # fmt: skip
+    where = cache.path(
+        cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat, code=__name__
+    )
     path = where.with_name(where.name + ".json")
     if path.exists():
         stored = json.loads(path.read_text())

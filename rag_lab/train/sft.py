@@ -166,8 +166,14 @@ def sft(
         save_total_limit=2,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=peft_config(settings.lora), callbacks=[log_last_step(), *callbacks])
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config(settings.lora),
+        callbacks=[log_last_step(), *callbacks],
+    )
     last = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
     if last:
         log.info("SFT: resuming from %s", last)
@@ -181,8 +187,9 @@ def sft(
     return trainer, sft_stats(trainer, result, dataset, steps, last, time.perf_counter() - start)
 
 
-def sft_stats(trainer: "SFTTrainer", result, dataset: "Dataset", steps: int, last: str | None,
-              seconds: float) -> dict:
+def sft_stats(
+    trainer: "SFTTrainer", result, dataset: "Dataset", steps: int, last: str | None, seconds: float
+) -> dict:
     """What train.json records of an SFT run: steps, time, rows, the loss curve, the trainable size."""
     logs = [row for row in trainer.state.log_history if "loss" in row]
     lengths = [len(ids) for ids in dataset["input_ids"]]

@@ -43,10 +43,22 @@ class SynthDataset:
         name: str = "synth",
     ):
         self.name = name
-        sizes = {"people": n_people, "cities": n_cities, "countries": n_countries, "films": n_films,
-                 "companies": n_companies, "bands": n_bands}  # fmt: skip
-        self.params = {"seed": seed, "sizes": sizes, "withhold_rate": withhold_rate, "max_hops": max_hops,
-                       "dev_size": dev_size, "test_size": test_size}  # fmt: skip
+        sizes = {
+            "people": n_people,
+            "cities": n_cities,
+            "countries": n_countries,
+            "films": n_films,
+            "companies": n_companies,
+            "bands": n_bands,
+        }
+        self.params = {
+            "seed": seed,
+            "sizes": sizes,
+            "withhold_rate": withhold_rate,
+            "max_hops": max_hops,
+            "dev_size": dev_size,
+            "test_size": test_size,
+        }
         self.root = cache.path(cache_dir, "synth", self.params, code=__name__)
         if not (self.root / "world.json").exists():
             self._generate()

@@ -69,7 +69,7 @@ def musique(
             "question": d["question"],
             "answer": d["answer"],
             "paragraph_support_idx": idx_of.get(title_to_id.get(d["title"])),
-        }  # fmt: skip
+        }
         for n, d in enumerate(q["decomposition"])
     ]
     return {
@@ -95,8 +95,15 @@ def hotpotqa(musique_row: dict, q: dict) -> dict:
     the question's MuSiQue row, so the formats share one context set. HotpotQA has no aliases."""
     context = [[p["title"], _sentences(p["paragraph_text"])] for p in musique_row["paragraphs"]]
     facts = [[p["title"], 0] for p in musique_row["paragraphs"] if p["is_supporting"]]
-    return {"_id": musique_row["id"], "question": q["question"], "answer": q["answer"], "type": q["type"],
-            "level": "synthetic", "context": context, "supporting_facts": facts}  # fmt: skip
+    return {
+        "_id": musique_row["id"],
+        "question": q["question"],
+        "answer": q["answer"],
+        "type": q["type"],
+        "level": "synthetic",
+        "context": context,
+        "supporting_facts": facts,
+    }
 
 
 def answer_qid(answer: str) -> str:

@@ -111,8 +111,10 @@ def comparisons(rng: random.Random, w: World, n: int) -> Iterator[dict]:
         same = [p for p in people if p is not a and p.facts["nationality"] == a.facts["nationality"]]
         b = rng.choice(same) if same and i % 2 == 0 else rng.choice([p for p in people if p is not a])
         ask = RELATIONS["nationality"].question
-        steps = [(ask.format(x=a.name), a.facts["nationality"], a.name),
-                 (ask.format(x=b.name), b.facts["nationality"], b.name)]  # fmt: skip
+        steps = [
+            (ask.format(x=a.name), a.facts["nationality"], a.name),
+            (ask.format(x=b.name), b.facts["nationality"], b.name),
+        ]
         answer = "yes" if a.facts["nationality"] == b.facts["nationality"] else "no"
         yield _question(w, "comparison", f"Are {a.name} and {b.name} from the same country?", answer, steps)
 
@@ -124,18 +126,26 @@ def bridge_comparisons(rng: random.Random, w: World, n: int) -> Iterator[dict]:
         d1, d2 = (w.entities[f.facts["director"]] for f in (f1, f2))
         if d1 is d2:
             continue
-        bridge = [(f"Who directed {f1.name}?", d1.name, f1.name),
-                  (f"Who directed {f2.name}?", d2.name, f2.name)]  # fmt: skip
+        bridge = [
+            (f"Who directed {f1.name}?", d1.name, f1.name),
+            (f"Who directed {f2.name}?", d2.name, f2.name),
+        ]
         if i % 2 == 0:
             if d1.order["birth_date"] == d2.order["birth_date"]:
                 continue
-            steps = [*bridge, ("When was #1 born?", d1.facts["birth_date"], d1.name),
-                     ("When was #2 born?", d2.facts["birth_date"], d2.name)]  # fmt: skip
+            steps = [
+                *bridge,
+                ("When was #1 born?", d1.facts["birth_date"], d1.name),
+                ("When was #2 born?", d2.facts["birth_date"], d2.name),
+            ]
             answer = f1.name if d1.order["birth_date"] < d2.order["birth_date"] else f2.name
             question = f"Which film has the director who was born first, {f1.name} or {f2.name}?"
         else:
-            steps = [*bridge, ("What is the nationality of #1?", d1.facts["nationality"], d1.name),
-                     ("What is the nationality of #2?", d2.facts["nationality"], d2.name)]  # fmt: skip
+            steps = [
+                *bridge,
+                ("What is the nationality of #1?", d1.facts["nationality"], d1.name),
+                ("What is the nationality of #2?", d2.facts["nationality"], d2.name),
+            ]
             answer = "yes" if d1.facts["nationality"] == d2.facts["nationality"] else "no"
             question = f"Are the directors of {f1.name} and {f2.name} from the same country?"
         yield _question(w, "bridge_comparison", question, answer, steps)

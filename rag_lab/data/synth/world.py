@@ -26,8 +26,20 @@ PLACE_CODAS = ["grad", "port", "haven", "mere", "burg", "polis", "field"]
 COUNTRY_CODAS = ["ia", "land", "istan", "ovia", "aria"]
 COMPANY_SUFFIXES = ["Industries", "Group", "Works", "Systems", "Holdings"]
 OCCUPATIONS = ["painter", "novelist", "chemist", "composer", "architect", "actor", "physician", "poet"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]  # fmt: skip
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 GENERATIONS = 4
 
 
@@ -191,10 +203,14 @@ def build_world(rng: random.Random, sizes: dict[str, int], withhold_rate: float)
         return e
 
     s_country = namer.syllables_for(sizes["countries"], COUNTRY_CODAS)
-    countries = [add("country", namer.unique(lambda: namer.word(COUNTRY_CODAS, s_country)))
-                 for _ in range(sizes["countries"])]  # fmt: skip
-    cities = [add("city", namer.unique(lambda: namer.word(PLACE_CODAS, rng.randint(1, 2))))
-              for _ in range(sizes["cities"])]  # fmt: skip
+    countries = [
+        add("country", namer.unique(lambda: namer.word(COUNTRY_CODAS, s_country)))
+        for _ in range(sizes["countries"])
+    ]
+    cities = [
+        add("city", namer.unique(lambda: namer.word(PLACE_CODAS, rng.randint(1, 2))))
+        for _ in range(sizes["cities"])
+    ]
     for i, city in enumerate(cities):
         city.facts["country"] = countries[i % len(countries)].name
     for country in countries:
@@ -289,8 +305,14 @@ def _add_people(rng: random.Random, w: World, namer: _Namer, cities: list[Entity
 def passage_text(rng: random.Random, e: Entity) -> str:
     """The entity's passage: one sentence per fact, in a random phrasing, plus a filler."""
     he = e.gender == "m"
-    slots = {"s": e.name, "P": "He" if he else "She", "p": "he" if he else "she", "Q": "His" if he else "Her",
-             "Q_l": "his" if he else "her", "n": str(rng.randint(3, 90))}  # fmt: skip
+    slots = {
+        "s": e.name,
+        "P": "He" if he else "She",
+        "p": "he" if he else "she",
+        "Q": "His" if he else "Her",
+        "Q_l": "his" if he else "her",
+        "n": str(rng.randint(3, 90)),
+    }
     if e.kind != "person":
         slots |= {"P": "It", "p": "it", "Q": "Its", "Q_l": "its"}
     sentences = []

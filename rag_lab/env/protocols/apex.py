@@ -27,7 +27,7 @@ from rag_lab.env.protocols.base import (
     documents,
     format_command,
     read_passage,
-)  # fmt: skip
+)
 
 STEP = re.compile(r"^\s*(\d+)[.)]\s+(.+?)\s*$")
 
@@ -86,8 +86,11 @@ class APEXExecute(Protocol):
         state.notes = read_knowledge(notes.splitlines())
         for block in tried:
             query, *docs = block.split("\n")
-            state.turns.append(Turn(Action(SEARCH, query=query.removeprefix("Tried: ")),
-                                    [read_passage(d) for d in docs if d]))  # fmt: skip
+            state.turns.append(
+                Turn(
+                    Action(SEARCH, query=query.removeprefix("Tried: ")), [read_passage(d) for d in docs if d]
+                )
+            )
         return state
 
     def parse(self, text: str) -> Action:

@@ -23,8 +23,16 @@ from rag_lab.generators.base import Prompt
 
 # Action kinds
 SEARCH, ANSWER, STOP, CONTINUE, BACKTRACK, REFUSE, PLAN, REASON, INVALID = (
-    "search", "answer", "stop", "continue", "backtrack", "refuse", "plan", "reason", "invalid",
-)  # fmt: skip
+    "search",
+    "answer",
+    "stop",
+    "continue",
+    "backtrack",
+    "refuse",
+    "plan",
+    "reason",
+    "invalid",
+)
 
 
 @dataclass(frozen=True)

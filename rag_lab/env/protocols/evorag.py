@@ -22,7 +22,7 @@ from rag_lab.env.protocols.base import (
     documents,
     format_command,
     read_passage,
-)  # fmt: skip
+)
 
 WORDS = {SEARCH: "SEARCH", BACKTRACK: "BACKTRACK", ANSWER: "ANSWER", REFUSE: "REFUSE"}
 KINDS = {word: kind for kind, word in WORDS.items()}

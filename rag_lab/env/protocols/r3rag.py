@@ -18,11 +18,14 @@ from rag_lab.env.protocols.base import (
     documents,
     field_value,
     read_passage,
-)  # fmt: skip
+)
 
 ANALYSIS, QUERY, FINAL, DOCS = (
-    "The problem analysis:", "The retrieval query:", "The final answer:", "The retrieval documents:",
-)  # fmt: skip
+    "The problem analysis:",
+    "The retrieval query:",
+    "The final answer:",
+    "The retrieval documents:",
+)
 
 
 class R3RAGStep(Protocol):

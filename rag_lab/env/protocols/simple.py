@@ -16,7 +16,7 @@ from rag_lab.env.protocols.base import (
     documents,
     first_line,
     read_passage,
-)  # fmt: skip
+)
 
 ANSWER_IS = "So the answer is:"
 

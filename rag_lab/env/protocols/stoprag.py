@@ -22,7 +22,7 @@ from rag_lab.env.protocols.base import (
     first_line,
     passage_text,
     read_passage,
-)  # fmt: skip
+)
 
 
 def trace(state: State) -> str:
@@ -104,8 +104,11 @@ class StopRAGIntermediate(Protocol):
 
     def read_body(self, body: str) -> State:
         turn = Turn(Action(SEARCH, query=field_value(body, "Question:") or ""))
-        turn.passages = [read_passage(line[len("Document: ") :]) for line in body.splitlines()
-                         if line.startswith("Document: ")]  # fmt: skip
+        turn.passages = [
+            read_passage(line[len("Document: ") :])
+            for line in body.splitlines()
+            if line.startswith("Document: ")
+        ]
         return State("", [turn])
 
     def parse(self, text: str) -> Action:

@@ -21,7 +21,7 @@ from rag_lab.env.protocols.base import (
     Turn,
     documents,
     read_passage,
-)  # fmt: skip
+)
 from rag_lab.generators.base import Prompt
 
 TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)

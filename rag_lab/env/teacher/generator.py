@@ -151,8 +151,9 @@ def dapo(mind: Mind, state: State) -> Action:
     closing = "</think>" if not state.turns else "</reflect>"
     found = "; ".join(answers) if answers else "nothing yet"
     if mind.complete(answers) or (state.turns and mind.stop_early()):
-        return Action(ANSWER, answer=mind.final(answers, passages),
-                      thought=f"{opening}Found: {found}.{closing}")  # fmt: skip
+        return Action(
+            ANSWER, answer=mind.final(answers, passages), thought=f"{opening}Found: {found}.{closing}"
+        )
     query = untried(mind.queries(answers, keywords=True), state)
     if query is None:  # out of reformulations: answer with what there is
         return Action(
@@ -227,11 +228,19 @@ def cot(mind: Mind, state: State) -> Action:
 
 
 DECIDE: dict[str, Callable[[Mind, State], Action]] = {
-    "stoprag_query": stoprag_query, "stoprag_intermediate": stoprag_intermediate,
-    "stoprag_final": final_answer, "stoprag_decide": stoprag_decide, "qa": final_answer, "dapo": dapo,
-    "evorag": evorag, "r3rag": r3rag, "apex_plan": apex_plan, "apex_exec": apex_exec,
-    "apex_final": apex_final, "cot": cot,
-}  # fmt: skip
+    "stoprag_query": stoprag_query,
+    "stoprag_intermediate": stoprag_intermediate,
+    "stoprag_final": final_answer,
+    "stoprag_decide": stoprag_decide,
+    "qa": final_answer,
+    "dapo": dapo,
+    "evorag": evorag,
+    "r3rag": r3rag,
+    "apex_plan": apex_plan,
+    "apex_exec": apex_exec,
+    "apex_final": apex_final,
+    "cot": cot,
+}
 
 
 class TeacherGenerator:

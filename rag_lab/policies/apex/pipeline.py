@@ -21,8 +21,14 @@ from rag_lab.policies.prompting import Prompting
 
 
 class APEXPipeline(Prompting):
-    def __init__(self, plan: bool = True, hops: PositiveInt = 3, k: PositiveInt = 3,
-                 max_new_tokens: PositiveInt = 64, temperature: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        plan: bool = True,
+        hops: PositiveInt = 3,
+        k: PositiveInt = 3,
+        max_new_tokens: PositiveInt = 64,
+        temperature: float = 0.0,
+    ):
         super().__init__(k, max_new_tokens, temperature)
         self.plan, self.hops = plan, hops
 
@@ -35,8 +41,13 @@ class APEXPipeline(Prompting):
         seen: list[set[str]] = [set() for _ in batch]
         for j in range(max(len(p) for p in plans)):
             live = [i for i, p in enumerate(plans) if j < len(p)]
-            answers = self.execute(env, [states[i] for i in live], [episodes[i] for i in live],
-                                   [plans[i][j] for i in live], [seen[i] for i in live])  # fmt: skip
+            answers = self.execute(
+                env,
+                [states[i] for i in live],
+                [episodes[i] for i in live],
+                [plans[i][j] for i in live],
+                [seen[i] for i in live],
+            )
             for i, answer in zip(live, answers, strict=True):
                 states[i].notes.append((plans[i][j], answer))
         self.finish(episodes, self.ask(env, APEXFinal(), states, episodes))
@@ -46,11 +57,14 @@ class APEXPipeline(Prompting):
         """Where the plans come from (the trained APEX policy plans with its own planner model)."""
         return env
 
-    def execute(self, env: Env, states: list[State], episodes: list[Episode], subs: list[str],
-                seen: list[set[str]]) -> list[str]:  # fmt: skip
+    def execute(
+        self, env: Env, states: list[State], episodes: list[Episode], subs: list[str], seen: list[set[str]]
+    ) -> list[str]:
         """Answer one sub-question per state (batched): executor steps until each answers."""
-        tasks = [State(s.question, focus=resolve_references(q, [a for _, a in s.notes]), notes=list(s.notes))
-                 for s, q in zip(states, subs, strict=True)]  # fmt: skip
+        tasks = [
+            State(s.question, focus=resolve_references(q, [a for _, a in s.notes]), notes=list(s.notes))
+            for s, q in zip(states, subs, strict=True)
+        ]
         answers = ["unknown"] * len(states)
         live, last = list(range(len(states))), set()  # last: nothing new came back, so answer now
         for hop in range(self.hops + 1):
@@ -58,8 +72,9 @@ class APEXPipeline(Prompting):
             for i, a in zip(live, actions, strict=True):
                 if a.kind == ANSWER:
                     answers[i] = a.answer or "unknown"
-            searching = [(i, a.query) for i, a in zip(live, actions, strict=True)
-                         if a.kind == SEARCH and i not in last]  # fmt: skip
+            searching = [
+                (i, a.query) for i, a in zip(live, actions, strict=True) if a.kind == SEARCH and i not in last
+            ]
             if hop == self.hops:
                 searching = []
             for i, a in zip(live, actions, strict=True):  # a search that is not run is not counted (RC)
@@ -68,7 +83,13 @@ class APEXPipeline(Prompting):
             if not searching:
                 break
             live = [i for i, _ in searching]
-            found = self.retrieve(env, [tasks[i] for i in live], [episodes[i] for i in live],
-                                  [q for _, q in searching], [seen[i] for i in live], asked=True)  # fmt: skip
+            found = self.retrieve(
+                env,
+                [tasks[i] for i in live],
+                [episodes[i] for i in live],
+                [q for _, q in searching],
+                [seen[i] for i in live],
+                asked=True,
+            )
             last = {i for i, new in zip(live, found, strict=True) if not new}
         return answers

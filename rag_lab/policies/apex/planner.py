@@ -118,9 +118,14 @@ def grpo_config(config: PlannerRL, work: Path):
 
 
 def train_planner(
-    generator, questions: list[QAExample], sepr, config: PlannerRL, out: Path, chat: bool = False,
+    generator,
+    questions: list[QAExample],
+    sepr,
+    config: PlannerRL,
+    out: Path,
+    chat: bool = False,
     callbacks: Sequence[Any] = (),
-) -> dict:  # fmt: skip
+) -> dict:
     """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
     ``callbacks``: extra ``transformers`` trainer callbacks."""
     from datasets import Dataset

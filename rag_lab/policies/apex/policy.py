@@ -97,8 +97,15 @@ class APEX(APEXPipeline):
         if self.executor_sft:
             if self.train_data is None or self.executor_config is None:
                 raise RagLabError("policy.executor: the executor's SFT needs its config and training data")
-            path = cold_start(model_dir, self.train_data, self.executor_config, self.cache_dir,
-                              tokenizer=tokenizer_dir, chat=base.chat, teacher=self.teacher)  # fmt: skip
+            path = cold_start(
+                model_dir,
+                self.train_data,
+                self.executor_config,
+                self.cache_dir,
+                tokenizer=tokenizer_dir,
+                chat=base.chat,
+                teacher=self.teacher,
+            )
             self.generator = load(path, batch_size=base.batch_size, seed=base.seed)
             if self.plan and self.planner is None:
                 self.planner = base  # the untrained planner plans, not the executor's fine-tuned model
@@ -117,8 +124,16 @@ class APEX(APEXPipeline):
         plans = [[q.id, q.question, [[s.question, s.answer] for s in q.decomposition]] for q in questions]
         root = self.cache_dir if self.run_config is not None else out_dir
         reward = (self.run_config or {}).get("reward")
-        out = cache.path(root, "apex_planner", cache.files_digest(model_dir, tokenizer_dir), base.chat, plans,
-                         self.planner_config, reward, code="rag_lab.policies.apex.planner")  # fmt: skip
+        out = cache.path(
+            root,
+            "apex_planner",
+            cache.files_digest(model_dir, tokenizer_dir),
+            base.chat,
+            plans,
+            self.planner_config,
+            reward,
+            code="rag_lab.policies.apex.planner",
+        )
         settings = {"chat": base.chat, "batch_size": base.batch_size, "seed": base.seed, "dtype": "float32"}
         if (out / "train.json").exists():
             log.info("APEX planner: reusing %s", out)

@@ -43,7 +43,7 @@ from rag_lab.generators.base import Sampling
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.dapo.trainer import PANELS, load_model, train_stage
 from rag_lab.records import read_records
-from rag_lab.rewards.base import Reward
+from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
@@ -60,7 +60,7 @@ class DAPO(Agent):
         self,
         # reward name -> reward function (TRL's signature): the run's reward group (reward=dapo: answer,
         # search, format); filled by the runner
-        reward: dict[str, Reward] | None = None,
+        reward: dict[str, Reward] | Reward | None = None,
         # weight per reward name (missing: 1.0); a null reward is left out (the ablations)
         weights: dict[str, float] | None = None,
         # the answer reward's stages, trained in order, each from the last one's weights
@@ -98,7 +98,7 @@ class DAPO(Agent):
         bad = [s for s in stages if s not in STAGES]
         if bad:
             raise RagLabError(f"policy.stages: {bad[0]!r} is not a stage (1, 2 or unified)")
-        self.reward = {name: fn for name, fn in (reward or {}).items() if fn is not None}
+        self.reward = named(reward)
         self.weights = {name: float((weights or {}).get(name, 1.0)) for name in self.reward}
         self.stages, self.steps, self.lr = list(stages), steps, lr
         self.questions_per_step, self.group_size = questions_per_step, group_size
@@ -146,8 +146,14 @@ class DAPO(Agent):
     def _cold_start(self, base) -> Path:
         if self.train_data is None:
             raise RagLabError("policy.cold_start needs the training dataset (the runner hands it over)")
-        return cold_start(base.model.name_or_path, self.train_data, self.cold_start, self.cache_dir,
-                          tokenizer=base.tokenizer.name_or_path, chat=base.chat)  # fmt: skip
+        return cold_start(
+            base.model.name_or_path,
+            self.train_data,
+            self.cold_start,
+            self.cache_dir,
+            tokenizer=base.tokenizer.name_or_path,
+            chat=base.chat,
+        )
 
     def stage_dir(self, previous: str, stage, questions: list[QAExample], env: Env, out_dir: Path) -> Path:
         """Where a stage's model is cached (module docstring): ``cache_dir/dapo/<key>``, or with no
@@ -159,5 +165,6 @@ class DAPO(Agent):
         for unrelated in ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra"):
             config.pop(unrelated, None)
         root = self.cache_dir if self.run_config is not None else out_dir / "stages"
-        return cache.path(root, "dapo", previous, str(stage), *content, config,
-                          code="rag_lab.policies.dapo.trainer")  # fmt: skip
+        return cache.path(
+            root, "dapo", previous, str(stage), *content, config, code="rag_lab.policies.dapo.trainer"
+        )

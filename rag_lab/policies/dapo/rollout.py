@@ -144,8 +144,11 @@ class SearchRollouts:
                 batch.questions[i] = self.pool[rng.randrange(len(self.pool))]
             todo = flat
         flat_left = sum(is_flat(t) for t in batch.totals)
-        self.stats = {"sampling/rounds": rounds, "sampling/dropped_groups": dropped,
-                      "sampling/flat_groups_kept": int(flat_left)}  # fmt: skip
+        self.stats = {
+            "sampling/rounds": rounds,
+            "sampling/dropped_groups": dropped,
+            "sampling/flat_groups_kept": int(flat_left),
+        }
         return batch
 
     def groups(self, questions: list[QAExample], group: int, sampling: Sampling):
@@ -172,8 +175,9 @@ class SearchRollouts:
     # ---- to TRL's rows --------------------------------------------------------------------------
     def encode(self, batch: Batch) -> dict[str, list]:
         tokenizer = self.generator.tokenizer
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                 "rollouts", "answers")}  # fmt: skip
+        out: dict[str, list] = {
+            k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollouts", "answers")
+        }
         for question, episodes, texts in zip(batch.questions, batch.episodes, batch.texts, strict=True):
             prompt = render(tokenizer, self.first_prompt(question))
             prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids

@@ -108,9 +108,17 @@ def train_stage(
     # monitors: logged by TRL as rewards/rc and rewards/acc, weight 0 (they train nothing)
     monitors = [(OnRollouts("rc", retrieval_count), 0.0), (OnRollouts("acc", answer_correct), 0.0)]
     rollouts = SearchRollouts(
-        env, generator, questions, rewards, policy.k, policy.max_turns, policy.train_sampling,
-        policy.dynamic_sampling, policy.max_rounds, policy.seed,
-    )  # fmt: skip
+        env,
+        generator,
+        questions,
+        rewards,
+        policy.k,
+        policy.max_turns,
+        policy.train_sampling,
+        policy.dynamic_sampling,
+        policy.max_rounds,
+        policy.seed,
+    )
     dataset = Dataset.from_list(
         [{"prompt": rollouts.first_prompt(q), "answers": list(q.answers)} for q in questions]
     )
@@ -129,19 +137,31 @@ def train_stage(
         callbacks=[curve],
     )
     resuming = f", resuming from {last}" if last else ""
-    log.info("DAPO stage %s: %d steps of %d questions x %d samples%s", stage, policy.steps,
-             policy.questions_per_step, policy.group_size, resuming)  # fmt: skip
+    log.info(
+        "DAPO stage %s: %d steps of %d questions x %d samples%s",
+        stage,
+        policy.steps,
+        policy.questions_per_step,
+        policy.group_size,
+        resuming,
+    )
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < policy.steps:
-        raise RagLabError(f"DAPO stage {stage}: stopped at step {trainer.state.global_step} of "
-                          f"{policy.steps}; the next run resumes from {work}")  # fmt: skip
+        raise RagLabError(
+            f"DAPO stage {stage}: stopped at step {trainer.state.global_step} of "
+            f"{policy.steps}; the next run resumes from {work}"
+        )
     model = trainer.model.merge_and_unload() if peft else trainer.model
     with cache.publish(done) as tmp:
         model.save_pretrained(tmp)
         shutil.copy2(work / "log.jsonl", tmp / "log.jsonl")
-        stats = {"stage": str(stage), "steps": policy.steps, "seconds": time.perf_counter() - began,
-                 "resumed_from": curve.resumed_at or None}  # fmt: skip
+        stats = {
+            "stage": str(stage),
+            "steps": policy.steps,
+            "seconds": time.perf_counter() - began,
+            "resumed_from": curve.resumed_at or None,
+        }
         (tmp / "train.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 

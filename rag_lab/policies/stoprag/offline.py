@@ -124,10 +124,17 @@ def collect(
             if sampled:  # eq. 13: the mean score of the N samples at each s_t
                 mine = sampled[i * horizon : (i + 1) * horizon]
                 rewards = [0.0] + [sum(metric(a, list(ex.answers)) for a in ans) / len(ans) for ans in mine]
-            rows.append(dataclasses.asdict(Trajectory(
-                ex.id, ex.question, [[p.contents for p in turn.passages] for turn in state.turns], rewards,
-                [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else [],
-            )))  # fmt: skip
+            rows.append(
+                dataclasses.asdict(
+                    Trajectory(
+                        ex.id,
+                        ex.question,
+                        [[p.contents for p in turn.passages] for turn in state.turns],
+                        rewards,
+                        [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else [],
+                    )
+                )
+            )
         writer.write([r for r in rows if r["question_id"] not in done])
         done.update((r["question_id"], r) for r in rows)
     return [Trajectory(**done[ex.id]) for ex in examples]

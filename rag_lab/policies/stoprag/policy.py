@@ -143,8 +143,11 @@ class StopRAG:
         self.checkpoint_every = checkpoint_every
         self.tau = tau
         # the margin is a difference of values in [0, 1], or of logits for the binary classifier
-        default = [round(-0.5 + 0.02 * i, 2) for i in range(51)] if target != "binary" else [
-            round(-5.0 + 0.2 * i, 1) for i in range(51)]  # fmt: skip
+        default = (
+            [round(-0.5 + 0.02 * i, 2) for i in range(51)]
+            if target != "binary"
+            else [round(-5.0 + 0.2 * i, 1) for i in range(51)]
+        )
         self.tau_grid = list(tau_grid) if tau_grid else default
         self.seed, self.batch_questions = seed, batch_questions
         self.qnet: QNetwork | None = None
@@ -169,13 +172,22 @@ class StopRAG:
         counting = CountingGenerator(env.generator)
         env = env.with_generator(counting)
         trajs = collect(
-            self.pipeline, env, questions, offline,
-            self.samples, self.temperature, self.top_p, self.score, batch_size=self.batch_questions,
-        )  # fmt: skip
+            self.pipeline,
+            env,
+            questions,
+            offline,
+            self.samples,
+            self.temperature,
+            self.top_p,
+            self.score,
+            batch_size=self.batch_questions,
+        )
         self.stats["offline"] = {
-            "questions": len(trajs), "generator_calls": counting.calls, "completions": counting.completions,
+            "questions": len(trajs),
+            "generator_calls": counting.calls,
+            "completions": counting.completions,
             "naive_calls": len(trajs) * self.pipeline.iterations * (2 + self.samples),
-        }  # fmt: skip
+        }
         encoding = cache.key({k: self.qnet_args[k] for k in ENCODING}, code="rag_lab.policies.stoprag.qnet")
         self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{encoding}.pt"), rng)
         calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
@@ -205,8 +217,15 @@ class StopRAG:
         config = self.run_config or {}
         upstream = {k: config.get(k) for k in ("generator", "retriever", "seed")}
         root = self.cache_dir if self.run_config is not None else out_dir / "offline"
-        where = cache.path(root, "stoprag", env.corpus.fingerprint, [ex.id for ex in questions], upstream,
-                           settings, code="rag_lab.policies.stoprag.offline")  # fmt: skip
+        where = cache.path(
+            root,
+            "stoprag",
+            env.corpus.fingerprint,
+            [ex.id for ex in questions],
+            upstream,
+            settings,
+            code="rag_lab.policies.stoprag.offline",
+        )
         return where.with_name(where.name + ".jsonl")
 
     @property
@@ -219,17 +238,29 @@ class StopRAG:
             state = {k: v for k, v in state.items() if not k.startswith("encoder.")}
         return state
 
-    def train(self, trajs: list[Trajectory], out_dir: Path, features_path: Path | None = None,
-              rng: dict | None = None) -> None:  # fmt: skip
+    def train(
+        self,
+        trajs: list[Trajectory],
+        out_dir: Path,
+        features_path: Path | None = None,
+        rng: dict | None = None,
+    ) -> None:
         """Q(λ) regression (Algorithm 1) on ``trajs``: :func:`rag_lab.policies.stoprag.trainer.train_qnet`."""
         train_qnet(self, trajs, Path(out_dir), features_path, rng)
 
     # ---------------------------------------------------------------------------------------------
     def tune_tau(self, env: Env, dev: list[QAExample], out_dir: Path) -> None:
         """Every τ of the grid on the validation split, from one run to the horizon (see module doc)."""
-        trajs = collect(self.pipeline, env, dev, out_dir / "dev_trajectories.jsonl", samples=0,
-                        greedy_answers=True, batch_size=self.batch_questions,
-                        desc="stoprag τ tuning (dev)")  # fmt: skip
+        trajs = collect(
+            self.pipeline,
+            env,
+            dev,
+            out_dir / "dev_trajectories.jsonl",
+            samples=0,
+            greedy_answers=True,
+            batch_size=self.batch_questions,
+            desc="stoprag τ tuning (dev)",
+        )
         horizon = self.pipeline.iterations
         self.tau, self.stats["tau"] = tune_tau(self.qnet, trajs, dev, horizon, self.tau_grid, out_dir)
 

@@ -65,18 +65,27 @@ def tune_tau(
     for tau in grid:
         ts = stop_times(margins, tau).tolist()
         answers = [t.answers[s - 1] for t, s in zip(trajs, ts, strict=True)]
-        curve.append({"tau": tau,
-                      "f1": 100 * sum(map(f1, answers, golds)) / len(trajs),
-                      "em": 100 * sum(map(em, answers, golds)) / len(trajs),
-                      "steps": sum(ts) / len(ts)})  # fmt: skip
+        curve.append(
+            {
+                "tau": tau,
+                "f1": 100 * sum(map(f1, answers, golds)) / len(trajs),
+                "em": 100 * sum(map(em, answers, golds)) / len(trajs),
+                "steps": sum(ts) / len(ts),
+            }
+        )
     best = max(curve, key=lambda r: (round(r["f1"], 6), -r["steps"]))
     with (out_dir / "tau_curve.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["tau", "f1", "em", "steps"])
         writer.writeheader()
         writer.writerows(curve)
     plot_tau_curve(curve, best["tau"], out_dir / "tau_curve.png")
-    log.info("Stop-RAG: τ = %.2f on %d validation questions (F1 %.1f, %.2f steps)",
-             best["tau"], len(trajs), best["f1"], best["steps"])  # fmt: skip
+    log.info(
+        "Stop-RAG: τ = %.2f on %d validation questions (F1 %.1f, %.2f steps)",
+        best["tau"],
+        len(trajs),
+        best["f1"],
+        best["steps"],
+    )
     return best["tau"], best
 
 

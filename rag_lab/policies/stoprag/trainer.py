@@ -109,8 +109,12 @@ class QLoss:
         pairs = [(i, t) for i in range(len(trajs)) for t in range(1, horizon) if mask[i, t]]
         self.train_pairs = [p for p in pairs if p[0] in train_q]
         self.val_pairs = [p for p in pairs if p[0] in val_q]
-        self.states = {"all": len(trajs) * (horizon - 1), "kept": len(pairs),
-                       "train": len(self.train_pairs), "val": len(self.val_pairs)}  # fmt: skip
+        self.states = {
+            "all": len(trajs) * (horizon - 1),
+            "kept": len(pairs),
+            "train": len(self.train_pairs),
+            "val": len(self.val_pairs),
+        }
         self.inputs = [states_of(t, horizon - 1) for t in trajs]  # inputs[i][t-1] = s_t
         frozen = self.qnet.frozen
         self.features = encoded_states(self.qnet, self.inputs, features_path) if frozen else None
@@ -219,9 +223,18 @@ def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Pa
                 row["val_loss"] = loss_of.validation(lam, policy.batch_size)
             rows.append(row)
             policy.stats["train"] = row
-            save_atomic({"model": policy.trainable_state(), "optimizer": opt.state_dict(),
-                         "scheduler": sched.state_dict(), "step": step, "rng": rng_state(), "log": rows,
-                         "stats": deepcopy(policy.stats)}, ckpt)  # fmt: skip
+            save_atomic(
+                {
+                    "model": policy.trainable_state(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "step": step,
+                    "rng": rng_state(),
+                    "log": rows,
+                    "stats": deepcopy(policy.stats),
+                },
+                ckpt,
+            )
             with log_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
     bar.close()

@@ -1,8 +1,8 @@
-"""The tiny LM's tokenizer: word-level, with every invented name one token (or its syllables), and
-an exact round trip.
+"""The tiny LM's tokenizer: word-level (every word one token, or a name's syllables), with an exact
+round trip.
 
 Hand-written, and why: ``tokenizers`` has the parts but no recipe for a word-level tokenizer that keeps
-every invented name one token AND decodes back to the exact text. Here a regex ``Split`` makes each
+every invented word one token AND decodes back to the exact text. Here a regex ``Split`` makes each
 word (``\\w+``), each punctuation character and each whitespace character a token of its own, except
 a single space between two words, which is dropped; the decoder joins the tokens and puts a space
 back between two word tokens in a row. So ``decode(encode(t)) == t`` for every text built from known
@@ -50,37 +50,54 @@ def syllables(word: str) -> list[str]:
 
 
 def build_tokenizer(
-    texts: Iterable[str],
-    special_tokens: Sequence[str] = (),
-    names: Sequence[str] = (),
-    pieces: Collection[str] = (),
+    texts: Iterable[str], special_tokens: Sequence[str] = (), pieces: Collection[str] = ()
 ) -> "PreTrainedTokenizerFast":
     """A word-level ``PreTrainedTokenizerFast`` over every piece of ``texts``; unseen words -> ``<unk>``.
 
     Ids: ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2, then ``special_tokens`` (single tokens wherever they
-    stand, kept by ``skip_special_tokens``), then ``names`` (multi-word entity names, one token each
-    where they stand as whole words: copying "Ada Lovelace" is then one token, not three), then the
-    pieces by frequency.
+    stand, kept by ``skip_special_tokens``), then the pieces by frequency (:func:`vocabulary`).
 
     ``pieces``: words (the world's names) that are never tokens of their own but their syllables
     (:func:`syllables`: Lia ##kria ##burg), WordPiece-style: a word in the vocabulary is one token, any
     other is cut greedily into the longest pieces the vocabulary has (every letter is one, so no name
     becomes ``<unk>``). A name is then a few frequent tokens, each trained in many names, and copying
     it is copying a short sequence, where a rare one-token name's embedding is trained in a few
-    contexts only (see tiny_world.tiny_lm's ``name_pieces``).
+    contexts only (the recipe's ``name_pieces``).
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tags = [t for t in dict.fromkeys(special_tokens) if t not in SPECIAL]
-    names = [n for n in dict.fromkeys(names) if n not in tags and n not in SPECIAL]
     split = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(WORD_SPACE), behavior="removed"),
             pre_tokenizers.Split(Regex(PIECES), behavior="isolated"),
         ]
     )
-    # Added tokens are matched before the split; count the words between them the same way.
+    vocab = vocabulary(count_pieces(texts, split, tags), tags, pieces)
+    if pieces:
+        model = models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix=GOES_ON)
+    else:
+        model = models.WordLevel(vocab, unk_token="<unk>")
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = split
+    tok.decoder = decoder()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in tags])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        # transformers' clean-up would turn " ." into "." and break the exact round trip
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def count_pieces(texts: Iterable[str], split, tags: Sequence[str]) -> Counter[str]:
+    """How often each piece of ``texts`` occurs, as the tokenizer cuts them (``split``, its
+    pre-tokenizer): the added tokens (specials and ``tags``) are matched first, then the words between
+    them are split."""
     added = re.compile("|".join(re.escape(t) for t in sorted([*SPECIAL, *tags], key=len, reverse=True)))
     counts: Counter[str] = Counter()
     for text in texts:
@@ -89,25 +106,33 @@ def build_tokenizer(
                 f"tiny LM: a text holds U+E000, U+E001 or U+E002, which the decoder reserves: {text!r}"
             )
         counts.update(piece for part in added.split(text) for piece, _ in split.pre_tokenize_str(part))
+    return counts
+
+
+def vocabulary(counts: Counter[str], tags: Sequence[str], pieces: Collection[str] = ()) -> dict[str, int]:
+    """token -> id: the specials, the ``tags``, then every piece by falling frequency (ties by the
+    piece), with each word of ``pieces`` replaced by its syllables and, so that any name can be
+    spelled, its letters (the first as a word start, the others as ``##`` pieces)."""
+    counts = Counter(counts)
     letters: Counter[str] = Counter()
     for word in [w for w in counts if w in pieces]:
         n = counts.pop(word)
         counts.update({p: n for p in syllables(word)})
         letters.update(word[:1])
         letters.update(GOES_ON + c for c in word[1:])
-    vocab = {token: i for i, token in enumerate([*SPECIAL, *tags, *names])}
+    vocab = {token: i for i, token in enumerate([*SPECIAL, *tags])}
     for piece, _ in sorted((counts + letters).items(), key=lambda kv: (-kv[1], kv[0])):
         vocab.setdefault(piece, len(vocab))
-    if pieces:
-        model = models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix=GOES_ON)
-    else:
-        model = models.WordLevel(vocab, unk_token="<unk>")
-    tok = Tokenizer(model)
-    tok.pre_tokenizer = split
-    # Mark where word tokens start and end (a name's later piece: that it goes on a word), join every
-    # token as it is, then turn "end, start" (two words in a row) back into the space the split
-    # removed, and "end, goes on" into nothing.
-    tok.decoder = decoders.Sequence(
+    return vocab
+
+
+def decoder():
+    """The decoder that undoes the split: it marks where word tokens start and end (and a name's later
+    piece: that it goes on a word), joins every token as it is, then turns "end, start" (two words in
+    a row) back into the space the split removed, and "end, goes on" into nothing."""
+    from tokenizers import Regex, decoders
+
+    return decoders.Sequence(
         [
             decoders.Replace(Regex("^" + re.escape(GOES_ON)), WORD_GOES_ON),
             decoders.Replace(Regex(r"^(?=\w)"), WORD_START),
@@ -119,17 +144,6 @@ def build_tokenizer(
             decoders.Replace(WORD_START, ""),
             decoders.Replace(WORD_GOES_ON, ""),
         ]
-    )
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in tags])
-    tok.add_tokens([AddedToken(n, normalized=False, special=False, single_word=True) for n in names])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        # transformers' clean-up would turn " ." into "." and break the exact round trip
-        clean_up_tokenization_spaces=False,
     )
 
 

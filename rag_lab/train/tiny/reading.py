@@ -1,9 +1,10 @@
-"""The tiny LM's reading items, built from the world's pages (the reading stage of
-:func:`rag_lab.train.tiny_world.train`; ``experiments/results/tiny_lm.md`` says why each exists).
+"""The tiny LM's reading items, built from the world's pages (the reading and protocol stages of
+:func:`rag_lab.train.tiny.recipe.train`; ``experiments/results/tiny_lm.md`` says why each exists).
 
-- Layouts: ``drill`` (a sentence, a question, its answer), ``qa`` and ``stoprag_intermediate`` (the
-  protocols' own prompts over a page and its retrieval neighbours), whole pages with every question
-  they answer (:func:`reading_pages`), and the teacher's ``demos`` / ``traces`` as reading items.
+- Layouts: ``drill`` (``Document: / Question: / Answer:``; a reading item is a whole page with every
+  question it answers, :func:`reading_pages`), ``qa`` and ``stoprag_intermediate`` (the protocols' own
+  prompts over a page and its retrieval neighbours), and the teacher's ``demos`` (loss on the
+  completion). Each corpus layout is also a set of one-question SFT drills (:data:`DRILLS`).
 - Renaming (:func:`renamer`): every entity name of a group of texts becomes another of its kind, so the answer
   can only be read, not remembered.
 - Batching: :func:`group_by_length` and :func:`draw_reading` (a seeded mix of the layouts).
@@ -21,7 +22,7 @@ from rag_lab.env.protocols.base import PROTOCOLS, SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.env.protocols.stoprag import StopRAGIntermediate
 from rag_lab.env.teacher.reader import answer_from, parse_question
-from rag_lab.train.tiny_tokenizer import SPECIAL
+from rag_lab.train.tiny.tokenizer import SPECIAL
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def reading_drills(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[t
 
 def reading_pages(facts: list[tuple[Passage, list[tuple[str, str]]]]) -> list[tuple[str, ...]]:
     """One reading item per page from :func:`page_facts`: ``Document: <page>``, then every question the
-    page answers, each followed by its answer; pieces alternate context and answer (``tiny.read``
+    page answers, each followed by its answer; pieces alternate context and answer (``model.read``
     puts the loss on the answers). Every answer of a page trains on one pass over it: in the probe,
     held-out reading reached 0.375 at 1,000 steps this way against 0.19 with one question per page."""
     out = []
@@ -117,32 +118,18 @@ def qa_reading_item(
     rng: random.Random,
     max_pages: int = 3,
     max_questions: int = 6,
-    contrast: bool = False,
 ) -> tuple[str, ...]:
     """A reading item in the ``qa`` protocol's own layout: ``Documents:`` with page ``i`` and 0 to
     ``max_pages - 1`` of its neighbours in random order, then up to ``max_questions`` questions about
     any of those pages, each as ``Question: q`` + the protocol's tag, followed by its answer and the
     protocol's stop (:data:`STOP`, a target too). The first question is exactly a ``qa`` prompt; later
-    ones repeat its last line. ``contrast``: the first questions ask one relation of every page that
-    states it (the item's other pages are BM25 neighbours of page ``i``: the same kind of entity).
-    Reading learned in one layout does not carry to another: a model
-    at 0.59 on drill-layout pages scored 0.03 on the same pages as ``qa`` prompts."""
+    ones repeat its last line. Reading learned in one layout does not carry to another: a model at
+    0.59 on drill-layout pages scored 0.03 on the same pages as ``qa`` prompts."""
     others = rng.sample(neighbours[i], min(rng.randint(0, max_pages - 1), len(neighbours[i])))
     chosen = [i, *others]
     rng.shuffle(chosen)
     qas = [qa for j in chosen for qa in facts[j][1]]
-    first: list[tuple[str, str]] = []
-    if contrast:
-        # One relation asked of every page that states it, first: copying the value of the asked
-        # relation from any page then answers one of them only, so the loss pays for matching the
-        # question's entity to its page.
-        by_relation: dict[str, list[tuple[str, str]]] = {}
-        for qa in qas:
-            by_relation.setdefault(getattr(parse_question(qa[0]), "relation", ""), []).append(qa)
-        shared = [group for relation, group in sorted(by_relation.items()) if relation and len(group) > 1]
-        first = rng.sample(group := rng.choice(shared), min(max_questions, len(group))) if shared else []
-    rest = [qa for qa in qas if qa not in first]
-    qas = first + rng.sample(rest, min(max_questions - len(first), len(rest)))
+    qas = rng.sample(qas, min(max_questions, len(qas)))
     pages, tag = [facts[j][0] for j in chosen], QA().tag
     pieces = [qa_prompt(qas[0][0], pages), qas[0][1] + STOP]
     for question, answer in qas[1:]:
@@ -188,25 +175,13 @@ def intermediate_reading_item(
     return intermediate_prompt(question, page), answer + STOP
 
 
-# generator.reading_layout's corpus layouts -> the SFT drills of that layout (``drills``); "demos" is the
-# teacher's demonstrations of every protocol, renamed afresh each time they are drawn, loss on the
-# completion; "traces" the same with the loss on every token (see :func:`trace_item`). "demos:<protocol>"
-# (or "traces:<protocol>") draws that protocol's demonstrations only, so a layout list can weight them.
+# generator.reading_layout's corpus layouts -> the SFT drills of that layout (the recipe's ``drills``);
+# "demos" is the teacher's demonstrations of every protocol, renamed afresh each time they are drawn,
+# loss on the completion; "demos:<protocol>" draws that protocol's only, so a layout list can weight them.
 DRILLS = {"drill": reading_drills, "qa": qa_drills, "stoprag_intermediate": intermediate_drills}
 
 
-READING_LAYOUTS = (*DRILLS, "demos", "traces")
-
-
-def trace_item(prompt: str, completion: str) -> tuple[str, ...]:
-    """A demonstration as a reading item with the loss on every token, prompt included (pieces
-    alternate context and answer, so the prompt is an answer piece after an empty context). A trace's
-    prompt holds the protocol's own earlier steps: in a Stop-RAG trace every follow-up query (copy the
-    last intermediate answer, take the next relation of the question) and every intermediate answer
-    (copy from the document above it) is a target in its own place, so one trace trains each step
-    several times, where the completion-only loss trains the last one. The two pieces stay apart, as
-    prompt and generation are tokenized at inference."""
-    return ("", prompt, "", completion)
+READING_LAYOUTS = (*DRILLS, "demos")
 
 
 # A relation that only one kind of page answers, per kind (person, film, company, country, ...).
@@ -297,16 +272,16 @@ def draw_reading(
 ) -> list[tuple[str, ...]]:
     """The reading stage's items, ``steps`` batches of ``size`` in order. Layouts take turns batch by
     batch; a corpus layout's batch holds ``draws[layout]()`` items, a "demos" batch the demonstrations
-    of one protocol (a random one; "demos:<protocol>" names it), each renamed afresh; "traces" as demos
-    with the loss on every token (:func:`trace_item`). Batches of one kind then swap items so that
-    each holds items of similar length (:func:`group_by_length`). ``stops``: a demonstration's
+    of one protocol (a random one; "demos:<protocol>" names it), each renamed afresh. Batches of one
+    kind then swap items so that each holds items of similar length (:func:`group_by_length`).
+    ``stops``: a demonstration's
     completion ends with its protocol's stop (as the corpus layouts' answers do) where the protocol does
     not keep it in the text, or EOS where it has none; without it only a later SFT stage (an EOS after
     each completion) teaches where a completion ends."""
 
     def batch(layout: str) -> tuple[str, list[tuple[str, ...]]]:
         base, _, name = layout.partition(":")
-        if base in ("demos", "traces"):
+        if base == "demos":
             name = name or rng.choice(sorted(demo_pools))
             picked = [rename(rng.choice(demo_pools[name]), rng) for _ in range(size)]
             protocol = PROTOCOLS.get(name)
@@ -314,7 +289,7 @@ def draw_reading(
                 # a protocol without a stop string ends where the model writes EOS (as after SFT)
                 end = protocol.stop[0] if protocol.stop else EOS
                 picked = [(prompt, completion + end) for prompt, completion in picked]
-            return f"{base}:{name}", [trace_item(*pair) for pair in picked] if base == "traces" else picked
+            return f"{base}:{name}", picked
         return layout, [rename(draws[layout](), rng) for _ in range(size)]
 
     drawn = [batch(layouts[step % len(layouts)]) for step in range(steps)]

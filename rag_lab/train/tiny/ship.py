@@ -1,8 +1,8 @@
-"""``make tiny-lm``: train ``generator=tiny``'s recipe (:func:`rag_lab.train.tiny_world.train`) on the
+"""``make tiny-lm``: train ``generator=tiny``'s recipe (:func:`rag_lab.train.tiny.recipe.train`) on the
 embedded world and ship the checkpoint that ``generator=tiny`` loads (``rag_lab/checkpoints/tiny_lm``):
 the model, its tokenizer, ``recipe.json`` (the settings and the world's fingerprint) and a model card.
 
-``python -m rag_lab.train.ship [overrides] [--out DIR] [--scores report.md]``.
+``python -m rag_lab.train.tiny.ship [overrides] [--out DIR] [--scores report.md]``.
 """
 
 import json
@@ -11,7 +11,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_lab.train.tiny_world import train
+from rag_lab.train.tiny.generator import SHIPPED, recipe_settings, world_fingerprint
+from rag_lab.train.tiny.recipe import train
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,6 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
     from omegaconf import OmegaConf
 
     from rag_lab.config import compose
-    from rag_lab.generators.tiny import SHIPPED, recipe_settings, world_fingerprint
 
     out = Path(out or SHIPPED)
     cfg = compose(["data=synth", "generator=tiny", *overrides])
@@ -42,7 +42,7 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
     recipe = {
         k: v
         for k, v in generator.items()
-        if k not in ("_target_", "data", "cache_dir", "generate_batch_size", "seed")
+        if k not in ("_target_", "cache_dir", "generate_batch_size", "seed")
     }
     settings = recipe_settings(recipe)
     data = instantiate(cfg.data)
@@ -93,7 +93,7 @@ def model_card(card: dict, stats: dict, scores: str | None) -> str:
     return f"""# The tiny LM (`generator=tiny`)
 
 A Qwen2-style causal LM of {parameters:,} parameters, vocabulary {stats.get("vocab_size")}, trained from
-scratch by `rag_lab.train.tiny_world.train` on the embedded world (`data=synth`, world fingerprint
+scratch by `rag_lab.train.tiny.recipe.train` on the embedded world (`data=synth`, world fingerprint
 `{card["world"]}`): a reading stage over renamed pages, SFT on the world teacher's demonstrations of every
 protocol, then a protocol stage. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
 how the recipe was found.
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rag_lab.errors import one_line_errors
 
     parser = argparse.ArgumentParser(
-        prog="python -m rag_lab.train.ship",
+        prog="python -m rag_lab.train.tiny.ship",
         description="Train generator=tiny's recipe on the embedded world and ship the checkpoint "
         "(rag_lab/checkpoints/tiny_lm).",
     )

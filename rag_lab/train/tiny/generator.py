@@ -1,0 +1,96 @@
+"""``generator=tiny``: the embedded default LM, shipped as a checkpoint that its recipe trained once.
+
+``rag_lab/checkpoints/tiny_lm/`` holds the model, its tokenizer, ``recipe.json`` and a model card
+(``README.md``: recipe, hardware, time, scores). ``recipe.json`` records two fingerprints: the recipe
+(every setting of :class:`rag_lab.train.tiny.recipe.Recipe`, as conf/generator/tiny.yaml gives them)
+and the world it was trained on (:func:`world_fingerprint`: the corpus and the training questions the
+recipe reads). When both equal this run's, the shipped model is loaded (under a second). When either
+differs (another world, another size of it, a changed setting), the recipe trains a model for this
+run into ``cache_dir/tiny_lm/<key>`` (cached; the card says how long that took on 2 cores), and the
+log says which one differs. ``make tiny-lm`` retrains the shipped checkpoint from the recipe
+(:mod:`rag_lab.train.tiny.ship`).
+"""
+
+import dataclasses
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from rag_lab import cache
+from rag_lab.config import ConfigError, takes
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.train.tiny.recipe import Recipe, train
+
+log = logging.getLogger(__name__)
+
+SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny_lm"
+
+
+def world_fingerprint(data) -> str:
+    """A digest of what the recipe reads from ``data``: every corpus page and every training question
+    (text, answers, decomposition). Equal fingerprints: the recipe would see the same world."""
+
+    def chunks() -> Iterator[str]:
+        for page in data.corpus:
+            yield json.dumps([page.id, page.contents])
+        for ex in data.split("train"):
+            steps = [[s.question, s.answer] for s in ex.decomposition]
+            yield json.dumps([ex.id, ex.question, list(ex.answers), steps])
+
+    return cache.stream_digest(chunks())[:16]
+
+
+def recipe_settings(recipe: dict) -> dict:
+    """Every setting of the recipe (:class:`Recipe`): ``recipe`` over the defaults, as plain data (so
+    that settings compare equal to their JSON form in ``recipe.json``)."""
+    names = {f.name for f in dataclasses.fields(Recipe)}
+    unknown = sorted(set(recipe) - names)
+    if unknown:
+        raise ConfigError(f"config 'generator.{unknown[0]}': not a setting of the tiny LM's recipe")
+    settings = cache.plain(dataclasses.asdict(Recipe(**recipe)))
+    return dict(sorted(settings.items()))
+
+
+def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
+    """The shipped checkpoint when it was trained with ``settings`` on ``data``'s world, else None
+    (logged: which fingerprint differs)."""
+    card = shipped / "recipe.json"
+    if not card.exists():
+        log.info("tiny LM: no shipped checkpoint at %s; training with the recipe", shipped)
+        return None
+    recorded = json.loads(card.read_text())
+    keys = settings.keys() | recorded["recipe"].keys()
+    changed = sorted(k for k in keys if settings.get(k) != recorded["recipe"].get(k))
+    world = world_fingerprint(data)
+    why = [f"settings {', '.join(changed)} differ"] if changed else []
+    if world != recorded["world"]:
+        why.append(f"the world differs (fingerprint {world}, shipped {recorded['world']})")
+    if why:
+        log.warning(
+            "tiny LM: the shipped checkpoint does not fit this run (%s): training with the recipe into the "
+            "cache (the shipped one took %s on 2 cores)",
+            "; ".join(why),
+            recorded.get("train_time", "?"),
+        )
+        return None
+    log.info("tiny LM: the shipped checkpoint %s fits this run's world and recipe", shipped)
+    return shipped
+
+
+@takes(train)
+def tiny_lm(data, cache_dir: str, generate_batch_size: int = 64, seed: int = 0, **recipe) -> HFGenerator:
+    """The tiny LM for ``data`` (the run's dataset, handed over by the runner): the shipped checkpoint
+    when it fits, else the recipe's (cached). ``recipe``: the settings of :func:`train` (:class:`Recipe`;
+    :func:`rag_lab.config.takes` lists them in this signature, so the config schema checks every
+    ``generator.*`` key)."""
+    settings = recipe_settings(recipe)
+    path = shipped_for(data, settings) or train(data, cache_dir, **settings)
+    return HFGenerator(
+        str(path),
+        str(path / "tokenizer"),
+        batch_size=generate_batch_size,
+        seed=seed,
+        chat=False,
+        dtype="float32",
+    )
