@@ -246,8 +246,10 @@ def reading_batch(
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (row, target) in enumerate(rows):
         ids[i, : len(row)], labels[i, : len(row)], mask[i, : len(row)] = (
-            torch.tensor(row), torch.tensor(target), 1
-        )  # fmt: skip
+            torch.tensor(row),
+            torch.tensor(target),
+            1,
+        )
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -262,10 +264,17 @@ def sft_trainer(
     from trl import SFTTrainer
 
     args = sft_config(
-        output_dir, config.sft_steps, config.batch_size, config.lr, config.warmup_steps, config.seed,
-        completion_only_loss=config.completion_only_loss, max_length=config.max_length,
-        logging_steps=_log_every(config.sft_steps), save_strategy="no",
-    )  # fmt: skip
+        output_dir,
+        config.sft_steps,
+        config.batch_size,
+        config.lr,
+        config.warmup_steps,
+        config.seed,
+        completion_only_loss=config.completion_only_loss,
+        max_length=config.max_length,
+        logging_steps=_log_every(config.sft_steps),
+        save_strategy="no",
+    )
     return SFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[log_last_step()]
     )

@@ -38,8 +38,20 @@ EOS = SPECIAL[1]
 
 
 # The protocols' tags: one token each.
-TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<reflect>",
-        "</reflect>", "<answer>", "</answer>", "<STOP>", "<CONTINUE>")  # fmt: skip
+TAGS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<reflect>",
+    "</reflect>",
+    "<answer>",
+    "</answer>",
+    "<STOP>",
+    "<CONTINUE>",
+)
 
 
 def page_facts(data) -> list[tuple[Passage, list[tuple[str, str]]]]:

@@ -48,9 +48,20 @@ from rag_lab.train.tiny.trainer import fingerprint, train_tiny_lm, tune_tiny_lm
 
 log = logging.getLogger(__name__)
 
-TUNE_LAYOUT = ("demos:stoprag_query", "demos:stoprag_query", "demos:stoprag_final", "demos:stoprag_final",
-               "stoprag_intermediate", "qa", "demos:dapo", "demos:evorag", "demos:r3rag", "demos:apex_plan",
-               "demos:apex_exec", "demos:apex_final")  # fmt: skip
+TUNE_LAYOUT = (
+    "demos:stoprag_query",
+    "demos:stoprag_query",
+    "demos:stoprag_final",
+    "demos:stoprag_final",
+    "stoprag_intermediate",
+    "qa",
+    "demos:dapo",
+    "demos:evorag",
+    "demos:r3rag",
+    "demos:apex_plan",
+    "demos:apex_exec",
+    "demos:apex_final",
+)
 
 
 @dataclass(frozen=True)
@@ -131,10 +142,11 @@ class Reading:
         facts = self.facts
         draws = {
             "drill": lambda: shuffle_questions(rng.choice(self.pages), rng),
-            "qa": lambda: qa_reading_item(facts, rng.randrange(len(facts)), self.neighbours, rng,
-                                          self.max_pages, self.max_questions),
+            "qa": lambda: qa_reading_item(
+                facts, rng.randrange(len(facts)), self.neighbours, rng, self.max_pages, self.max_questions
+            ),
             "stoprag_intermediate": lambda: intermediate_reading_item(facts, rng.randrange(len(facts)), rng),
-        }  # fmt: skip
+        }
         return draw_reading(layouts, steps, size, draws, self.demo_pools, self.rename, rng, seed, stops)
 
 
@@ -165,12 +177,21 @@ def train(data, cache_dir: str, **settings) -> Path:
     reading = source.items(layouts, recipe.reading_steps, recipe.reading_batch_size, rng, recipe.train_seed)
     texts = vocabulary_texts(data, chosen, recipe.vocab_demo_words)
     config = TinyConfig(
-        hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads, kv_heads=recipe.kv_heads,
-        intermediate=recipe.intermediate, max_length=recipe.max_length, reading_steps=recipe.reading_steps,
-        reading_batch_size=recipe.reading_batch_size, sft_steps=sft_steps, batch_size=recipe.batch_size,
-        lr=recipe.lr, warmup_steps=recipe.warmup_steps, seed=recipe.train_seed,
+        hidden=recipe.hidden,
+        layers=recipe.layers,
+        heads=recipe.heads,
+        kv_heads=recipe.kv_heads,
+        intermediate=recipe.intermediate,
+        max_length=recipe.max_length,
+        reading_steps=recipe.reading_steps,
+        reading_batch_size=recipe.reading_batch_size,
+        sft_steps=sft_steps,
+        batch_size=recipe.batch_size,
+        lr=recipe.lr,
+        warmup_steps=recipe.warmup_steps,
+        seed=recipe.train_seed,
         completion_only_loss=recipe.completion_only_loss,
-    )  # fmt: skip
+    )
     pieces = name_words(entities, texts) if recipe.name_pieces else set()
     data_hash = fingerprint(texts, pairs, TAGS, reading, entities, pieces)
     out = cache.path(cache_dir, "tiny_lm", config, data_hash, code=__name__)

@@ -119,9 +119,14 @@ def tune_tiny_lm(
         tokenizer = AutoTokenizer.from_pretrained(base_dir / "tokenizer")
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         known = one_token_names(tokenizer, entities)
-        stats = {"config": asdict(config), "data": data, "base": base_dir.name,
-                 "base_wall_s": base.get("total_wall_s", base["wall_s"]),
-                 "parameters": base["parameters"], "vocab_size": len(tokenizer)}  # fmt: skip
+        stats = {
+            "config": asdict(config),
+            "data": data,
+            "base": base_dir.name,
+            "base_wall_s": base.get("total_wall_s", base["wall_s"]),
+            "parameters": base["parameters"],
+            "vocab_size": len(tokenizer),
+        }
         stats["tune"] = read(model, tokenizer, items, config, known, "protocol stage")
         tokenizer.save_pretrained(tmp / "tokenizer")
         model.save_pretrained(tmp)
