@@ -14,6 +14,8 @@ def seed_everything(seed: int) -> None:
     import torch
 
     torch.manual_seed(seed)
+    # cuBLAS is deterministic only with a fixed workspace (CUDA >= 10.2); read when CUDA first starts
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     # Deterministic mode also fills every new tensor with NaN (a debugging aid against reading
     # uninitialised memory), which made training 2.4x slower on our 2-core CPU (the tiny LM's TRL

@@ -34,9 +34,10 @@ def tiny_encoder_dir(tmp_path_factory):
 
 
 def hidden_and_mask(encoder: Encoder, texts: list[str]):
-    enc = encoder.tokenizer(texts, padding=True, return_tensors="pt")
+    """The encoder's last hidden states and the attention mask, as CPU tensors (on any device)."""
+    enc = encoder.tokenizer(texts, padding=True, return_tensors="pt").to(encoder.model.device)
     with torch.no_grad():
-        return encoder.model(**enc).last_hidden_state, enc["attention_mask"]
+        return encoder.model(**enc).last_hidden_state.float().cpu(), enc["attention_mask"].cpu()
 
 
 @pytest.mark.parametrize(

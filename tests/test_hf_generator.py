@@ -36,9 +36,9 @@ def test_logprobs_equal_a_forward_pass(gen):
         ["Q : where was ada born"], Sampling(n=1, temperature=1.0, max_new_tokens=6, seed=1)
     )[0]
     prompt_ids = gen.tokenizer("Q : where was ada born", add_special_tokens=False).input_ids
-    ids = torch.tensor([prompt_ids + completion.token_ids])
+    ids = torch.tensor([prompt_ids + completion.token_ids], device=gen.model.device)
     with torch.no_grad():
-        logits = gen.model(ids).logits[0, len(prompt_ids) - 1 : -1]
+        logits = gen.model(ids).logits[0, len(prompt_ids) - 1 : -1].float().cpu()
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
     assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
 

@@ -1,4 +1,6 @@
-"""The slow set (`make test-slow`): every experiment smoke-run on the tiny world; notebooks executed."""
+"""The slow set (`make test-slow`): every experiment smoke-run on the tiny world; notebooks executed. The
+paper setups' two training steps on SmolLM2 are also the ``gpu`` set's (``make test-gpu``): on CUDA they
+train there in bf16."""
 
 import json
 import math
@@ -7,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+import torch
 
 from rag_lab.config import compose, group_options
 from rag_lab.run import run
@@ -65,11 +66,21 @@ PAPER_SETUP_ON_SMOLLM2 = [
     "generator=smollm2",
     "~generator.model",
     "retriever=bm25",
-    "policy.train_data=null",
+    "train_data=null",
 ]
 
 
+def trained_where_it_should(train_json: Path) -> None:
+    """On CUDA a stage trains there in bf16 (the trainers' default where a GPU has it); on CPU in float32."""
+    stats = json.loads(train_json.read_text())
+    cuda = torch.cuda.is_available()
+    assert stats["device"].startswith("cuda" if cuda else "cpu") and stats["bf16"] == (
+        cuda and torch.cuda.is_bf16_supported()
+    )
+
+
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_dapo_paper_setup_trains_smollm2(tmp_path):
     """dapo_2wiki's trainer (G, lr, stages, rewards) on SmolLM2, the world for 2Wiki, BM25 for E5 and
     MiniLM for Qwen3-Embedding (no downloads here): two DAPO steps, then an evaluation."""
@@ -92,9 +103,12 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
     assert metrics["all"]["n"] == 2
     rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    [stage] = (tmp_path / "cache" / "dapo").glob("*/train.json")
+    trained_where_it_should(stage)
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
     """apex_musique's planner RL (SEPR, KL, entropy bonus) on SmolLM2, the world's gold plans for
     MuSiQue's, BM25 for E5 (no downloads here): two GRPO steps on plans, then an evaluation with SEPR."""
@@ -120,6 +134,8 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
     assert metrics["all"]["n"] == 2 and metrics["all"]["sepr"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    [planner] = (tmp_path / "cache" / "apex_planner").glob("*/train.json")
+    trained_where_it_should(planner)
 
 
 @pytest.mark.slow
@@ -189,11 +205,13 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
             cwd=path.parent.parent,
         )
         monkeypatch.setenv(variable, str(sweep))
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
         "stored with outputs"
     )
-    NotebookClient(
+    nbclient.NotebookClient(
         nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     ).execute()
     assert os.environ["RAG_LAB_RUNS"]

@@ -2,7 +2,9 @@
 
 The fast set checks that the packaged GGUF file is found; loading it (a 30 s conversion on first
 use, 538 MB) is the slow set's: chat template, stop strings hidden inside a larger BPE token, and
-log-probs equal to a forward pass over prompt + completion.
+log-probs equal to a forward pass over prompt + completion. Every trainer then runs two steps on it;
+those are also the ``gpu`` set's (``make test-gpu``), which trains on CUDA with bf16 where there is one.
+Device-agnostic: tensors go to the model's device, comparisons are made on CPU copies.
 """
 
 import pytest
@@ -18,7 +20,8 @@ def test_the_packaged_gguf_file_is_found():
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    return smollm2(str(tmp_path_factory.mktemp("cache")), batch_size=4)
+    # float32 on any device: the log-probs are compared with a forward pass to 1e-3
+    return smollm2(str(tmp_path_factory.mktemp("cache")), batch_size=4, dtype="float32")
 
 
 @pytest.mark.slow
@@ -53,13 +56,14 @@ def test_a_stop_string_inside_a_larger_token_cuts_exactly(lm):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_logprobs_equal_a_forward_pass(lm):
     prompt = "The capital of France is"
     c = lm.generate([prompt], Sampling(max_new_tokens=6, temperature=1.0, seed=3))[0][0]
     ids = lm.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
-    full = torch.cat([ids, torch.tensor([c.token_ids])], 1)
+    full = torch.cat([ids, torch.tensor([c.token_ids])], 1).to(lm.model.device)
     with torch.no_grad():
-        logits = lm.model(full).logits[0, ids.shape[1] - 1 : -1].float()
+        logits = lm.model(full).logits[0, ids.shape[1] - 1 : -1].float().cpu()
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
     torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-3, rtol=0)
 
@@ -68,8 +72,11 @@ def test_logprobs_equal_a_forward_pass(lm):
 QUESTIONS = ["Where was Ada Lovelace born?", "What is the capital of France?", "Who wrote Hamlet?",
              "What is two plus two?"]  # fmt: skip
 ANSWERS = ["London", "Paris", "Shakespeare", "Four"]
-CPU = {"bf16": False, "gradient_checkpointing": False, "report_to": [], "save_strategy": "no",
-       "max_steps": 2, "logging_steps": 1, "dataloader_pin_memory": False, "seed": 0}  # fmt: skip
+CUDA = torch.cuda.is_available()
+# bf16 mixed precision on a GPU that has it (the gpu set's point), float32 on CPU
+TRAIN = {"bf16": CUDA and torch.cuda.is_bf16_supported(), "gradient_checkpointing": False, "report_to": [],
+         "save_strategy": "no", "max_steps": 2, "logging_steps": 1, "dataloader_pin_memory": False,
+         "seed": 0}  # fmt: skip
 
 
 def user(text: str) -> list[dict]:
@@ -92,7 +99,18 @@ def load(model_dir: str):
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    """CPU copies of the parameters (the trainer moves the model to its device)."""
+    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+
+
+def moved(before: dict[str, torch.Tensor], model) -> bool:
+    return any(not torch.equal(before[n], p.detach().float().cpu()) for n, p in model.named_parameters())
+
+
+def trained_where_it_should(trainer) -> None:
+    """On CUDA the model trained there, in bf16 mixed precision; on CPU in float32."""
+    assert next(trainer.model.parameters()).device.type == ("cuda" if CUDA else "cpu")
+    assert trainer.args.bf16 == TRAIN["bf16"]
 
 
 def losses(trainer) -> list[float]:
@@ -100,6 +118,7 @@ def losses(trainer) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_sft_two_steps(model_dir, tmp_path):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -107,16 +126,18 @@ def test_sft_two_steps(model_dir, tmp_path):
     model, tokenizer = load(model_dir)
     before = snapshot(model)
     rows = {"prompt": [user(q) for q in QUESTIONS], "completion": [assistant(a) for a in ANSWERS]}
-    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_length=128, **CPU)
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_length=128, **TRAIN)
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tokenizer
     )
     trainer.train()
     assert len(losses(trainer)) == 2 and all(torch.isfinite(torch.tensor(losses(trainer))))
-    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert moved(before, model)
+    trained_where_it_should(trainer)
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_dpo_with_lora_two_steps_moves_only_the_adapters(model_dir, tmp_path):
     from datasets import Dataset
     from peft import LoraConfig
@@ -127,7 +148,7 @@ def test_dpo_with_lora_two_steps_moves_only_the_adapters(model_dir, tmp_path):
     rows = {"prompt": [user(q) for q in QUESTIONS], "chosen": [assistant(a) for a in ANSWERS],
             "rejected": [assistant("I do not know.") for _ in ANSWERS]}  # fmt: skip
     args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_length=128,
-                     learning_rate=1e-3, **CPU)  # fmt: skip
+                     learning_rate=1e-3, **TRAIN)  # fmt: skip
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows),
                          processing_class=tokenizer, peft_config=lora)  # fmt: skip
@@ -139,10 +160,12 @@ def test_dpo_with_lora_two_steps_moves_only_the_adapters(model_dir, tmp_path):
     for name, value in before.items():  # the base weights, under PEFT's names, did not move
         peft_name = next(n for n in after if n.endswith(name.replace(".weight", ".base_layer.weight"))
                          or n.endswith(name))  # fmt: skip
-        assert torch.equal(after[peft_name].detach(), value), name
+        assert torch.equal(after[peft_name].detach().float().cpu(), value), name
+    trained_where_it_should(trainer)
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 def test_grpo_two_steps(model_dir, tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -155,10 +178,11 @@ def test_grpo_two_steps(model_dir, tmp_path):
         return [float(len(c[0]["content"])) for c in completions]
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, learning_rate=1e-4, epsilon_high=0.28, **CPU)  # fmt: skip
+                      max_completion_length=8, learning_rate=1e-4, epsilon_high=0.28, **TRAIN)  # fmt: skip
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": [user(q) for q in QUESTIONS]}),
                           processing_class=tokenizer)  # fmt: skip
     trainer.train()
     assert len(losses(trainer)) == 2 and all(torch.isfinite(torch.tensor(losses(trainer))))
-    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert moved(before, model)
+    trained_where_it_should(trainer)

@@ -142,11 +142,12 @@ def test_sft_loss_is_on_completion_tokens_only(tok, tmp_path):
         assert labels == [-100] * start + c + [-100] * (len(labels) - start - len(c))
         completion[i, start : start + len(c)] = True
     # TRL's loss is the mean next-token loss over the completion tokens, computed by hand here.
-    model.train()
-    loss = trainer.compute_loss(model, dict(batch)).item()
+    model.train()  # the trainer put the model on its device: the batch goes there, the numbers come back
+    on_device = {k: v.to(model.device) for k, v in batch.items()}
+    loss = trainer.compute_loss(model, on_device).item()
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    ids = batch["input_ids"]
+        logits = model(input_ids=on_device["input_ids"], attention_mask=on_device["attention_mask"]).logits
+    logits, ids = logits.float().cpu(), batch["input_ids"]
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
     assert loss == pytest.approx(nll[completion[:, 1:]].mean().item(), rel=1e-5)
     assert loss != pytest.approx(nll[batch["attention_mask"][:, 1:].bool()].mean().item(), rel=1e-3)

@@ -4,6 +4,7 @@ import random
 from pathlib import Path
 
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from rag_lab.run import run
@@ -55,8 +56,7 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     assert "## Recipe" in (out / "README.md").read_text()
     cfg = tiny_cfg("generator=tiny", *toy)
     data = instantiate(cfg.data)
-    not_recipe = ("_target_", "cache_dir", "generate_batch_size", "seed")
-    settings = tiny.recipe_settings({k: v for k, v in cfg.generator.items() if k not in not_recipe})
+    settings = tiny.recipe_settings(tiny.recipe_part(OmegaConf.to_container(cfg.generator, resolve=True)))
     assert card["world"] == tiny.world_fingerprint(data)
     assert tiny.shipped_for(data, settings, shipped=out) == out
     with caplog.at_level("WARNING"):

@@ -8,6 +8,11 @@ them (``StopOnStrings``) and the text is cut at the first occurrence, the stop k
 Log-probs are those of each generated token under the model's own distribution (log-softmax of
 the raw logits, no temperature or top-p), i.e. what a forward pass over prompt + completion gives.
 Greedy at temperature 0; sampling is seeded (``sampling.seed``, else the generator's seed).
+
+``device="auto"`` runs a model where it is fastest (:func:`default_device`): on a GPU when there is one,
+except a model under :data:`GPU_MIN_PARAMETERS`, which a GPU runs slower than the CPU (every kernel launch
+costs more than its arithmetic; ``experiments/bench_device.py``): the tiny LM stays on the CPU. The
+trainers train a model on the device this rule gives it.
 """
 
 import copy
@@ -18,6 +23,17 @@ import torch
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.retrievers.dense import resolve_model
 
+# Below this many parameters a causal LM is launch-bound on a GPU: the tiny LM (0.3M) generates and trains
+# faster on the CPU, SmolLM2 (135M) far faster on a GPU (experiments/results/bench_device.md).
+GPU_MIN_PARAMETERS = 20_000_000
+
+
+def default_device(model) -> str:
+    """Where ``model`` runs fastest: ``cuda`` when a GPU is there and the model is not small, else ``cpu``."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if sum(p.numel() for p in model.parameters()) >= GPU_MIN_PARAMETERS else "cpu"
+
 
 class HFGenerator:
     def __init__(
@@ -26,7 +42,8 @@ class HFGenerator:
         tokenizer: str | None = None,
         # float32 | bfloat16 | float16 | auto (bfloat16 on GPU, float32 on CPU)
         dtype: str = "auto",
-        device: str | None = None,
+        # auto (default_device: a GPU when there is one, unless the model is small) | cpu | cuda | cuda:N
+        device: str = "auto",
         batch_size: int = 32,
         seed: int = 0,
         # return per-token log-probs (trainable policies need them; costs memory for long outputs)
@@ -36,17 +53,17 @@ class HFGenerator:
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dtype == "auto":
-            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer) if tokenizer else path)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
-        )
+        load_dtype = getattr(torch, _loaded_dtype(dtype, device))
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype)
+        self.device = default_device(loaded) if device in ("auto", None) else device
+        if dtype == "auto" and self.device.startswith("cuda"):
+            loaded = loaded.to(torch.bfloat16)
+        self.model = loaded.to(self.device).eval()
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
@@ -121,6 +138,14 @@ class HFGenerator:
             finish = "stop"
         lp = logprobs[: len(tokens)].tolist() if logprobs is not None else None
         return Completion(text, tokens, finish, lp)
+
+
+def _loaded_dtype(dtype: str, device: str | None) -> str:
+    """The dtype to load in: ``dtype``, or for ``auto`` float32 unless the device is a GPU already chosen
+    (``auto`` devices are chosen after loading, by the model's size; a GPU then casts to bfloat16)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device not in ("auto", None) and device.startswith("cuda") else "float32"
 
 
 class StopOnStrings:

@@ -22,6 +22,7 @@ import torch
 from rag_lab.config import AtLeast, PositiveInt
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
+from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
 
 if TYPE_CHECKING:
@@ -145,7 +146,10 @@ def sft(
         tokenizer.pad_token = tokenizer.eos_token
     dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, settings.max_length)
     steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
-    gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU
+    on_gpu = default_device(model) == "cuda"
+    placement = {"use_cpu": not on_gpu} if torch.cuda.is_available() else {}
     args = sft_config(
         work_dir,
         steps,
@@ -153,7 +157,7 @@ def sft(
         settings.lr,
         settings.warmup_steps,
         settings.seed,
-        bf16=gpu_bf16 if settings.bf16 is None else settings.bf16,
+        bf16=(on_gpu and torch.cuda.is_bf16_supported()) if settings.bf16 is None else settings.bf16,
         completion_only_loss=settings.completion_only_loss,
         # rows are already cut to max_length from the prompt's left; this only guards
         max_length=settings.max_length,
@@ -164,8 +168,8 @@ def sft(
         save_steps=settings.save_steps,
         # the newest two: a kill while one is written leaves the one before
         save_total_limit=2,
+        **placement,
     )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = SFTTrainer(
         model=model,
         args=args,

@@ -82,11 +82,13 @@ def planner_rows(generator, questions: list[QAExample], config: PlannerRL, chat:
     return rows
 
 
-def grpo_config(config: PlannerRL, work: Path):
-    """TRL's ``GRPOConfig`` for the planner (the module docstring's GRPO), at ``config``'s sizes."""
+def grpo_config(config: PlannerRL, work: Path, device: str):
+    """TRL's ``GRPOConfig`` for the planner (the module docstring's GRPO), at ``config``'s sizes, on
+    ``device`` (the generator's: a small model trains on the CPU, :func:`rag_lab.generators.hf.
+    default_device`)."""
     from trl import GRPOConfig
 
-    cuda = torch.cuda.is_available()
+    cuda = str(device).startswith("cuda")
     return GRPOConfig(
         output_dir=str(work),
         num_train_epochs=config.epochs,
@@ -137,7 +139,7 @@ def train_planner(
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[sepr, plan_steps],
-        args=grpo_config(config, work),
+        args=grpo_config(config, work, generator.device),
         train_dataset=Dataset.from_list(rows),
         processing_class=generator.tokenizer,
         callbacks=list(callbacks),
@@ -160,6 +162,8 @@ def train_planner(
         "seconds": time.perf_counter() - began,
         "resumed_from": last,
         "settings": asdict(config),
+        "device": str(trainer.args.device),
+        "bf16": trainer.args.bf16,
     }
     with cache.publish(out) as tmp:
         generator.model.save_pretrained(tmp)

@@ -39,12 +39,13 @@ PANELS = [
 ]
 
 
-def grpo_config(policy, work: Path, reward_weights: list[float]):
+def grpo_config(policy, work: Path, reward_weights: list[float], device: str):
     """TRL's ``GRPOConfig`` in DAPO's setting (module docstring), at the sizes of ``policy`` (a
-    :class:`~rag_lab.policies.dapo.policy.DAPO`)."""
+    :class:`~rag_lab.policies.dapo.policy.DAPO`), on ``device`` (the generator's: a small model trains on
+    the CPU, :func:`rag_lab.generators.hf.default_device`)."""
     from trl import GRPOConfig
 
-    cuda = torch.cuda.is_available()
+    cuda = str(device).startswith("cuda")
     return GRPOConfig(
         output_dir=str(work),
         max_steps=policy.steps,
@@ -129,7 +130,7 @@ def train_stage(
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[fn for fn, _ in rewards + monitors],
-        args=grpo_config(policy, work, [w for _, w in rewards + monitors]),
+        args=grpo_config(policy, work, [w for _, w in rewards + monitors], generator.device),
         train_dataset=dataset,
         processing_class=generator.tokenizer,
         peft_config=peft,
@@ -161,6 +162,8 @@ def train_stage(
             "steps": policy.steps,
             "seconds": time.perf_counter() - began,
             "resumed_from": curve.resumed_at or None,
+            "device": str(trainer.args.device),
+            "bf16": trainer.args.bf16,
         }
         (tmp / "train.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)

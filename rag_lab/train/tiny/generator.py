@@ -41,6 +41,12 @@ def world_fingerprint(data) -> str:
     return cache.stream_digest(chunks())[:16]
 
 
+def recipe_part(generator: dict) -> dict:
+    """The recipe's keys of a ``generator=tiny`` config (the rest: where it runs, how it generates)."""
+    names = {f.name for f in dataclasses.fields(Recipe)}
+    return {k: v for k, v in generator.items() if k in names}
+
+
 def recipe_settings(recipe: dict) -> dict:
     """Every setting of the recipe (:class:`Recipe`): ``recipe`` over the defaults, as plain data (so
     that settings compare equal to their JSON form in ``recipe.json``)."""
@@ -79,11 +85,14 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
 
 
 @takes(train)
-def tiny_lm(data, cache_dir: str, generate_batch_size: int = 64, seed: int = 0, **recipe) -> HFGenerator:
+def tiny_lm(
+    data, cache_dir: str, generate_batch_size: int = 64, seed: int = 0, device: str = "auto", **recipe
+) -> HFGenerator:
     """The tiny LM for ``data`` (the run's dataset, handed over by the runner): the shipped checkpoint
     when it fits, else the recipe's (cached). ``recipe``: the settings of :func:`train` (:class:`Recipe`;
     :func:`rag_lab.config.takes` lists them in this signature, so the config schema checks every
-    ``generator.*`` key)."""
+    ``generator.*`` key). ``device``: HFGenerator's (``auto``: the CPU, where a model this small runs
+    fastest even beside a GPU)."""
     settings = recipe_settings(recipe)
     path = shipped_for(data, settings) or train(data, cache_dir, **settings)
     return HFGenerator(
@@ -93,4 +102,5 @@ def tiny_lm(data, cache_dir: str, generate_batch_size: int = 64, seed: int = 0, 
         seed=seed,
         chat=False,
         dtype="float32",
+        device=device,
     )

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_lab.train.tiny.generator import SHIPPED, recipe_settings, world_fingerprint
+from rag_lab.train.tiny.generator import SHIPPED, recipe_part, recipe_settings, world_fingerprint
 from rag_lab.train.tiny.recipe import train
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,7 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
     out = Path(out or SHIPPED)
     cfg = compose(["data=synth", "generator=tiny", *overrides])
     generator = OmegaConf.to_container(cfg.generator, resolve=True)
-    recipe = {
-        k: v
-        for k, v in generator.items()
-        if k not in ("_target_", "cache_dir", "generate_batch_size", "seed")
-    }
-    settings = recipe_settings(recipe)
+    settings = recipe_settings(recipe_part(generator))
     data = instantiate(cfg.data)
     path = train(data, cfg.cache_dir, **settings)
     stats = json.loads((path / "train.json").read_text())
