@@ -8,11 +8,17 @@ corpus fingerprint and the parameters (``rag_lab.retrievers.cache``).
 """
 
 import logging
+import os
 from collections.abc import Collection, Sequence
 
-import bm25s
-import numpy as np
-from tqdm.auto import tqdm
+# Where JAX is installed, importing bm25s runs a JAX op, and JAX then takes 75% of a GPU's memory (XLA's
+# preallocation; seen on an H200: every other CUDA user of the process ran out of memory). rag_lab ranks
+# with numpy (top_rows), so JAX stays on the CPU unless the user's environment says otherwise.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import bm25s  # noqa: E402
+import numpy as np  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 from rag_lab import cache
 from rag_lab.data.base import Corpus
