@@ -27,13 +27,13 @@ def base(data, tmp_path_factory) -> Path:
 
 
 class Recorded:
-    """A reward that tells plans apart by length and records the gold plans it was given."""
+    """A reward that tells plans apart by length and records each prompt with the gold plan it was given."""
 
     def __init__(self):
-        self.gold = []
+        self.pairs = []
 
-    def __call__(self, completions, gold_plans, **_):
-        self.gold.extend(tuple(g) for g in gold_plans)
+    def __call__(self, completions, gold_plans, prompts, **_):
+        self.pairs.extend((p, tuple(g)) for p, g in zip(prompts, gold_plans, strict=True))
         return [float(len(c)) for c in completions]
 
 
@@ -64,7 +64,12 @@ def test_two_planner_steps_train_on_the_gold_plans(data, base, tmp_path):
     reward, generator = Recorded(), planner(base)
     stats = train_planner(generator, questions, reward, CONFIG, tmp_path / "planner")
     assert stats["steps"] == 2 and stats["questions"] == 4
-    assert set(reward.gold) <= {tuple(gold_plan(q)) for q in questions} and reward.gold
+    # every plan is scored against its own question's gold plan (2 steps x 2 questions x 4 plans)
+    plans = {q.question: tuple(gold_plan(q)) for q in questions}
+    assert len(reward.pairs) == 16
+    for prompt, gold in reward.pairs:
+        [asked] = [question for question in plans if question in prompt]
+        assert gold == plans[asked]
     rows = [line for line in (tmp_path / "planner" / "log.jsonl").read_text().splitlines() if line]
     assert len(rows) == 2 and all(math.isfinite(json.loads(r)["loss"]) for r in rows)
     before, after = weights(base), weights(tmp_path / "planner")

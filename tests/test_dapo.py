@@ -87,6 +87,21 @@ def policy(**overrides) -> DAPO:
     return DAPO(**(settings | overrides))
 
 
+def runs(pairs: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """(token, mask) pairs as maximal runs of one mask value: [(value, tokens), ...].
+
+    >>> runs([(5, 1), (6, 0), (7, 0), (8, 1)])
+    [(1, [5]), (0, [6, 7]), (1, [8])]
+    """
+    out: list[tuple[int, list[int]]] = []
+    for token, value in pairs:
+        if out and out[-1][0] == value:
+            out[-1][1].append(token)
+        else:
+            out.append((value, [token]))
+    return out
+
+
 def bare(text: str) -> str:
     """Text without whitespace (a word-level tokenizer's decoding re-spaces punctuation)."""
     return "".join(text.split())
@@ -130,11 +145,22 @@ def test_two_dapo_steps_train_the_model_with_retrieved_tokens_masked(data, base,
     assert all(any(not torch.equal(start[n], w[n]) for n in start) for w in (one, two))
     assert Path(trained.generator.model.name_or_path) in dirs and trained.generator is not env.generator
     assert all(torch.equal(start[n], p) for n, p in env.generator.model.state_dict().items() if n in start)
-    # the retrieved tokens reached TRL as environment tokens (mask 0): out of the loss
+    # the retrieved tokens reached TRL as environment tokens (mask 0, out of the loss), and only they: each
+    # run of mask 0 is information blocks, no run of mask 1 holds one
     assert len(seen) == 4
+    tokenizer, blocks = env.generator.tokenizer, 0
     for out in seen:
-        mask, completion = out["tool_mask"], out["completion_mask"]
-        assert ((mask == 0) & (completion == 1)).sum().item() > 0
+        rows = (out[k].cpu().tolist() for k in ("completion_ids", "tool_mask", "completion_mask"))
+        for ids, mask, completion in zip(*rows, strict=True):
+            kept = [(i, m) for i, m, c in zip(ids, mask, completion, strict=True) if c]
+            for value, run in runs(kept):
+                text = bare(tokenizer.decode(run))
+                if value == 0:
+                    assert text.startswith("<information>") and text.endswith("</information>"), text
+                    blocks += 1
+                else:
+                    assert "<information>" not in text, text
+    assert blocks > 0
 
 
 def test_rollouts_mask_exactly_the_information_blocks(data, base):
@@ -205,6 +231,12 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
     batch = rollouts.play([flat, questions[1]], group=3, step=0)
     assert rollouts.stats["sampling/dropped_groups"] >= 1 and batch.questions[0] is not flat
     assert batch.questions[1] is questions[1]
+    # the refilled group is the new question's: its episodes, its prompt and its golds reach TRL
+    new = batch.questions[0]
+    assert all(ep.question_id == new.id and ep.question == new.question for ep in batch.episodes[0])
+    encoded = rollouts.encode(batch)
+    prompt = env.generator.tokenizer(rollouts.first_prompt(new), add_special_tokens=False).input_ids
+    assert encoded["prompt_ids"][:3] == [prompt] * 3 and encoded["answers"][:3] == [list(new.answers)] * 3
     off = SearchRollouts(
         env,
         env.generator,
