@@ -131,11 +131,16 @@ def compare(
         raise RagLabError(f"{run_a} and {run_b} share no question id of subset '{subset}'")
     rows = []
     for m in metrics:
-        res = paired_bootstrap([a[q][m] for q in shared], [b[q][m] for q in shared])
-        rows.append(
-            {"metric": m} | {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
-        )
+        res = paired_bootstrap([a[q][m] for q in shared], [b[q][m] for q in shared], questions=shared)
+        rows.append({"metric": m} | result_row(res))
     return pd.DataFrame(rows)
+
+
+def result_row(res) -> dict:
+    """A paired bootstrap's result as a table row: floats to 4 places, the per-seed deltas as one cell."""
+    row = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
+    row["seed_deltas"] = " / ".join(f"{d:+.4f}" for d in res.seed_deltas)
+    return row
 
 
 def render_report(title: str, table: pd.DataFrame, common: dict[str, str], summary: str) -> str:
@@ -183,8 +188,9 @@ def seed_tables(
 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """A method against its baselines over seeds: one table per entry of ``tables`` (rows: the values
     of override ``by`` in sweep order; cells: mean ± sd over seeds), and the paired bootstrap of
-    ``method`` against every other row on the per-question scores of all seeds pooled (pairs match
-    on seed and question id). A sweep without ``method``'s row (a partial ablation) is compared
+    ``method`` against every other row over questions (pairs match on seed and question id; each draw
+    takes a question with all its seeds, :func:`rag_lab.eval.stats.paired_bootstrap`), with the
+    difference within each seed beside it. A sweep without ``method``'s row (a partial ablation) is compared
     against its last row instead; the table's caption says so (``tests.attrs["method"]``)."""
     groups: dict[str, list[Path]] = {}
     for run in runs:
@@ -219,11 +225,13 @@ def seed_tables(
             shared = [k for k in mine if k in theirs and None not in (mine[k].get(m), theirs[k].get(m))]
             if not shared:
                 continue
-            res = paired_bootstrap([mine[k][m] for k in shared], [theirs[k][m] for k in shared])
-            tests.append(
-                {"A": method, "B": value, "metric": m}
-                | {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
+            res = paired_bootstrap(
+                [mine[k][m] for k in shared],
+                [theirs[k][m] for k in shared],
+                questions=[k[1] for k in shared],
+                seeds=[k[0] for k in shared],
             )
+            tests.append({"A": method, "B": value, "metric": m} | result_row(res))
     tests = pd.DataFrame(tests)
     tests.attrs["method"] = method
     return out, tests
@@ -258,7 +266,10 @@ class SeedTablesCallback(Callback):
             parts.append(f"## {name}\n\n{to_markdown(table)}")
         method = tests.attrs["method"]
         note = "" if method == self.method else f" ({self.by}={self.method} is not in this sweep)"
-        parts.append(f"## paired bootstrap ({method} - baseline, seeds pooled){note}\n\n{to_markdown(tests)}")
+        heading = (
+            f"## paired bootstrap over questions ({method} - baseline; each seed's delta beside it){note}"
+        )
+        parts.append(f"{heading}\n\n{to_markdown(tests)}")
         text = "\n".join(parts)
         atomic_write_text(sweep / "tables.md", text)
         tests.to_csv(sweep / "bootstrap.csv", index=False)

@@ -26,3 +26,31 @@ def test_paired_bootstrap_detects_a_consistent_gain_and_not_noise():
 def test_paired_bootstrap_rejects_unpaired_input():
     with pytest.raises(ValueError, match="equally long"):
         paired_bootstrap([1.0], [1.0, 0.0])
+
+
+def test_the_bootstrap_resamples_questions_with_all_their_seeds():
+    """Two questions, three seeds of a deterministic method: question 1 always gains 1, question 2 never.
+    By hand, resampling the 2 questions (each with its 3 seeds): the mean gain is 1 with chance 1/4 (q1
+    drawn twice), 0 with chance 1/4 and 0.5 with chance 1/2, so p = 2 x 1/4 = 0.5 and the 95% interval is
+    [0, 1]. Pooling the 6 (seed, question) pairs as independent, the gain is k/6 with k ~ Binomial(6, 1/2):
+    it is 0 only when all six draws are question 2's, p = 2 / 64, and the interval is [1/6, 5/6]
+    (P(k = 0) = 1/64 < 2.5% < P(k <= 1) = 7/64): too narrow, and significant where it is not."""
+    a, b = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [0.0] * 6
+    questions, seeds = ["q1"] * 3 + ["q2"] * 3, ["0", "1", "2"] * 2
+    clustered = paired_bootstrap(a, b, questions=questions, seeds=seeds)
+    assert (clustered.n, clustered.pairs, clustered.delta) == (2, 6, 0.5)
+    assert clustered.p_value == pytest.approx(0.5, abs=0.03)
+    assert (clustered.ci_low, clustered.ci_high) == (0.0, 1.0)
+    assert clustered.seed_deltas == (0.5, 0.5, 0.5) and clustered.seed_sd == 0.0
+    pooled = paired_bootstrap(a, b)  # each pair its own question: what the seed tables used to do
+    assert pooled.n == 6 and pooled.p_value == pytest.approx(2 / 64, abs=0.01)
+    assert (pooled.ci_low, pooled.ci_high) == (pytest.approx(1 / 6), pytest.approx(5 / 6))
+
+
+def test_the_seed_spread_is_each_seeds_own_difference():
+    # seed 0: a gains 1 on both questions; seed 1: nothing. Per question the mean gain is 0.5.
+    r = paired_bootstrap(
+        [1.0, 1.0, 0.0, 0.0], [0.0] * 4, questions=["q1", "q2"] * 2, seeds=["0", "0", "1", "1"]
+    )
+    assert r.delta == 0.5 and r.seed_deltas == (1.0, 0.0)
+    assert r.seed_sd == pytest.approx(2**-0.5)

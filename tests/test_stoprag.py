@@ -353,7 +353,9 @@ def test_seed_tables_average_seeds_and_pair_questions_across_seeds(tmp_path):
     t1 = tables["t1"].set_index("policy")
     assert t1.loc["stoprag", "F1"] == "70.5 ± 0.7" and t1.loc["fixed_iter", "RC"] == "2.50 ± 0.71"
     f1 = tests[(tests.B == "fixed_iter") & (tests.metric == "f1")].iloc[0]
-    assert f1.n == 20 and f1.delta == pytest.approx(0.2)  # 2 seeds x 10 questions, paired
+    # 10 questions resampled with both seeds' pairs; the seeds' own deltas beside it (0.2 in each)
+    assert (f1.n, f1.pairs) == (10, 20) and f1.delta == pytest.approx(0.2)
+    assert f1.seed_deltas == "+0.2000 / +0.2000" and f1.seed_sd == pytest.approx(0.0)
     # a partial sweep without the method's row compares against its last row instead of failing
     _, partial = seed_tables([r for r in runs if "stoprag" not in r.name] + runs[2:3], "policy", "llm_stop",
                              {"t1": ["F1"]})  # fmt: skip
