@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rag_lab import cache
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
@@ -33,6 +31,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import render
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
+from rag_lab.train.grpo import grpo_config
 
 log = logging.getLogger(__name__)
 
@@ -82,39 +81,24 @@ def planner_rows(generator, questions: list[QAExample], config: PlannerRL, chat:
     return rows
 
 
-def grpo_config(config: PlannerRL, work: Path, device: str):
+def planner_config(config: PlannerRL, work: Path, device: str):
     """TRL's ``GRPOConfig`` for the planner (the module docstring's GRPO), at ``config``'s sizes, on
-    ``device`` (the generator's: a small model trains on the CPU, :func:`rag_lab.generators.hf.
-    default_device`)."""
-    from trl import GRPOConfig
-
-    cuda = str(device).startswith("cuda")
-    return GRPOConfig(
-        output_dir=str(work),
+    ``device`` (:func:`rag_lab.train.grpo.grpo_config`)."""
+    return grpo_config(
+        work,
+        device,
+        config.seed,
+        config.save_steps,
         num_train_epochs=config.epochs,
-        seed=config.seed,
-        data_seed=config.seed,
         per_device_train_batch_size=config.questions_per_step * config.group_size,
         num_generations=config.group_size,
-        gradient_accumulation_steps=1,
         learning_rate=config.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
         beta=config.beta,
         entropy_coef=config.entropy_coef,
         epsilon=config.epsilon,
         loss_type="grpo",
         temperature=config.temperature,
         max_completion_length=config.max_new_tokens,
-        disable_dropout=True,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=2,
-        bf16=cuda and torch.cuda.is_bf16_supported(),
-        use_cpu=not cuda,
-        report_to="none",
-        gradient_checkpointing=False,
         reward_weights=[1.0, 0.0],
     )
 
@@ -139,7 +123,7 @@ def train_planner(
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[sepr, plan_steps],
-        args=grpo_config(config, work, generator.device),
+        args=planner_config(config, work, generator.device),
         train_dataset=Dataset.from_list(rows),
         processing_class=generator.tokenizer,
         callbacks=list(callbacks),

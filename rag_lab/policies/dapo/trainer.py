@@ -23,6 +23,7 @@ from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
 from rag_lab.rewards.dapo import answer_correct, retrieval_count
 from rag_lab.train.curves import CurveLog
+from rag_lab.train.grpo import grpo_config
 from rag_lab.train.lora import peft_config
 
 log = logging.getLogger(__name__)
@@ -39,26 +40,21 @@ PANELS = [
 ]
 
 
-def grpo_config(policy, work: Path, reward_weights: list[float], device: str):
+def dapo_config(policy, work: Path, reward_weights: list[float], device: str):
     """TRL's ``GRPOConfig`` in DAPO's setting (module docstring), at the sizes of ``policy`` (a
-    :class:`~rag_lab.policies.dapo.policy.DAPO`), on ``device`` (the generator's: a small model trains on
-    the CPU, :func:`rag_lab.generators.hf.default_device`)."""
-    from trl import GRPOConfig
-
-    cuda = str(device).startswith("cuda")
-    return GRPOConfig(
-        output_dir=str(work),
+    :class:`~rag_lab.policies.dapo.policy.DAPO`), on ``device`` (:func:`rag_lab.train.grpo.grpo_config`)."""
+    return grpo_config(
+        work,
+        device,
+        policy.seed,
+        policy.save_steps,
+        policy.bf16,
         max_steps=policy.steps,
-        seed=policy.seed,
-        data_seed=policy.seed,
         per_device_train_batch_size=policy.questions_per_step * policy.group_size,
         num_generations=policy.group_size,
-        gradient_accumulation_steps=1,
         steps_per_generation=1,
         num_iterations=1,
         learning_rate=policy.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
         loss_type="dapo",
         epsilon=policy.epsilon,
         epsilon_high=policy.epsilon_high,
@@ -67,15 +63,6 @@ def grpo_config(policy, work: Path, reward_weights: list[float], device: str):
         reward_weights=reward_weights,
         temperature=policy.train_sampling.temperature,
         max_completion_length=policy.max_turns * policy.sampling.max_new_tokens,
-        disable_dropout=True,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=policy.save_steps,
-        save_total_limit=2,
-        bf16=(cuda and torch.cuda.is_bf16_supported()) if policy.bf16 is None else policy.bf16,
-        use_cpu=not cuda,
-        report_to="none",
-        gradient_checkpointing=False,
         remove_unused_columns=False,
     )
 
@@ -130,7 +117,7 @@ def train_stage(
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[fn for fn, _ in rewards + monitors],
-        args=grpo_config(policy, work, [w for _, w in rewards + monitors], generator.device),
+        args=dapo_config(policy, work, [w for _, w in rewards + monitors], generator.device),
         train_dataset=dataset,
         processing_class=generator.tokenizer,
         peft_config=peft,
