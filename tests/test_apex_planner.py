@@ -92,3 +92,14 @@ def test_a_killed_planner_run_resumes_to_the_same_weights(data, base, tmp_path):
 
 def test_plan_steps_counts_parsed_steps():
     assert plan_steps(["1. Who directed X?\n2. Where was #1 born?", "", "1."]) == [2.0, 0.0, 0.0]
+
+
+def test_the_planner_loss_is_a_token_mean_as_verls():
+    from rag_lab.config import compose
+    from rag_lab.policies.apex.planner import planner_config
+
+    assert PlannerRL().loss_type == compose(["policy=apex"]).policy.planner.loss_type == "dapo"
+    assert planner_config(PlannerRL(), Path("unused"), "cpu").loss_type == "dapo"
+    assert planner_config(PlannerRL(loss_type="grpo"), Path("unused"), "cpu").loss_type == "grpo"
+    with pytest.raises(RagLabError, match="policy.planner.loss_type"):
+        PlannerRL(loss_type="mean")

@@ -317,3 +317,23 @@ def test_the_stage_key_is_the_runs_config_but_the_stages(data, base, tmp_path):
     # built outside the runner (no run config): the stages stay in the run's directory
     alone = policy(run_config=None).stage_dir("start", 1, questions, env, tmp_path / "run")
     assert alone.parent.parent == tmp_path / "run" / "stages"
+
+
+def test_the_paper_setup_is_its_table_5():
+    """dapo_2wiki: 32 prompts x 32 rollouts a step (1,024 trajectories), 500 steps over the two stages,
+    lr 1e-6, no KL term (the text's choice over the table's kl_loss_coef), one update per batch."""
+    from rag_lab.config import compose
+    from rag_lab.policies.dapo.trainer import dapo_config
+
+    p = compose(["+experiment=dapo_2wiki"]).policy
+    assert (p.questions_per_step * p.group_size, p.steps * len(p.stages), p.lr, p.kl_coef) == (
+        1024,
+        500,
+        1e-6,
+        0.0,
+    )
+    args = dapo_config(
+        policy(kl_coef=1e-4, questions_per_step=32, group_size=32), Path("unused"), [1.0], "cpu"
+    )
+    assert (args.per_device_train_batch_size, args.num_generations, args.beta) == (1024, 32, 1e-4)
+    assert (args.gradient_accumulation_steps, args.steps_per_generation, args.num_iterations) == (1, 1, 1)

@@ -107,6 +107,8 @@ def test_searches_and_final_answer(text, queries, answer):
         ("<think>a</think>\n<answer>c</answer>", -1.0),  # answer without reflect
         (rollout(("<think>t</think>\n<search>q</search>", ["x"]), "<answer>c</answer>"), -1.0),  # no reflect
         (searched("a", answer=None), -1.0),  # never answered
+        (searched("a").replace("<answer>", "<reflect>again</reflect>\n<answer>"), -1.0),  # a second reflect
+        ("<think>a</think>\n<reflect>b</reflect>\n<reflect>b</reflect>\n<answer>c</answer>", -1.0),
         (rollout("<think>t</think>\n<search>q</search>"), -1.0),  # search without information
         ("", -1.0),
     ],
@@ -123,6 +125,8 @@ def test_format_reward(text, reward):
         ("Lia Kriaburg birthplace", {}, True),
         ("WHERE Lia Kriaburg born", {}, False),  # question word, any case
         ("Lia Kriaburg born?", {}, False),  # question mark
+        ("birthplace of Lia Kriaburg", {}, False),  # a preposition (the paper names them)
+        ("birthplace of Lia Kriaburg", {"prepositions": ()}, True),
         ("tell me Lia Kriaburg", {}, False),  # fillers
         ("very old Lia", {}, False),
         ("somewhere howard", {}, True),  # whole words only

@@ -35,7 +35,8 @@ def chat(text: str) -> list[dict[str, str]]:
         # greedy takes 0.9 first, then only 0.1 is left (M 1, F1 0.5); Hungarian's total 1.6 > 1.0: M 2
         ([[0.9, 0.8], [0.8, 0.1]], 1.0),
         ([[0.9, 0.0], [0.0, 0.65]], 0.5),  # the matched pair at 0.65 < 0.7 is dropped: 2*1/4
-        ([[0.7]], 1.0),  # a pair at exactly the threshold counts
+        ([[0.7]], 0.0),  # a pair must exceed the threshold (the paper's word): exactly at it, dropped
+        ([[0.7000001]], 1.0),
         ([[0.69]], 0.0),  # no pair: F1 0, not a division by zero
         ([[-1.0, 0.2]], 0.0),  # cosines can be negative
         (np.zeros((0, 3)), 0.0),  # empty predicted plan

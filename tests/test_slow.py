@@ -91,6 +91,7 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
             "reward.search.encoder.model=sentence-transformers/all-MiniLM-L6-v2",
             "policy.stages=[1]",
             "policy.steps=2",
+            "policy.questions_per_step=1",
             "policy.group_size=2",
             "policy.max_new_tokens=24",
             "policy.max_turns=2",

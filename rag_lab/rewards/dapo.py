@@ -7,9 +7,10 @@ from the policy's own text only (tags inside retrieved passages do not count).
 
 Choices where the paper is silent, each a setting:
 
-- "Concise" (eq. 9) is rule-based in the paper, its rules unpublished. Ours (:func:`concise`): no question
-  word, no filler word, no question mark, at most ``max_words`` words; the word lists are settings.
-  An empty query is not concise.
+- "Concise" (eq. 9) is rule-based in the paper, its rules unpublished beyond "avoid redundant question
+  words, prepositions, and irrelevant modifiers" (sec. 3.3). Ours (:func:`concise`): no question word,
+  no preposition, no filler word (the modifiers), no question mark, at most ``max_words`` words; the
+  word lists are settings. An empty query is not concise.
 - Eq. (8) sums the cosine over the pairs i < j but divides by N(N−1), half the mean its text describes.
   ``normalization="mean"`` (default) is the mean over pairs; ``"eq8"`` the formula as printed.
 - The paper's search reward embeds with Qwen3-Embedding; any encoder of the retriever registry plugs in
@@ -40,6 +41,11 @@ from rag_lab.rewards.embedding import default_encoder, query_vectors
 SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 QUESTION_WORDS = ("what", "who", "whom", "whose", "when", "where", "which", "why", "how")
+# the paper names prepositions among what a concise query avoids
+PREPOSITIONS = ("of", "in", "on", "at", "by", "for", "with", "from", "to", "about", "into", "onto", "over",
+                "under", "between", "among", "through", "during", "before", "after", "near", "within",
+                "without", "across", "along", "around", "behind", "beyond", "against", "toward", "towards",
+                "upon")  # fmt: skip
 FILLERS = (
     "please",
     "tell",
@@ -97,17 +103,21 @@ def concise(
     max_words: int = 10,
     question_words: Sequence[str] = QUESTION_WORDS,
     fillers: Sequence[str] = FILLERS,
+    prepositions: Sequence[str] = PREPOSITIONS,
 ) -> bool:
     """Eq. (9)'s "concise" query, our rule (the paper's is unpublished): keywords, not a sentence. At
-    most ``max_words`` words, none of them (case-insensitively) a question word or a filler, no '?'.
+    most ``max_words`` words, none of them (case-insensitively) a question word, a preposition or a filler,
+    no '?'.
 
     >>> concise("Lia Kriaburg birthplace"), concise("Where was Lia Kriaburg born"), concise("Lia born?")
     (True, False, False)
+    >>> concise("birthplace of Lia Kriaburg"), concise("birthplace of Lia", prepositions=())
+    (False, True)
     >>> concise("Please find Lia"), concise("a b c d e f g h i j k"), concise(""), concise("a b", max_words=1)
     (False, False, False, False)
     """
     words = re.findall(r"[\w'-]+", query.lower())
-    banned = {w.lower() for w in (*question_words, *fillers)}
+    banned = {w.lower() for w in (*question_words, *fillers, *prepositions)}
     return 0 < len(words) <= max_words and "?" not in query and not banned.intersection(words)
 
 
@@ -136,6 +146,7 @@ class SearchReward:
         max_words: int = 10,
         question_words: Sequence[str] = QUESTION_WORDS,
         fillers: Sequence[str] = FILLERS,
+        prepositions: Sequence[str] = PREPOSITIONS,
     ):
         if normalization not in ("mean", "eq8"):
             raise RagLabError(f"reward.normalization: {normalization!r} is not mean or eq8")
@@ -143,12 +154,14 @@ class SearchReward:
         self.encoder, self.normalization = encoder, normalization
         # plain attributes (not a dict): a policy's cache key reads them
         self.max_words, self.question_words, self.fillers = max_words, tuple(question_words), tuple(fillers)
+        self.prepositions = tuple(prepositions)
 
     def __call__(self, completions: list[Any], **_: Any) -> list[float]:
         queries = [searches(c) for c in completions]
         several = [q for qs in queries if len(qs) > 1 for q in qs]
         vectors = iter(self._vectors(several) if several else [])
-        rule = {"max_words": self.max_words, "question_words": self.question_words, "fillers": self.fillers}
+        rule = {"max_words": self.max_words, "question_words": self.question_words, "fillers": self.fillers,
+                "prepositions": self.prepositions}  # fmt: skip
         out = []
         for qs in queries:
             n = len(qs)

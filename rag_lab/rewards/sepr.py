@@ -11,8 +11,9 @@ Choices where the paper is silent, or where we deviate, each a setting when it c
 - A plan is read by the planner's own protocol (:class:`rag_lab.env.protocols.apex.APEXPlan`: numbered
   lines ``1. …``). No numbered line (INVALID) scores 0.0, and so does an empty gold plan (no signal).
   The paper's fallback to the question itself is the policy's business, not the reward's.
-- τ (``threshold``, default 0.7) is "empirically tuned" in the paper, its value unpublished. A pair at
-  exactly τ counts (the paper says "exceeds"; METHODS.md says ≥).
+- τ (``threshold``, default 0.7) is "empirically tuned" in the paper, its value unpublished. A pair
+  counts when its similarity exceeds τ, as the paper says (METHODS.md writes ≥; on real cosines the two
+  differ only at exactly τ).
 - Hungarian first, threshold second (the paper's order): the assignment maximises the total similarity,
   not the number of pairs above τ.
 - The encoder is "a sentence-transformer" in the paper; MiniLM (offline) by default, any encoder of the
@@ -104,7 +105,7 @@ def gold_plan(example: QAExample) -> list[str]:
 
 def plan_f1(similarity: np.ndarray, threshold: float) -> float:
     """SEPR on a |P| × |G| similarity matrix: Hungarian matching on cost 1 − sim, the matched pairs with
-    sim ≥ ``threshold`` kept, F1 = 2|M| / (|P| + |G|). An empty side scores 0.0.
+    sim > ``threshold`` kept, F1 = 2|M| / (|P| + |G|). An empty side scores 0.0.
 
     >>> plan_f1(np.array([[0.9, 0.8], [0.8, 0.1]]), 0.7)  # greedy takes 0.9 then 0.1 (F1 0.5)
     1.0
@@ -112,14 +113,16 @@ def plan_f1(similarity: np.ndarray, threshold: float) -> float:
     0.8
     >>> round(plan_f1(np.array([[0.95], [0.5]]), 0.7), 6)  # |M| 1, |P| 2, |G| 1: 2 / 3
     0.666667
-    >>> plan_f1(np.array([[0.5]]), 0.7), plan_f1(np.array([[0.7]]), 0.7), plan_f1(np.zeros((0, 2)), 0.7)
-    (0.0, 1.0, 0.0)
+    >>> plan_f1(np.array([[0.5]]), 0.7), plan_f1(np.array([[0.7]]), 0.7), plan_f1(np.array([[0.71]]), 0.7)
+    (0.0, 0.0, 1.0)
+    >>> plan_f1(np.zeros((0, 2)), 0.7)
+    0.0
     """
     sim = np.asarray(similarity, dtype=np.float64)
     if sim.size == 0:
         return 0.0
     rows, cols = linear_sum_assignment(1.0 - sim)
-    matched = int((sim[rows, cols] >= threshold).sum())
+    matched = int((sim[rows, cols] > threshold).sum())
     return 2 * matched / (sim.shape[0] + sim.shape[1])
 
 

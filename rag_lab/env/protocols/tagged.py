@@ -121,11 +121,13 @@ def structure_ok(rollout: str) -> bool:
     True
     >>> structure_ok("<think>a</think>\\n<answer>c</answer>")
     False
+    >>> structure_ok("<think>a</think>\\n<search>q</search>\\n<information>\\nx\\n</information>\\n"
+    ...              "<reflect>b</reflect>\\n<reflect>b</reflect>\\n<answer>c</answer>")
+    False
     """
     tags = re.findall(r"<(think|search|information|reflect|answer)>.*?</\1>", rollout, re.S)
     if re.sub(r"<(think|search|information|reflect|answer)>.*?</\1>", "", rollout, flags=re.S).strip():
         return False
     sequence = " ".join(tags)
-    return bool(re.fullmatch(r"think( search information reflect)* (reflect )?answer", sequence)) and (
-        sequence == "think reflect answer" or "search" in sequence
-    )
+    # exactly the paper's two structures: each round's reflect precedes the answer; no second reflect
+    return bool(re.fullmatch(r"think( search information reflect)+ answer|think reflect answer", sequence))

@@ -9,8 +9,9 @@ group-normalised advantages, a KL term to the reference model (``beta``), an ent
 (``cache_dir/apex_planner/<key>``) and a killed run resumes from its last checkpoint.
 
 Deviations: our copy of the paper leaves the hyperparameter values blank; ``beta`` 0.001 and
-``entropy_coef`` 0.001 are verl's usual defaults, the rest the embedded default's size. SEPR's
-monitors (the plan's step count) are logged as weight-0 rewards.
+``entropy_coef`` 0.001 are verl's usual defaults, the loss's token mean over the batch (``loss_type``
+"dapo") verl's default aggregation, the rest the embedded default's size. SEPR's monitors (the plan's step
+count) are logged as weight-0 rewards.
 """
 
 import json
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rag_lab import cache
 from rag_lab.config import PositiveInt
@@ -49,10 +50,19 @@ class PlannerRL:
     beta: float = 0.001
     entropy_coef: float = 0.001
     epsilon: float = 0.2
+    # how the loss averages its tokens: "dapo" (TRL's token mean over the batch: verl's "token-mean", the
+    # paper's framework's default) or "grpo" (each plan's own token mean, then over plans), "bnpo", "dr_grpo"
+    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo"] = "dapo"
     temperature: float = 1.0
     max_new_tokens: PositiveInt = 64
     save_steps: PositiveInt = 20
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in ("dapo", "grpo", "bnpo", "dr_grpo"):
+            raise RagLabError(
+                f"policy.planner.loss_type: {self.loss_type!r} is not dapo, grpo, bnpo or dr_grpo"
+            )
 
 
 def plan_steps(completions: list[Any], **_: Any) -> list[float]:
@@ -96,7 +106,7 @@ def planner_config(config: PlannerRL, work: Path, device: str):
         beta=config.beta,
         entropy_coef=config.entropy_coef,
         epsilon=config.epsilon,
-        loss_type="grpo",
+        loss_type=config.loss_type,
         temperature=config.temperature,
         max_completion_length=config.max_new_tokens,
         reward_weights=[1.0, 0.0],

@@ -72,6 +72,8 @@ class DAPO(Agent):
         lr: float = 1e-4,
         epsilon: float = 0.2,
         epsilon_high: float = 0.28,
+        # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.1)
+        kl_coef: float = 0.0,
         # sampling of the training rollouts
         train_temperature: float = 1.0,
         top_p: float = 1.0,
@@ -102,7 +104,7 @@ class DAPO(Agent):
         self.weights = {name: float((weights or {}).get(name, 1.0)) for name in self.reward}
         self.stages, self.steps, self.lr = list(stages), steps, lr
         self.questions_per_step, self.group_size = questions_per_step, group_size
-        self.epsilon, self.epsilon_high = epsilon, epsilon_high
+        self.epsilon, self.epsilon_high, self.kl_coef = epsilon, epsilon_high, kl_coef
         self.train_sampling = Sampling(
             temperature=train_temperature, top_p=top_p, max_new_tokens=self.sampling.max_new_tokens
         )

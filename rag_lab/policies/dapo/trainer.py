@@ -1,7 +1,9 @@
 """One stage of multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2) on TRL's
 ``GRPOTrainer`` in DAPO's setting: ``loss_type="dapo"`` (token-level loss averaged over the batch's
-tokens), clip-higher ``epsilon`` 0.2 / ``epsilon_high`` 0.28, ``beta`` 0 (no KL term, no reference
-model), group-normalised advantages; rollouts from the engine with the retrieved tokens out of the loss and
+tokens), clip-higher ``epsilon`` 0.2 / ``epsilon_high`` 0.28, ``beta`` 0 by default (``policy.kl_coef``:
+no KL term, no reference model), group-normalised advantages, one optimiser update per generated batch
+(mini-batch = batch: on-policy, so the clip binds only where the sampler's and the trainer's log-probs
+differ, as in the paper's verl setup); rollouts from the engine with the retrieved tokens out of the loss and
 dynamic sampling (:mod:`rag_lab.policies.dapo.rollout`). The stage trains the model it is given in place
 and publishes it to its cache directory (:func:`rag_lab.cache.publish`); a killed stage resumes from its
 last Trainer checkpoint (``<dir>.work`` beside it) to the uninterrupted weights.
@@ -58,7 +60,7 @@ def dapo_config(policy, work: Path, reward_weights: list[float], device: str):
         loss_type="dapo",
         epsilon=policy.epsilon,
         epsilon_high=policy.epsilon_high,
-        beta=0.0,
+        beta=policy.kl_coef,
         scale_rewards="group",
         reward_weights=reward_weights,
         temperature=policy.train_sampling.temperature,
