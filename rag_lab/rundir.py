@@ -9,9 +9,16 @@ files (config, hydra, overrides) once the guard has passed, so a refused run lea
 labels as they were. With ``eval.resume=false`` the previous run's files are moved aside into
 ``replaced/<time>/`` instead of being deleted one by one, so a run that then fails leaves no
 half-replaced directory behind.
+
+One run per directory at a time (:func:`lock`): a run holds an exclusive lock on ``<run dir>/.lock``
+until its process ends (the kernel drops it when the process dies, killed or not), and a second run
+started in the same directory meanwhile is refused before it writes anything: two runs in one directory
+would interleave their records under one label.
 """
 
+import fcntl
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -82,12 +89,36 @@ def set_aside(run_dir: Path) -> Path | None:
     return target
 
 
+# run dir -> the open descriptor holding its lock (this process's runs; reused by a later run in it)
+_LOCKS: dict[Path, int] = {}
+
+
+def lock(run_dir: Path) -> None:
+    """Hold ``run_dir``'s lock for the rest of this process, or refuse: another process holds it."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _LOCKS:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RagLabError(
+            f"{run_dir} is in use by another run (it holds {run_dir / '.lock'}): wait for it to end, "
+            "or give this run another hydra.run.dir"
+        ) from None
+    _LOCKS[run_dir] = fd
+
+
 def prepare(run_dir: Path, cfg: DictConfig, hydra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check the directory against the config, then write config.yaml (resolved) and ``.hydra/``.
+    """Lock the directory (:func:`lock`), check it against the config, then write config.yaml (resolved)
+    and ``.hydra/``.
 
     ``hydra`` holds what Hydra would have written into ``.hydra/`` (``config``, ``hydra``,
     ``overrides``: yaml-able objects); None outside ``@hydra.main`` (tests, notebooks).
     """
+    lock(run_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
     path = run_dir / "config.yaml"
     if cfg.eval.resume and path.exists() and holds_results(run_dir):

@@ -215,6 +215,12 @@ CASES = [
     Case("decomposition without question", "run", DATA, 1,
          r"test\.jsonl:1: metadata: missing field 'question'",
          lambda t: flashrag(t, test=[question("q0", meta_decomposition=[{"answer": "x"}])])),
+    Case("lone surrogate in a question", "run", DATA, 1,
+         r"test\.jsonl:2: field 'question' holds text that is not valid Unicode \('\\ud83d' at character 7\)",
+         lambda t: flashrag(t, test=[question("q0"), question("q1", question="Who is \ud83d here?")])),
+    Case("lone surrogate in a passage", "run", DATA, 1, r"corpus\.jsonl:3: field 'contents' holds text",
+         lambda t: flashrag(t, corpus=[{"id": i, "contents": f"{a}\n{b}"} for i, a, b in PASSAGES[:2]]
+                            + [{"id": "p3", "contents": "Paris\n\udc00 is a city."}]), run_dir="fresh"),
     Case("hops not a number", "run", DATA, 1, r"test\.jsonl:1: metadata: field 'hops'.*'four'",
          lambda t: flashrag(t, test=[question("q0", meta_hops="four")])),
     Case("malformed json line", "run", DATA, 1, r"test\.jsonl:2: malformed JSON",
@@ -353,7 +359,8 @@ def test_resume_false_sets_the_old_run_aside(finished_run, tmp_path, capfd, monk
     rc, output = cli("run", args, capfd, monkeypatch)
     assert rc == 1 and "generator: this policy needs a generator" in output, output
     (aside,) = (run_dir / "replaced").iterdir()
-    assert snapshot(aside) == {k: v for k, v in before.items() if k != "run.log"}
+    # all but Hydra's log and the directory's lock (neither is the run's result)
+    assert snapshot(aside) == {k: v for k, v in before.items() if k not in ("run.log", ".lock")}
     assert not (run_dir / "metrics.json").exists() and not (run_dir / "records.jsonl").exists()
 
 

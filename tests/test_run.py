@@ -160,3 +160,28 @@ def test_resumed_evaluation_rolls_out_the_uninterrupted_batches(tiny_cfg, tmp_pa
     assert policy.calls == [ids[4:8], ids[8:]]  # the second batch again, whole
     assert resumed == full
     assert (tmp_path / "killed.jsonl").read_text() == (tmp_path / "full.jsonl").read_text()
+
+
+def test_a_run_dir_in_use_by_another_process_is_refused(tmp_path):
+    """Two runs in one directory at once would interleave their records under one label: the second one is
+    refused before it writes anything, and the directory is free again once the first process ends."""
+    from rag_lab.config import compose
+
+    from conftest import TINY_DATA
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    hold = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+    hold += "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(run_dir / ".lock")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RagLabError, match="is in use by another run"):
+            run(compose([*TINY_DATA, "eval.limit=4"]), run_dir)
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run(compose([*TINY_DATA, "eval.limit=4"]), run_dir)["all"]["n"] == 4

@@ -1,6 +1,7 @@
 """Line-by-line JSON reading with errors that name the file, the line and the field."""
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +34,34 @@ def require_text(row: dict, key: str) -> str:
     return value
 
 
+# A JSON escape of a UTF-16 surrogate: only where one appears can the parsed text hold a lone one.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_text(value: Any, path: str = "") -> None:
+    """A FieldError naming the first field of ``value`` whose text is not valid Unicode: a lone UTF-16
+    surrogate (``"\\ud83d"`` without its pair), which no tokenizer or UTF-8 file can take.
+
+    >>> check_text({"question": "ok", "answers": ["a \\ud83d"]})
+    Traceback (most recent call last):
+    rag_lab.data.jsonl.FieldError: field 'answers[0]' holds text that is not valid Unicode ('\\ud83d' at ...)
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = value[e.start : e.end]
+            raise FieldError(
+                f"field '{path}' holds text that is not valid Unicode ({bad!r} at character {e.start})"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{path}[{i}]")
+
+
 def require_int(row: dict, key: str, default: int) -> int:
     """``row[key]`` as an int (a digit string counts: some releases write ``"hops": "2"``)."""
     value = row.get(key, default)
@@ -56,6 +85,8 @@ def read_jsonl(
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise FieldError(f"expected a JSON object, got {type(row).__name__}")
+                if SURROGATE_ESCAPE.search(line):
+                    check_text(row)
                 yield parse(row)
             except (json.JSONDecodeError, FieldError) as e:
                 if skip_malformed:
@@ -77,16 +108,19 @@ def read_json_list(
 ) -> Iterator[T]:
     """Parse each item of a whole-file JSON list (HotpotQA / 2Wiki layout); errors name the item."""
     try:
-        with open(path, encoding="utf-8") as f:
-            items = json.load(f)
+        text = Path(path).read_text(encoding="utf-8")
+        items = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
     if not isinstance(items, list):
         raise DataError(f"{path}: expected a JSON list of questions, got {type(items).__name__}")
+    escapes = bool(SURROGATE_ESCAPE.search(text))
     for i, row in enumerate(items):
         try:
             if not isinstance(row, dict):
                 raise FieldError(f"expected a JSON object, got {type(row).__name__}")
+            if escapes:
+                check_text(row)
             yield parse(row)
         except FieldError as e:
             if skip_malformed:
