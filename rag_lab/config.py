@@ -13,7 +13,11 @@ check, so :func:`validate` also merges the whole config into its top-level schem
 (:class:`RunConfig`, :class:`ScoreConfig`, :class:`ServeConfig`).
 
 Bounds ride in the same place: a parameter typed ``Annotated[int, AtLeast(1)]`` (or a dataclass
-field with ``metadata={"min": 1}``) is checked too, so ``policy.k=0`` fails naming ``policy.k``.
+field with ``metadata={"min": 1}``) is checked too, so ``policy.k=0`` fails naming ``policy.k``. What a
+schema cannot say (a clip range's two ends, a switch that contradicts another, a name that must exist
+elsewhere in the config) a target says in its ``check_settings(settings, run)``: called here with its
+settings (defaults filled) and the whole config, it returns ``(key, why)`` pairs, the first of which fails
+the config like any other bad key.
 
 A component that passes settings on to another (SmolLM2's to ``HFGenerator``, Stop-RAG's to its
 Q-network and pipeline) declares them there only: :func:`takes` gives its ``**settings`` the other's
@@ -326,6 +330,19 @@ def validate(cfg: DictConfig, schema: type | None = RunConfig) -> None:
             key = f"{path}.{e.full_key}" if getattr(e, "full_key", None) else path
             raise ConfigError(f"config '{key}' ({node._target_}): {str(e).splitlines()[0]}") from None
         _check_bounds(component, node, path)
+        _check_relations(component, node, path, cfg)
+
+
+def _check_relations(component: type, node: DictConfig, path: str, cfg: DictConfig) -> None:
+    """The target's ``check_settings`` (module docstring), where it has one."""
+    check = getattr(locate(node._target_), "check_settings", None)
+    if check is None:
+        return
+    # the node's own values resolved where it stands (its interpolations), over the signature's defaults
+    defaults = OmegaConf.to_container(OmegaConf.structured(component))
+    settings = defaults | OmegaConf.to_container(node, resolve=True)
+    for key, why in check(settings, cfg):
+        raise ConfigError(f"config '{path}.{key}': {why}")
 
 
 class ConfigError(RagLabError):

