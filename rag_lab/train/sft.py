@@ -24,6 +24,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
+from rag_lab.train.resume import stopped_early
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -184,10 +185,7 @@ def sft(
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < steps:
-        raise RagLabError(
-            f"SFT: training stopped at step {trainer.state.global_step} of {steps}; the next call "
-            f"resumes from the last checkpoint in {work_dir}"
-        )
+        raise stopped_early("SFT", trainer.state.global_step, steps, work_dir)
     return trainer, sft_stats(trainer, result, dataset, steps, last, time.perf_counter() - start)
 
 

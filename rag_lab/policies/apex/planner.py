@@ -33,6 +33,7 @@ from rag_lab.generators.base import render
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.grpo import grpo_config
+from rag_lab.train.resume import stopped_early
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,7 @@ def train_planner(
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < trainer.state.max_steps:
-        raise RagLabError(
-            f"APEX planner: stopped at step {trainer.state.global_step}; the next run resumes from {work}"
-        )
+        raise stopped_early("APEX planner", trainer.state.global_step, trainer.state.max_steps, work)
     curve = [
         {"step": r["step"], **{k: v for k, v in r.items() if isinstance(v, int | float)}}
         for r in trainer.state.log_history

@@ -20,13 +20,13 @@ import torch
 from rag_lab import cache
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
-from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
 from rag_lab.rewards.dapo import answer_correct, retrieval_count
 from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
 from rag_lab.train.lora import peft_config
+from rag_lab.train.resume import stopped_early
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,7 @@ def train_stage(
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < policy.steps:
-        raise RagLabError(
-            f"DAPO stage {stage}: stopped at step {trainer.state.global_step} of "
-            f"{policy.steps}; the next run resumes from {work}"
-        )
+        raise stopped_early(f"DAPO stage {stage}", trainer.state.global_step, policy.steps, work)
     model = trainer.model.merge_and_unload() if peft else trainer.model
     with cache.publish(done) as tmp:
         model.save_pretrained(tmp)
