@@ -1,8 +1,13 @@
 """What the command lines (``python -m rag_lab.run``, ``.score``, ``.serve``, ``.index``, the cold start)
-share: the config tree's yaml checked before Hydra reads it, the config folders a command line adds, and the
-``key=value`` overrides of the commands that compose a config outside ``@hydra.main``."""
+share: the config tree's yaml checked before Hydra reads it, the config folders a command line adds, the
+``key=value`` overrides of the commands that compose a config outside ``@hydra.main``, and a job's
+overrides checked against the rows of an experiment's sweep (:func:`check_row_overrides`)."""
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from rag_lab import CONF_DIR
 from rag_lab.config import ConfigError, group_options
@@ -14,8 +19,6 @@ def check_yaml_files(conf_dirs: list[Path] | None = None) -> None:
     Hydra would report it too, but deep inside a long traceback. ``conf_dirs`` defaults to the shipped
     tree; :func:`user_config_dirs` adds the folders a command line puts on Hydra's search path.
     """
-    import yaml
-
     for conf_dir in conf_dirs or [CONF_DIR]:
         for path in sorted(Path(conf_dir).rglob("*.yaml")):
             try:
@@ -66,3 +69,39 @@ def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
     if flags:
         raise ConfigError(f"unknown option '{flags[0]}': this command takes key=value overrides (see --help)")
     return argv
+
+
+def flat_keys(node: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a yaml mapping sets (its ``defaults`` list aside).
+
+    >>> sorted(flat_keys({"policy": {"stages": [1], "k": 3}, "defaults": [], "seed": 0}))
+    ['policy.k', 'policy.stages', 'seed']
+    """
+    if not isinstance(node, dict):
+        return {prefix}
+    out: set[str] = set()
+    for key, value in node.items():
+        if key != "defaults" or prefix:
+            out |= flat_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def check_row_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """A job's overrides must not set a key that one of its experiment rows (``+experiment/<group>=<row>``:
+    a sweep's row, as in ``dapo_ablation``) sets too: the override would win in every row, and rows
+    labelled by what they change would all run the same thing. ConfigError naming both."""
+    rows, plain = {}, {}
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        path = conf_dir / key / f"{value}.yaml"
+        if key.startswith("experiment/") and path.exists():
+            rows[override] = flat_keys(yaml.safe_load(path.read_text()) or {})
+        else:
+            plain[key] = override
+    for row, keys in rows.items():
+        for key, override in plain.items():
+            if key in keys:
+                raise ConfigError(
+                    f"override '{override}' sets {key}, which the experiment's row '{row}' sets too: every "
+                    f"row would run with it, under its own label; drop the override, or sweep over {key}"
+                )

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
-from rag_lab.cli import check_yaml_files, user_config_dirs
+from rag_lab.cli import check_row_overrides, check_yaml_files, user_config_dirs
 from rag_lab.config import build, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
@@ -106,6 +106,7 @@ def main(cfg: DictConfig) -> None:
     # What Hydra writes into .hydra/ by default; rundir.prepare writes it once the run dir checks out.
     hydra_files = {"config": cfg, "hydra": OmegaConf.create({"hydra": hc}), "overrides": hc.overrides.task}
     with one_line_errors():
+        check_row_overrides(list(hc.overrides.task))
         run(cfg, Path(hc.runtime.output_dir), hydra_files)
 
 

@@ -145,3 +145,16 @@ def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path):
     assert proc.returncode == 1
     assert "Could not override 'policy.k1'" in proc.stderr
     assert not (tmp_path / "records.jsonl").exists()
+
+
+def test_an_override_that_a_sweep_row_also_sets_is_refused():
+    """`+experiment=dapo_ablation policy.stages=[1]` would run stage one in every row, the rows labelled
+    "no stage one" and "no stage two" included: the job's overrides are checked against its row."""
+    from rag_lab.cli import check_row_overrides
+
+    with pytest.raises(ConfigError, match=r"'policy.stages=\[1\]' sets policy.stages, .* row '\+experiment/"):
+        check_row_overrides(["+experiment/dapo_ablation=no_stage_one", "policy.stages=[1]", "seed=0"])
+    check_row_overrides(["+experiment/dapo_ablation=no_stage_one", "policy.steps=3", "seed=0"])
+    check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.answer.beta=0.5"])
+    with pytest.raises(ConfigError, match="reward.search"):
+        check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.search=null"])
