@@ -1,6 +1,7 @@
 """DAPO training on a toy tiny LM: TRL's GRPOTrainer with the engine's multi-turn rollouts (retrieved
 tokens out of the loss), dynamic sampling, the stages, the cache and the resume after a kill."""
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -337,3 +338,28 @@ def test_the_paper_setup_is_its_table_5():
     )
     assert (args.per_device_train_batch_size, args.num_generations, args.beta) == (1024, 32, 1e-4)
     assert (args.gradient_accumulation_steps, args.steps_per_generation, args.num_iterations) == (1, 1, 1)
+
+
+def test_a_damaged_stage_is_named_not_loaded_and_a_damaged_checkpoint_is_skipped(data, base, tmp_path):
+    from safetensors.torch import save_file
+
+    from rag_lab.train.resume import last_good_checkpoint
+
+    env, cache = env_for(data, base), tmp_path / "cache"
+    policy(cache_dir=str(cache)).fit(env, data.split("train"), [], tmp_path / "a")
+    [stage] = stage_dirs(cache)
+    weights_file = stage / "model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:100])  # a copy cut short
+    with pytest.raises(
+        RagLabError, match=rf"DAPO stage 1: {weights_file} is damaged .*: remove {stage} to train"
+    ):
+        policy(cache_dir=str(cache)).fit(env, data.split("train"), [], tmp_path / "b")
+    # a Trainer checkpoint cut short is passed over for the one before it
+    work = tmp_path / "work"
+    for step in (1, 2):
+        (work / f"checkpoint-{step}").mkdir(parents=True)
+        save_file({"w": torch.ones(4)}, work / f"checkpoint-{step}" / "model.safetensors")
+        (work / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    assert last_good_checkpoint(work) == str(work / "checkpoint-2")
+    (work / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": ')
+    assert last_good_checkpoint(work) == str(work / "checkpoint-1")

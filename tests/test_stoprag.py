@@ -198,6 +198,12 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == n_train
     again = run(cfg, tmp_path / "run")
     assert again["all"] == metrics["all"]
+    # damaged files (a copy cut short) are not loaded: the fit trains again, to the same numbers
+    for name in ("qnet.pt", "qnet_checkpoint.pt"):
+        (ckpt / name).write_bytes((ckpt / name).read_bytes()[:64])
+    (tmp_path / "run" / "metrics.json").unlink()
+    (tmp_path / "run" / "records.jsonl").unlink()
+    assert run(cfg, tmp_path / "run")["all"] == metrics["all"]
 
 
 # `python -m rag_lab.run`, SIGKILLed by itself right after the checkpoint of step argv[1] is on disk

@@ -49,6 +49,7 @@ from rag_lab import cache
 from rag_lab.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, demonstrations
 from rag_lab.train.lora import peft_config
+from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def load(path: str | Path, **settings) -> "HFGenerator":
     ``settings``: HFGenerator's others (batch_size, seed, ...)."""
     from rag_lab.generators.hf import HFGenerator
 
-    path = Path(path)
+    path = readable(Path(path), "cold start")
     info = json.loads((path / "train.json").read_text())
     return HFGenerator(str(path), str(path / info["tokenizer"]), chat=info["chat"], **settings)
 

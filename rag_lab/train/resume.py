@@ -1,10 +1,81 @@
-"""What a trainer says when it stopped before its last step (a callback's ``should_training_stop``, a
-kill caught in-process): where the next run resumes, or that it starts over when no checkpoint was
-written. Shared by every transformers trainer of rag_lab (the cold start's SFT, DAPO, APEX's planner)."""
+"""Resuming a training after a kill, as every trainer of rag_lab does it (the cold start's SFT, DAPO's
+stages, APEX's planner, Stop-RAG's Q-network): which checkpoint to resume from, and what to say when a
+training stopped early.
 
+A checkpoint is written atomically by its trainer, but a disk that fills up or a copy cut short can still
+leave a truncated file. :func:`last_good_checkpoint` skips those (it reads every weight and state file
+of a Trainer checkpoint, newest first) and says which it skipped; :func:`load_torch` reads a ``torch.save``
+file, or returns None naming the damaged file, so the caller trains from its last good state (or from the
+start). A damaged *finished* model in a cache is never retrained silently: :func:`readable` names it and
+the directory to remove.
+"""
+
+import json
+import logging
+import re
+import zipfile
 from pathlib import Path
+from typing import Any
 
 from rag_lab.errors import RagLabError
+
+log = logging.getLogger(__name__)
+
+
+def damage(path: Path) -> str | None:
+    """Why the weights or state file ``path`` cannot be read (None: it can). Cheap, without reading the
+    tensors: a safetensors file's header must describe exactly the bytes that follow it, a ``torch.save``
+    file (a zip) must end with its central directory, a json must parse. A cut-short file fails all three."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                list(f.keys())
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix in (".pt", ".pth", ".bin"):
+            with zipfile.ZipFile(path) as z:
+                z.infolist()
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the damage we report
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+    return None
+
+
+def last_good_checkpoint(work: Path) -> str | None:
+    """The newest ``checkpoint-N`` under ``work`` whose files all read, skipping (and naming) damaged ones."""
+    if not work.is_dir():
+        return None
+    found = [(re.fullmatch(r"checkpoint-(\d+)", p.name), p) for p in work.iterdir()]
+    for _, checkpoint in sorted(((int(m.group(1)), p) for m, p in found if m), reverse=True):
+        files = [p for p in sorted(checkpoint.iterdir()) if p.is_file()]
+        problems = [(p, why) for p in files if (why := damage(p))]
+        if not problems and files:
+            return str(checkpoint)
+        where, why = problems[0] if problems else (checkpoint, "empty")
+        log.warning("resume: %s is damaged (%s): skipping %s", where, why, checkpoint.name)
+    return None
+
+
+def load_torch(path: Path, **kwargs: Any) -> Any | None:
+    """``torch.load(path)``, or None (with a warning naming the file) when it is missing or damaged."""
+    import torch
+
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a truncated pickle raises any of several errors
+        log.warning("%s is damaged (%s: %s): not resuming from it", path, type(e).__name__, e)
+        return None
+
+
+def readable(model_dir: Path, what: str) -> Path:
+    """``model_dir`` when its weights read; else a RagLabError naming the damaged file and what to remove."""
+    for path in sorted(model_dir.glob("*.safetensors")):
+        if why := damage(path):
+            raise RagLabError(f"{what}: {path} is damaged ({why}): remove {model_dir} to train it again")
+    return model_dir
 
 
 def stopped_early(what: str, step: int, total: int | None, work: Path) -> RagLabError:
@@ -14,9 +85,7 @@ def stopped_early(what: str, step: int, total: int | None, work: Path) -> RagLab
     >>> str(stopped_early("DAPO stage 1", 0, 30, Path("/nowhere")))
     'DAPO stage 1: stopped at step 0 of 30, before its first checkpoint: the next run starts it over'
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(work)) if work.is_dir() else None
+    last = last_good_checkpoint(work)
     where = f"{what}: stopped at step {step}" + (f" of {total}" if total else "")
     if last is None:
         return RagLabError(f"{where}, before its first checkpoint: the next run starts it over")

@@ -24,7 +24,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
-from rag_lab.train.resume import stopped_early
+from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -139,7 +139,6 @@ def sft(
     the trainer (its ``model`` a PEFT model with LoRA) and the run's stats. A run stopped early (a
     callback's ``should_training_stop``) raises, so that no partial model is taken for a finished one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -179,7 +178,7 @@ def sft(
         peft_config=peft_config(settings.lora),
         callbacks=[log_last_step(), *callbacks],
     )
-    last = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    last = last_good_checkpoint(work_dir)
     if last:
         log.info("SFT: resuming from %s", last)
     start = time.perf_counter()

@@ -33,7 +33,7 @@ from rag_lab.generators.base import render
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.grpo import grpo_config
-from rag_lab.train.resume import stopped_early
+from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,6 @@ def train_planner(
     """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
     ``callbacks``: extra ``transformers`` trainer callbacks."""
     from datasets import Dataset
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
 
     rows = planner_rows(generator, questions, config, chat)
@@ -152,7 +151,7 @@ def train_planner(
         processing_class=generator.tokenizer,
         callbacks=list(callbacks),
     )
-    last = get_last_checkpoint(str(work)) if work.is_dir() else None
+    last = last_good_checkpoint(work)
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < trainer.state.max_steps:

@@ -37,6 +37,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
+from rag_lab.train.resume import readable
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class APEX(APEXPipeline):
         else:
             fresh = HFGenerator(str(model_dir), str(tokenizer_dir), **settings)
             train_planner(fresh, questions, self.sepr, self.planner_config, out, chat=base.chat)
-        self.planner = HFGenerator(str(out), str(tokenizer_dir), **settings)
+        self.planner = HFGenerator(str(readable(out, "APEX planner")), str(tokenizer_dir), **settings)
         return out
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:

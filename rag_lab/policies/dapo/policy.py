@@ -49,6 +49,7 @@ from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
+from rag_lab.train.resume import readable
 
 log = logging.getLogger(__name__)
 STAGES = (1, 2, "unified")
@@ -172,7 +173,9 @@ class DAPO(Agent):
                 log.info("DAPO stage %s: reusing %s", stage, done)
             else:
                 train_stage(self, generator, env, stage, questions, done)
-            generator = generator.with_model(load_model(done, like=generator.model))
+            generator = generator.with_model(
+                load_model(readable(done, f"DAPO stage {stage}"), like=generator.model)
+            )
             offset = rows[-1]["step"] if rows else 0
             logged = read_records(done / "log.jsonl")
             rows += [r | {"stage": str(stage), "step": offset + r["step"]} for r in logged]

@@ -26,7 +26,7 @@ from rag_lab.rewards.dapo import answer_correct, retrieval_count
 from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
 from rag_lab.train.lora import peft_config
-from rag_lab.train.resume import stopped_early
+from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,6 @@ def train_stage(
     """One stage of GRPO-with-DAPO on ``generator.model`` (in place), published to ``done``, with the
     settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`)."""
     from datasets import Dataset
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
 
     work = done.with_name(f"{done.name}.work")
@@ -112,7 +111,7 @@ def train_stage(
     dataset = Dataset.from_list(
         [{"prompt": rollouts.first_prompt(q), "answers": list(q.answers)} for q in questions]
     )
-    last = get_last_checkpoint(str(work)) if work.is_dir() else None
+    last = last_good_checkpoint(work)
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
     curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
     peft = peft_config(policy.lora)

@@ -58,6 +58,7 @@ from rag_lab.policies.stoprag.targets import TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import tune_tau
 from rag_lab.policies.stoprag.trainer import rng_state, save_atomic, train_qnet
 from rag_lab.records import atomic_write_json
+from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,8 @@ class StopRAG:
         self.qnet = QNetwork(**self.qnet_args).to("cuda" if torch.cuda.is_available() else "cpu")
         rng = rng_state()  # where training's dropout starts (module doc)
         final = out_dir / "qnet.pt"
-        if final.exists():
-            saved = torch.load(final, weights_only=False, map_location=self.device)
+        saved = load_torch(final, weights_only=False, map_location=self.device)  # damaged: trained again
+        if saved is not None:
             self.qnet.load_state_dict(saved["model"], strict=False)
             self.tau, self.stats = saved["tau"], saved["stats"]
             log.info("Stop-RAG: reusing the trained Q-network and τ = %.3f from %s", self.tau, final)

@@ -28,6 +28,7 @@ from rag_lab.policies.stoprag.offline import Trajectory, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.records import atomic_write_text
+from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,9 @@ def save_atomic(obj, path: Path) -> None:
 def encoded_states(qnet: QNetwork, inputs: list[list[tuple]], path: Path | None) -> torch.Tensor | None:
     """[N, T-1, d] the frozen encoder's pooled states ``inputs[i][t-1]``, loaded from ``path`` when it
     is there, else encoded (256 a pass) and saved there."""
-    if path is not None and path.exists():
-        return torch.load(path, map_location=qnet.stop_head[1].weight.device)
+    saved = load_torch(path, map_location=qnet.stop_head[1].weight.device) if path is not None else None
+    if saved is not None:
+        return saved
     flat = [s for row in inputs for s in row]
     if not flat:
         return None
@@ -187,7 +189,7 @@ def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Pa
     total = max(1, math.ceil(policy.epochs * per_epoch))
     sched = get_cosine_schedule_with_warmup(opt, int(policy.warmup_ratio * total), total)
     ckpt, step, rows = out_dir / "qnet_checkpoint.pt", 0, []
-    saved = torch.load(ckpt, weights_only=False, map_location=policy.device) if ckpt.exists() else None
+    saved = load_torch(ckpt, weights_only=False, map_location=policy.device)
     if saved is not None and "rng" not in saved:
         log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
         saved = None
