@@ -275,3 +275,14 @@ def test_smollm2_two_lora_steps(data, retriever, tmp_path):
     moved = {n for n in before if not torch.equal(before[n], after[n])}
     targets = config.lora.target_modules
     assert moved and moved <= {n for n in before if n.rsplit(".", 2)[-2] in targets}
+
+
+def test_the_world_teacher_on_questions_without_decompositions_says_why(data, retriever):
+    from types import SimpleNamespace
+
+    bare = [replace(ex, decomposition=()) for ex in data.split("train")[:4]]
+    other = SimpleNamespace(name="nq", corpus=data.corpus, scorer="squad", split=lambda name: bare)
+    with pytest.raises(
+        RagLabError, match="the world teacher follows gold decompositions, and no train question of nq"
+    ):
+        sample_demonstrations(other, FAST, retriever)

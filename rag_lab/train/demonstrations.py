@@ -259,10 +259,16 @@ def sample_demonstrations(
     from rag_lab.env.teacher.generator import TeacherGenerator
 
     wanted = chosen_protocols(config.protocols)
-    teacher = teacher or TeacherGenerator(data, **asdict(config.noise or Noise()), seed=config.seed)
     questions = list(data.split(config.split))[: config.limit]
     if not questions:
         raise RagLabError(f"cold_start.split: the split {config.split!r} of {data.name} has no questions")
+    if teacher is None and not any(ex.decomposition for ex in questions):
+        raise RagLabError(
+            f"cold start: the world teacher follows gold decompositions, and no {config.split} question of "
+            f"{data.name} has one (it knows data=synth): give another teacher (a generator; APEX's "
+            "policy.teacher) or no cold start (policy.cold_start=null)"
+        )
+    teacher = teacher or TeacherGenerator(data, **asdict(config.noise or Noise()), seed=config.seed)
     env, em = Env(data.corpus, retriever), SCORERS[getattr(data, "scorer", "squad")]["em"]
     plan = [
         (t, config.seed * 1000 + j)
