@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo tiny-lm test test-slow test-gpu lint format docs bench clean \
+.PHONY: help install install-gpu demo tiny-lm test test-slow test-gpu mutate lint format docs bench clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -48,6 +48,10 @@ test-slow: install ## The slow set: whole experiments, notebooks
 
 test-gpu: install ## On a GPU machine: the fast set, then SmolLM2's SFT / DPO / GRPO and the DAPO / APEX steps on CUDA in bf16
 	$(PY) -m pytest -q -m "not slow or gpu"
+
+mutate: install ## Mutation testing (mutmut) of the modules that decide results; then `mutmut results`
+	$(VENV)/bin/mutmut run --max-children 2
+	$(VENV)/bin/mutmut results
 
 lint: install ## ruff check + format check
 	$(PY) -m ruff check .
