@@ -310,3 +310,32 @@ def test_reward_dapo_composes_the_three_terms():
     assert list(instantiate(compose(["reward=dapo", "reward.search=null"]).reward)) == ["answer", "format"]
     assert compose(["reward=unified_answer"]).reward.stage == "unified"
     assert reward_terms(answer=None) == {}
+
+
+@pytest.mark.parametrize(
+    "change, problems",
+    [
+        ({}, []),
+        ({"stage": 2}, []),
+        ({"stage": "unified"}, []),
+        ({"stage": 3}, [("stage", "3 is not 1, 2 or unified")]),
+        ({"correct": "acc"}, []),
+        ({"correct": "f1"}, [("correct", "'f1' is not em, acc or judge")]),
+        (
+            {"correct": "judge"},
+            [("judge", "correct=judge needs a judge (a judge config, e.g. rag_lab.eval.judge.LLMJudge)")],
+        ),
+        ({"correct": "judge", "judge": {"_target_": "x"}}, []),
+        ({"beta": 0.0}, []),
+        ({"beta": -0.1}, [("beta", "must be >= 0, got -0.1")]),
+        (
+            {"stage": 0, "beta": -1.0},
+            [("stage", "0 is not 1, 2 or unified"), ("beta", "must be >= 0, got -1.0")],
+        ),
+    ],
+)
+def test_answer_reward_settings_are_checked_with_the_config(change, problems):
+    from rag_lab.rewards.dapo import check_answer_settings
+
+    settings = {"stage": 1, "beta": 0.3, "correct": "em", "judge": None} | change
+    assert check_answer_settings(settings, None) == problems

@@ -22,7 +22,7 @@ and scores 1.
 import re
 import string
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -100,14 +100,43 @@ def _scorer(first_gold_only: bool = False, **rules: bool) -> dict[str, Metric]:
     }
 
 
-# Dataset scorer name (``Dataset.scorer``) -> metric name -> f(prediction, golds).
-SCORERS: dict[str, dict[str, Metric]] = {
-    "squad": _scorer(),
-    "hotpotqa": _scorer(first_gold_only=True, yes_no_rule=True),
-    "2wiki": _scorer(yes_no_rule=True),
-    "musique": _scorer(empty_rule=True),
+# Each dataset's official rules (``Dataset.scorer``): the keyword arguments of :func:`_scorer`.
+RULES: dict[str, dict[str, bool]] = {
+    "squad": {},
+    "hotpotqa": {"first_gold_only": True, "yes_no_rule": True},
+    "2wiki": {"yes_no_rule": True},
+    "musique": {"empty_rule": True},
 }
-exact_match, f1_score, accuracy = SCORERS["squad"]["em"], SCORERS["squad"]["f1"], SCORERS["squad"]["acc"]
+
+
+class Scorers(Mapping):
+    """Dataset scorer name -> metric name -> f(prediction, golds), built when asked for (a few closures):
+    nothing is computed at import, so every line of the rules is what a test calls (mutation testing,
+    ``make mutate``, cannot see code that ran at import)."""
+
+    def __getitem__(self, name: str) -> dict[str, Metric]:
+        return _scorer(**RULES[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(RULES)
+
+    def __len__(self) -> int:
+        return len(RULES)
+
+
+SCORERS = Scorers()
+
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    return SCORERS["squad"]["em"](prediction, golds)
+
+
+def f1_score(prediction: str, golds: list[str]) -> float:
+    return SCORERS["squad"]["f1"](prediction, golds)
+
+
+def accuracy(prediction: str, golds: list[str]) -> float:
+    return SCORERS["squad"]["acc"](prediction, golds)
 # The per-question answer metrics that go into records and tables.
 ANSWER_METRICS = ("em", "f1", "acc")
 
