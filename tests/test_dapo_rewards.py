@@ -339,3 +339,26 @@ def test_answer_reward_settings_are_checked_with_the_config(change, problems):
 
     settings = {"stage": 1, "beta": 0.3, "correct": "em", "judge": None} | change
     assert check_answer_settings(settings, None) == problems
+
+
+def test_a_reward_group_reaches_a_policy_as_named_terms():
+    """reward=dapo is a dict of terms; a single reward (reward=format, a partial; reward=sepr, an object)
+    becomes one term under its function's or its class's name; null terms and no reward are none."""
+    from functools import partial
+
+    from rag_lab.rewards.base import named
+    from rag_lab.rewards.dapo import format_reward
+
+    class PlanReward:
+        def __call__(self, completions, **_):
+            return [0.0] * len(completions)
+
+    plan, bound = PlanReward(), partial(format_reward)
+    assert named(bound) == {"format_reward": bound}
+    assert (
+        list(named(format_reward)) == ["format_reward"]
+        and named(format_reward)["format_reward"] is format_reward
+    )
+    assert named(plan) == {"planreward": plan}
+    assert named({"answer": format_reward, "search": None}) == {"answer": format_reward}
+    assert named(None) == {}
