@@ -137,6 +137,8 @@ def f1_score(prediction: str, golds: list[str]) -> float:
 
 def accuracy(prediction: str, golds: list[str]) -> float:
     return SCORERS["squad"]["acc"](prediction, golds)
+
+
 # The per-question answer metrics that go into records and tables.
 ANSWER_METRICS = ("em", "f1", "acc")
 
