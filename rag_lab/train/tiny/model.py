@@ -58,16 +58,23 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TinyConfig:
-    """The model's sizes and its stages' settings (the recipe fills them: rag_lab.train.tiny.recipe)."""
+class TinySizes:
+    """The model's sizes, declared once: the recipe's settings (:class:`~rag_lab.train.tiny.recipe.Recipe`)
+    and the stages' config (:class:`TinyConfig`) both have them; the defaults are the shipped model's."""
 
-    hidden: int = 128
+    hidden: int = 64
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
-    intermediate: int = 512
+    intermediate: int = 256
     # Positions. Longer demonstrations lose the start of their prompt, never the completion.
     max_length: int = 1024
+
+
+@dataclass(frozen=True)
+class TinyConfig(TinySizes):
+    """The model's sizes and its stages' settings (the recipe fills them: rag_lab.train.tiny.recipe)."""
+
     # Stage 1: reading (``reading`` items: a page, then questions about it each followed by the value
     # the page states), answer-only loss, in batches of reading_batch_size: it teaches finding the one
     # fact a question asks for (experiments/results/tiny_lm.md).

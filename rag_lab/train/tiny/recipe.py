@@ -28,7 +28,7 @@ from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.demonstrations import collect, sample
-from rag_lab.train.tiny.model import TinyConfig
+from rag_lab.train.tiny.model import TinyConfig, TinySizes
 from rag_lab.train.tiny.reading import (
     DRILLS,
     READING_LAYOUTS,
@@ -65,9 +65,10 @@ TUNE_LAYOUT = (
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(TinySizes):
     """The recipe's settings (``generator.*`` of conf/generator/tiny.yaml); the defaults are the shipped
-    checkpoint's."""
+    checkpoint's. The model's sizes (hidden, layers, heads, kv_heads, intermediate, max_length) are
+    :class:`~rag_lab.train.tiny.model.TinySizes`'."""
 
     # demonstrations per protocol, in words (sampled from the teacher's rollouts on the training split)
     words_per_protocol: int = 60_000
@@ -75,12 +76,6 @@ class Recipe:
     iterations: int = 6
     # the protocols to demonstrate (null: every protocol)
     protocols: list[str] | None = None
-    hidden: int = 64
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 256
-    max_length: int = 1024
     # the reading stage first: reading_steps batches of reading_batch_size items (0: none)
     reading_steps: int = 6000
     reading_batch_size: int = 32
