@@ -362,3 +362,24 @@ def test_a_reward_group_reaches_a_policy_as_named_terms():
     assert named(plan) == {"planreward": plan}
     assert named({"answer": format_reward, "search": None}) == {"answer": format_reward}
     assert named(None) == {}
+
+
+def test_rewards_refuse_columns_of_other_lengths_and_default_to_the_papers_choices():
+    from rag_lab.rewards.answer import answer_score
+    from rag_lab.rewards.dapo import correctness
+
+    assert answer_score(["Paris France"], answers=[["Paris"]]) == [pytest.approx(2 / 3)]  # F1 by default
+    assert correctness(["<answer>the Paris</answer>"], [["Paris"]]) == [
+        True
+    ]  # EM by default: the article drops
+    assert correctness(["<answer>in Paris</answer>"], [["Paris"]]) == [False]
+    with pytest.raises(ValueError):
+        answer_score(["a", "b"], answers=[["a"]])
+    with pytest.raises(
+        RagLabError, match=r"^reward.correct: judge needs reward.judge \(an LLM judge, e.g. judge=llm's\)$"
+    ):
+        correctness(["<answer>a</answer>"], [["a"]], "judge")
+    with pytest.raises(ValueError):
+        correctness(
+            ["<answer>a</answer>", "<answer>b</answer>"], [["a"], ["b"]], "judge", judge=lambda p, g: [1.0]
+        )

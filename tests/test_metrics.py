@@ -92,3 +92,16 @@ def test_acc_is_substring_of_normalised_prediction(scorer):
     assert acc("It was the city of Paris, France.", ["paris"]) == 1.0
     assert acc("Parisian", ["Paris"]) == 1.0  # substring, not token match: FlashRAG's rule
     assert acc("Lyon", ["Paris"]) == 0.0
+
+
+def test_the_rules_each_scorer_applies():
+    """What mutation testing found unpinned: the rules' defaults, the first-gold rule on Acc, no gold."""
+    from rag_lab.eval.metrics import token_prf
+
+    # SQuAD's token F1 has no yes/no rule: "yes it is" against "yes" is 2PR/(P+R) = 2(1/3)(1)/(4/3) = 0.5
+    assert token_prf("yes it is", "yes")[0] == 0.5
+    assert token_prf("yes it is", "yes", yes_no_rule=True)[0] == 0.0
+    assert SCORERS["hotpotqa"]["acc"]("Paris", ["London", "Paris"]) == 0.0  # HotpotQA scores the first gold
+    assert SCORERS["squad"]["acc"]("Paris", ["London", "Paris"]) == 1.0
+    assert all(SCORERS[name][m]("x", []) == 0.0 for name in SCORERS for m in ("em", "f1", "acc"))
+    assert list(SCORERS) == ["squad", "hotpotqa", "2wiki", "musique"] and len(SCORERS) == 4

@@ -54,3 +54,37 @@ def test_the_seed_spread_is_each_seeds_own_difference():
     )
     assert r.delta == 0.5 and r.seed_deltas == (1.0, 0.0)
     assert r.seed_sd == pytest.approx(2**-0.5)
+
+
+def test_the_bootstrap_is_exactly_its_definition():
+    """Every number of the result, against the definition written out here: questions drawn with
+    replacement (numpy's default_rng(seed).integers, 10,000 draws), the 2.5th and 97.5th percentiles,
+    twice the smaller tail for p, the means per question first."""
+    rng = np.random.default_rng(7)
+    a, b = list(rng.random(12)), list(rng.random(12))
+    questions, seeds = [f"q{i % 6}" for i in range(12)], ["0"] * 6 + ["1"] * 6
+    r = paired_bootstrap(a, b, questions=questions, seeds=seeds)
+    per_q = np.array([np.mean([a[i] - b[i] for i in (q, q + 6)]) for q in range(6)])
+    draws = np.random.default_rng(0).integers(0, 6, size=(10_000, 6))
+    deltas = per_q[draws].mean(axis=1)
+    low, high = np.percentile(deltas, [2.5, 97.5])
+    p = min(1.0, 2 * min(float(np.mean(deltas <= 0)), float(np.mean(deltas >= 0))))
+    assert (r.ci_low, r.ci_high, r.p_value) == (pytest.approx(low), pytest.approx(high), p)
+    assert (r.n, r.pairs, r.delta) == (6, 12, pytest.approx(per_q.mean()))
+    assert (r.mean_a, r.mean_b) == (pytest.approx(np.mean(a)), pytest.approx(np.mean(b)))
+    per_seed = (np.mean(a[:6]) - np.mean(b[:6]), np.mean(a[6:]) - np.mean(b[6:]))
+    assert r.seed_deltas == pytest.approx(per_seed) and r.seed_sd == pytest.approx(np.std(per_seed, ddof=1))
+    assert r == paired_bootstrap(a, b, questions=questions, seeds=seeds, n_resamples=10_000, seed=0)
+    assert r != paired_bootstrap(a, b, questions=questions, seeds=seeds, seed=1)
+
+
+def test_the_bootstrap_edge_cases():
+    same = paired_bootstrap([0.5, 0.5, 1.0], [0.5, 0.5, 1.0])  # no difference anywhere: p is 1, not 2
+    assert (same.delta, same.p_value, same.ci_low, same.ci_high) == (0.0, 1.0, 0.0, 0.0)
+    assert same.seed_deltas == (0.0,) and same.seed_sd is None  # one seed: no spread
+    ints = paired_bootstrap([1, 0], [0, 0])  # whole numbers are scores too
+    assert ints.delta == 0.5 and isinstance(ints.mean_a, float)
+    with pytest.raises(ValueError, match=r"one question and one seed per pair"):
+        paired_bootstrap([1.0, 0.0], [0.0, 0.0], questions=["q1"])
+    with pytest.raises(ValueError, match=r"two equally long, non-empty score lists \(0 vs 0\)"):
+        paired_bootstrap([], [])
