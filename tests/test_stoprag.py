@@ -366,3 +366,21 @@ def test_seed_tables_average_seeds_and_pair_questions_across_seeds(tmp_path):
     _, partial = seed_tables([r for r in runs if "stoprag" not in r.name] + runs[2:3], "policy", "llm_stop",
                              {"t1": ["F1"]})  # fmt: skip
     assert partial.attrs["method"] == "stoprag" and set(partial.B) == {"fixed_iter"}
+
+
+def test_targets_edges_the_unit_tests_left_open():
+    """Pinned after mutation testing: λ at and past the end of training, the default λ (1: Monte Carlo),
+    the binary label on a tie (stop is no worse: 1), a bootstrap with one Q missing, the messages."""
+    assert lambda_at(1.5, 1.0, 0.1) == lambda_at(1.0, 1.0, 0.1) == pytest.approx(0.1)
+    assert lambda_at(-0.5, 1.0, 0.1) == lambda_at(0.0, 1.0, 0.1) == 1.0
+    rewards = torch.tensor([[0.0, 0.2, 0.5, 0.5, 0.5]])  # T = 4: stop at t = 2 ties the best later stop
+    t = torch.tensor([2])
+    q = torch.zeros(1, 5)
+    assert torch.equal(targets("qlambda", rewards, t, q, q)[1], targets("mc", rewards, t)[1])  # λ = 1
+    assert targets("binary", rewards, t)[1].tolist() == [1.0]
+    with pytest.raises(ValueError, match=r"^target 'qlambda' bootstraps: pass q_stop and q_cont$"):
+        targets("qlambda", rewards, t, q_stop=q)
+    with pytest.raises(
+        ValueError, match=r"^target must be one of \('qlambda', 'mc', 'q0', 'binary'\), got 'td'$"
+    ):
+        targets("td", rewards, t)
