@@ -175,6 +175,9 @@ def test_rollouts_mask_exactly_the_information_blocks(data, base):
         k=2,
         max_turns=3,
         sampling=Sampling(temperature=1.0, max_new_tokens=12),
+        dynamic_sampling=True,
+        max_rounds=4,
+        seed=0,
     )
     trainer = SimpleNamespace(
         num_generations=2,
@@ -227,7 +230,9 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
         k=2,
         max_turns=2,
         sampling=Sampling(temperature=1.0, max_new_tokens=12),
+        dynamic_sampling=True,
         max_rounds=4,
+        seed=0,
     )
     batch = rollouts.play([flat, questions[1]], group=3, step=0)
     assert rollouts.stats["sampling/dropped_groups"] >= 1 and batch.questions[0] is not flat
@@ -247,6 +252,8 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
         max_turns=2,
         sampling=Sampling(temperature=1.0, max_new_tokens=12),
         dynamic_sampling=False,
+        max_rounds=4,
+        seed=0,
     )
     kept = off.play([flat, questions[1]], group=3, step=0)
     assert kept.questions[0] is flat and off.stats == {

@@ -54,6 +54,8 @@ def test_official_form(outcome, rewards):
 
 def test_process_score():
     assert process_score(0.5, 1.0, 0.25) == pytest.approx(0.15 + 0.3 + 0.1)
+    assert process_score(1.0, 0.5, 0.0) == pytest.approx(0.3 + 0.15)
+    assert process_score(0.0, 0.0, 0.0) == 0.0 and process_score(1.0, 1.0, 1.0) == pytest.approx(1.0)
     assert process_score(0.5, 1.0, 0.25, fatal=True) == 0.0
     assert process_score(0.5, 1.0, 0.25, documents=False) == pytest.approx(0.45)
 
@@ -63,8 +65,19 @@ def test_process_score():
     [
         (lambda: step_reward(True, False, relevance=1.5), "relevance"),
         (lambda: process_score(0.5, -0.1, 0.5), "process scores"),
-        (lambda: paper_rewards([0.5], "timeout"), "outcome"),
-        (lambda: official_rewards([0.5], "correct", {"right": 2.0}), "reward.factors"),
+        (lambda: process_score(0.5, 1.5, 0.5), "process scores"),
+        (
+            lambda: paper_rewards([0.5], "timeout"),
+            "one of correct, incorrect, no_answer, format_error, got 'timeout'",
+        ),
+        (
+            lambda: official_rewards([0.5], "correct", {"right": 2.0}),
+            r"\['right'\] \(settable: correct, incorrect, no_",
+        ),
+        (
+            lambda: paper_rewards([0.5], "format_error", {"format_error": 0.5}),
+            "reward.factors: unknown outcomes",
+        ),
     ],
 )
 def test_bad_inputs_are_one_line_errors(call, key):

@@ -35,8 +35,9 @@ from rag_lab.errors import RagLabError
 
 Outcome = Literal["correct", "incorrect", "no_answer", "format_error"]
 OUTCOMES = ("correct", "incorrect", "no_answer", "format_error")
-# λ_T = 1 + γ per outcome (the official code's γ_correct 0.6, γ_incorrect −0.2, γ_fail −0.1).
-FACTORS = {"correct": 1.6, "incorrect": 0.8, "no_answer": 0.9, "format_error": 1.0}
+# λ_T = 1 + γ per outcome (the official code's γ_correct 0.6, γ_incorrect −0.2, γ_fail −0.1); a format
+# error's λ_T is 1 by definition (eq. 6; the official code leaves those steps unscaled), not a setting.
+FACTORS = {"correct": 1.6, "incorrect": 0.8, "no_answer": 0.9}
 # The official code's answer-step rewards and its score of the step that broke the format.
 ANSWER_RIGHT, ANSWER_WRONG, BROKEN_STEP = 2.0, 0.0, -0.9
 # The official process score's weights: coherence, rationality, relevance.
@@ -128,12 +129,10 @@ def official_rewards(
 def _factor(outcome: str, factors: dict[str, float] | None, paper: bool) -> float:
     if outcome not in OUTCOMES:
         raise RagLabError(f"r3rag reward: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
-    unknown = sorted(set(factors or {}) - set(OUTCOMES))
+    unknown = sorted(set(factors or {}) - set(FACTORS))
     if unknown:
-        raise RagLabError(f"reward.factors: unknown outcomes {unknown} (known: {', '.join(OUTCOMES)})")
+        raise RagLabError(f"reward.factors: unknown outcomes {unknown} (settable: {', '.join(FACTORS)})")
     table = FACTORS | (factors or {})
     if paper and outcome == "no_answer" and "no_answer" not in (factors or {}):
         outcome = "incorrect"
-    if paper and outcome == "format_error":
-        return 1.0
-    return table[outcome]
+    return 1.0 if outcome == "format_error" else table[outcome]

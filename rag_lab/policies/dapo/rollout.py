@@ -47,8 +47,6 @@ from rag_lab.env.protocols.tagged import DAPOTagged
 from rag_lab.generators.base import Sampling, render
 from rag_lab.generators.hf import HFGenerator
 
-TRAIN_SAMPLING = Sampling(temperature=1.0, max_new_tokens=128)
-
 
 def is_flat(totals: np.ndarray) -> bool:
     """All rewards of a group equal, up to float noise (an encoder batch can move a cosine by 1e-9)."""
@@ -80,7 +78,8 @@ class Batch:
 
 class SearchRollouts:
     """TRL's ``rollout_func``: ``env``'s corpus and retriever, ``generator``'s tokenizer and settings around
-    the trainer's model (see the module docstring)."""
+    the trainer's model (see the module docstring). The settings have no defaults here: the policy's
+    (:class:`rag_lab.policies.dapo.DAPO`) are the only ones."""
 
     def __init__(
         self,
@@ -88,12 +87,13 @@ class SearchRollouts:
         generator: HFGenerator,
         questions: Sequence[QAExample],
         rewards: Sequence[tuple[Callable[..., list[float]], float]],
-        k: int = 5,
-        max_turns: int = 5,
-        sampling: Sampling = TRAIN_SAMPLING,
-        dynamic_sampling: bool = True,
-        max_rounds: int = 4,
-        seed: int = 0,
+        *,
+        k: int,
+        max_turns: int,
+        sampling: Sampling,
+        dynamic_sampling: bool,
+        max_rounds: int,
+        seed: int,
     ):
         self.env, self.generator, self.protocol = env.with_generator(generator), generator, DAPOTagged()
         self.pool = list(questions)
@@ -154,13 +154,13 @@ class SearchRollouts:
     def groups(self, questions: list[QAExample], group: int, sampling: Sampling):
         """Episodes (``group`` per question, one batched engine run), their texts and total rewards."""
         repeated = [q for q in questions for _ in range(group)]
-        episodes = run_agent(self.protocol, repeated, self.env, sampling, self.k, self.max_turns)
+        episodes = run_agent(self.protocol, repeated, self.env, sampling, k=self.k, max_turns=self.max_turns)
         texts = [self.rollout_text(ep) for ep in episodes]
         answers = [list(q.answers) for q in repeated]
         total = np.zeros(len(episodes))
         for reward, weight in self.rewards:
             if weight:
-                total += weight * np.asarray(reward(texts, answers=answers, rollouts=texts), dtype=float)
+                total += weight * np.asarray(reward(texts, answers=answers), dtype=float)
         cut = [slice(i * group, (i + 1) * group) for i in range(len(questions))]
         return [episodes[c] for c in cut], [texts[c] for c in cut], [total[c] for c in cut]
 
@@ -169,8 +169,9 @@ class SearchRollouts:
         return self.protocol.information(Turn(None, passages))
 
     def rollout_text(self, episode: Episode) -> str:
-        """The text the engine built: each turn, then its information block (DAPOTagged.rollout_text)."""
-        return "".join(s.text + (self.information(s) if s.retrieved_ids else "") for s in episode.steps)
+        """The text the engine built: each turn, then its information block (none after a turn that did not
+        search: DAPOTagged.rollout_text)."""
+        return "".join(s.text + self.information(s) for s in episode.steps)
 
     # ---- to TRL's rows --------------------------------------------------------------------------
     def encode(self, batch: Batch) -> dict[str, list]:

@@ -101,12 +101,12 @@ def train_stage(
         generator,
         questions,
         rewards,
-        policy.k,
-        policy.max_turns,
-        policy.train_sampling,
-        policy.dynamic_sampling,
-        policy.max_rounds,
-        policy.seed,
+        k=policy.k,
+        max_turns=policy.max_turns,
+        sampling=policy.train_sampling,
+        dynamic_sampling=policy.dynamic_sampling,
+        max_rounds=policy.max_rounds,
+        seed=policy.seed,
     )
     dataset = Dataset.from_list(
         [{"prompt": rollouts.first_prompt(q), "answers": list(q.answers)} for q in questions]
