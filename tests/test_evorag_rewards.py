@@ -5,7 +5,8 @@ import pytest
 from rag_lab.data.base import QAExample
 from rag_lab.env.episode import Episode, Step
 from rag_lab.errors import RagLabError
-from rag_lab.rewards.evorag import COMPONENTS, step_rewards, weighted, weights
+from rag_lab.rewards import evorag
+from rag_lab.rewards.evorag import COMPONENTS, action_penalty, answer_reward, step_rewards, weighted, weights
 
 
 class Toy:
@@ -90,10 +91,48 @@ def test_the_schedule_interpolates_table_1_within_each_stage():
     [
         (lambda: weights(3, 1), "reward.stage"),
         (lambda: weights(1, 1, schedule="cosine"), "reward.schedule"),
-        (lambda: weighted([], stage=1, components=["retrieval"]), "reward.components"),
+        (
+            lambda: weighted([], stage=1, components=["retrieval"]),
+            r"\['retrieval'\] \(known: ret, act, dup, bt",
+        ),
         (lambda: step_rewards([], [EXAMPLE], Toy()), "step_rewards"),
     ],
 )
 def test_bad_settings_are_one_line_errors(call, key):
     with pytest.raises(RagLabError, match=key):
         call()
+
+
+def test_the_late_search_penalty_starts_at_p_0_3_and_needs_an_overlap():
+    assert action_penalty("search", 0.3, -0.4) == -1.0 and action_penalty("search", 0.29, -0.4) == 0.0
+    assert action_penalty("search", 0.9, -0.5) == -1.0 and action_penalty("search", 0.9, 0.0) == 0.0
+    assert action_penalty("backtrack", 0.9, -1.0) == 0.0
+
+
+def test_positions_count_from_one_over_the_default_t_max_20():
+    # six searches of the same direction: the sixth (p = 6 / 20) is the first past 0.3
+    episode = Episode("q1", "Where?", steps=[search("a", ["p1"]) for _ in range(6)])
+    (rows,) = step_rewards([episode], [EXAMPLE], Toy())
+    assert [row["act"] for row in rows] == [0.0] * 5 + [-1.0]
+
+
+def test_without_an_encoder_the_default_one_embeds(monkeypatch):
+    toy = Toy()
+    monkeypatch.setattr(evorag, "default_encoder", lambda: toy)
+    step_rewards([Episode("q1", "Where?", steps=[search("a", ["p1"])])], [EXAMPLE])
+    assert toy.calls == [["a"]]
+
+
+def test_the_answer_is_scored_with_the_chosen_rules():
+    # SQuAD's F1 gives "yes" against "yes sir" 2/3; HotpotQA's rule scores a yes/no that differs 0
+    example = QAExample("q3", "Is it?", ("yes sir",))
+    episode = Episode("q3", "Is it?", prediction="yes", steps=[Step(action="answer")])
+    assert answer_reward("answer", "yes", ["yes sir"]) == pytest.approx(1 / 3)  # the default: SQuAD
+    ((squad,),) = step_rewards([episode], [example], Toy())
+    ((hotpot,),) = step_rewards([episode], [example], Toy(), scorer="hotpotqa")
+    assert squad["ans"] == pytest.approx(1 / 3) and hotpot["ans"] == 0.0
+
+
+def test_the_fixed_schedule_is_not_the_dynamic_one():
+    rows = [dict.fromkeys(COMPONENTS, 1.0)] * 4
+    assert weighted(rows, stage=1, t_max=4, schedule="fixed") != weighted(rows, stage=1, t_max=4)
