@@ -120,20 +120,73 @@ def in_subset(record: dict, subset: str) -> bool:
     return f"type={record.get('type')}" == subset
 
 
+def scores_of(runs: list[Path], seeded: bool = True) -> dict[tuple[str, str], dict]:
+    """Each run's records keyed by (seed, question id): the pairs a bootstrap matches (seed "" when
+    ``seeded`` is off: two single runs pair on the question id alone)."""
+    return {
+        (overrides_of(r).get("seed", "0") if seeded else "", rec["id"]): rec
+        for r in runs
+        for rec in records_of(r)
+    }
+
+
+def bootstrap_rows(
+    mine: dict[tuple[str, str], dict],
+    theirs: dict[tuple[str, str], dict],
+    metrics: tuple[str, ...],
+    subset: str = "all",
+) -> list[dict]:
+    """The paired bootstrap (each draw a question with all its seeds: :func:`paired_bootstrap`) of
+    ``mine`` − ``theirs`` per metric, over the pairs of ``subset`` both scored (APEX's SEPR: those with a
+    plan); column ``n``: how many pairs."""
+    rows = []
+    for m in metrics:
+        shared = [
+            k for k in mine
+            if k in theirs and in_subset(mine[k], subset) and None not in (mine[k].get(m), theirs[k].get(m))
+        ]  # fmt: skip
+        if shared:
+            res = paired_bootstrap(
+                [mine[k][m] for k in shared],
+                [theirs[k][m] for k in shared],
+                questions=[k[1] for k in shared],
+                seeds=[k[0] for k in shared],
+            )
+            rows.append({"metric": m} | result_row(res))
+    return rows
+
+
 def compare(
     run_a: Path, run_b: Path, subset: str = "all", metrics: tuple[str, ...] = ANSWER_METRICS
 ) -> pd.DataFrame:
     """Paired bootstrap of run A vs run B on the question ids of ``subset`` that both answered
     (column ``n``: how many)."""
-    a, b = ({r["id"]: r for r in records_of(run)} for run in (run_a, run_b))
-    shared = [qid for qid in a if qid in b and in_subset(a[qid], subset)]
-    if not shared:
+    rows = bootstrap_rows(scores_of([run_a], False), scores_of([run_b], False), metrics, subset)
+    if not rows:
         raise RagLabError(f"{run_a} and {run_b} share no question id of subset '{subset}'")
-    rows = []
-    for m in metrics:
-        res = paired_bootstrap([a[q][m] for q in shared], [b[q][m] for q in shared], questions=shared)
-        rows.append({"metric": m} | result_row(res))
     return pd.DataFrame(rows)
+
+
+def compare_rows(
+    runs: list[Path], by: str, a: str, b: str, subset: str = "all", metrics: tuple[str, ...] = ANSWER_METRICS
+) -> pd.DataFrame:
+    """Row ``by=a`` vs row ``by=b`` of a sweep over seeds: pairs match on (seed, question id)."""
+    groups = groups_by(runs, by)
+    for value in (a, b):
+        if value not in groups:
+            raise RagLabError(f"--compare: no run with {by}={value} (the sweep has: {', '.join(groups)})")
+    rows = bootstrap_rows(scores_of(groups[a]), scores_of(groups[b]), metrics, subset)
+    if not rows:
+        raise RagLabError(f"{by}={a} and {by}={b} share no (seed, question id) of subset '{subset}'")
+    return pd.DataFrame([{"A": a, "B": b} | row for row in rows])
+
+
+def groups_by(runs: list[Path], by: str) -> dict[str, list[Path]]:
+    """Runs grouped by the value of override ``by`` (in sweep order)."""
+    groups: dict[str, list[Path]] = {}
+    for run in runs:
+        groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
+    return groups
 
 
 def result_row(res) -> dict:
@@ -192,9 +245,7 @@ def seed_tables(
     takes a question with all its seeds, :func:`rag_lab.eval.stats.paired_bootstrap`), with the
     difference within each seed beside it. A sweep without ``method``'s row (a partial ablation) is compared
     against its last row instead; the table's caption says so (``tests.attrs["method"]``)."""
-    groups: dict[str, list[Path]] = {}
-    for run in runs:
-        groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
+    groups = groups_by(runs, by)
     if not groups:
         raise RagLabError(f"no runs to tabulate by {by}")
     if method not in groups:
@@ -213,25 +264,12 @@ def seed_tables(
             rows.append(row)
         out[name] = pd.DataFrame(rows)
 
-    def scores(members: list[Path]) -> dict[tuple[str, str], dict]:
-        return {(overrides_of(r).get("seed", "0"), rec["id"]): rec for r in members for rec in records_of(r)}
-
-    mine, tests = scores(groups[method]), []
+    mine, tests = scores_of(groups[method]), []
     for value, members in groups.items():
-        if value == method:
-            continue
-        theirs = scores(members)
-        for m in metrics:  # over the questions both rows scored (APEX's SEPR: those with a plan)
-            shared = [k for k in mine if k in theirs and None not in (mine[k].get(m), theirs[k].get(m))]
-            if not shared:
-                continue
-            res = paired_bootstrap(
-                [mine[k][m] for k in shared],
-                [theirs[k][m] for k in shared],
-                questions=[k[1] for k in shared],
-                seeds=[k[0] for k in shared],
-            )
-            tests.append({"A": method, "B": value, "metric": m} | result_row(res))
+        if value != method:
+            tests += [
+                {"A": method, "B": value} | row for row in bootstrap_rows(mine, scores_of(members), metrics)
+            ]
     tests = pd.DataFrame(tests)
     tests.attrs["method"] = method
     return out, tests
@@ -283,6 +321,7 @@ Errors are one line, "error: ...", with exit status 1.
 examples:
   python -m rag_lab.report multirun/2026-11-21/10-00-00
   python -m rag_lab.report outputs/a outputs/b --subset type=compositional --compare --out ab.csv
+  python -m rag_lab.report multirun/dapo_synth --by policy.stages --compare '[1]' '[]'
 
 columns (per-question means over the subset, except N):
 """
@@ -299,18 +338,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
     parser.add_argument("--columns", nargs="+", help="only these metric columns (e.g. EM F1 'R@10')")
     parser.add_argument(
-        "--compare", action="store_true", help="paired bootstrap test of the first two runs over --subset"
+        "--compare",
+        nargs="*",
+        metavar="VALUE",
+        help="paired bootstrap over --subset's questions: of the first two runs, or, with --by KEY and two "
+        "values A B, of row KEY=A vs row KEY=B over their seeds",
     )
+    parser.add_argument("--by", help="the override naming a sweep's rows (for --compare A B)")
     parser.add_argument(
         "--out", type=Path, help="csv path (default: DIR/report.csv for one DIR, else ./report.csv)"
     )
     args = parser.parse_args(argv)
     with one_line_errors():
-        print_report(args.dirs, args.subset, args.columns, args.compare, args.out)
+        print_report(args.dirs, args.subset, args.columns, args.compare, args.out, args.by)
 
 
 def print_report(
-    dirs: list[Path], subset: str, columns: list[str] | None, paired: bool, out: Path | None
+    dirs: list[Path],
+    subset: str,
+    columns: list[str] | None,
+    paired: list[str] | None,
+    out: Path | None,
+    by: str | None = None,
 ) -> None:
     """Write the csv and print the table (and the paired test) for ``main``'s arguments."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
@@ -324,15 +373,23 @@ def print_report(
         print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
     sys.stdout.write(to_markdown(table))
     print(f"\n{len(runs)} runs{note}; subset {subset}; csv: {out}")
-    if paired:
+    if paired is None:
+        return
+    if by or paired:
+        if not by or len(paired) != 2:
+            raise RagLabError("--compare A B needs --by KEY (and --by needs --compare with two values)")
+        tests = compare_rows(runs, by, paired[0], paired[1], subset)
+        what = f"row {by}={paired[0]} (A) vs row {by}={paired[1]} (B), pairs matched on seed and question id"
+    else:
         if len(runs) < 2:
             raise RagLabError("--compare needs two runs")
         tests = compare(runs[0], runs[1], subset)
-        print(
-            f"\npaired bootstrap over the {tests['n'].iloc[0]} question ids of subset {subset} that both "
-            f"runs answered, A = {runs[0]} vs B = {runs[1]} (delta = A - B):"
-        )
-        sys.stdout.write(to_markdown(tests))
+        what = f"A = {runs[0]} vs B = {runs[1]}"
+    print(
+        f"\npaired bootstrap over the {tests['n'].iloc[0]} question ids of subset {subset} that both runs "
+        f"answered, {what} (delta = A - B):"
+    )
+    sys.stdout.write(to_markdown(tests))
 
 
 if __name__ == "__main__":

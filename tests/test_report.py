@@ -117,6 +117,29 @@ def test_compare_uses_only_the_subset_ids(two_runs, capsys):
     assert "paired bootstrap over the 4 question ids of subset type=a that both runs answered" in out
 
 
+def test_two_rows_of_a_sweep_compare_over_their_seeds_pairing_seed_and_question(tmp_path, capsys):
+    # rows x=a and x=b, seeds 0 and 1, questions q0..q2; a seed's q0 is right only in row a's seed 0:
+    # pairs (seed, q): deltas q0: +1 (seed 0), 0 (seed 1); q1, q2: 0. Seed 1 of row b also answers q9.
+    for value, seed, right in [("a", 0, {"q0"}), ("a", 1, set()), ("b", 0, set()), ("b", 1, set())]:
+        extra = [record("q9", "t", 1)] if (value, seed) == ("b", 1) else []
+        records = [record(f"q{j}", "t", float(f"q{j}" in right)) for j in range(3)] + extra
+        write_run(tmp_path / f"{value}{seed}", [f"x={value}", f"seed={seed}"], records)
+    code, out, _ = report(capsys, str(tmp_path), "--by", "x", "--compare", "a", "b")
+    assert code == 0 and "row x=a (A) vs row x=b (B), pairs matched on seed and question id" in out
+    (row,) = [r for r in cells(out[out.index("paired bootstrap") :])[1:] if r[2] == "em"]
+    header = cells(out[out.index("paired bootstrap") :])[0]
+    got = dict(zip(header, row, strict=True))
+    assert (got["A"], got["B"], got["n"], got["pairs"]) == ("a", "b", "3", "6")
+    assert got["delta"] == "0.1667" and got["seed_deltas"] == "+0.3333 / +0.0000"
+    for argv, message in [
+        (["--compare", "a", "b"], "--compare A B needs --by KEY"),
+        (["--by", "x", "--compare"], "--compare A B needs --by KEY"),
+        (["--by", "x", "--compare", "a", "c"], "no run with x=c (the sweep has: a, b)"),
+    ]:
+        code, _, err = report(capsys, str(tmp_path), *argv)
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+
+
 # 3. --help explains the command; errors are one line.
 def test_help_says_what_it_does_with_options_and_an_example(capsys):
     code, out, _ = report(capsys, "--help")
