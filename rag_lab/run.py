@@ -90,6 +90,12 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
         len(records),
         markdown,
     )
+    if metrics["all"].get("prompt_cut_rate"):
+        log.warning(
+            "%.1f%% of the questions had a prompt longer than the generator's model reads: their passages "
+            "were cut to fit, the question kept (records.jsonl: prompt_cuts; rag_lab/env/fit.py)",
+            100 * metrics["all"]["prompt_cut_rate"],
+        )
     if dropped:
         log.warning("data.skip_malformed dropped %s", ", ".join(f"{v} {k}" for k, v in dropped.items()))
 

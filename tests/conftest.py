@@ -94,7 +94,7 @@ def tiny_lm(tmp_path_factory):
     fast.save_pretrained(path / "tokenizer")
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                          eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)  # fmt: skip
     Qwen2ForCausalLM(config).save_pretrained(path)
     return str(path)

@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 from rag_lab.data.base import QAExample
 from rag_lab.env.env import Env
 from rag_lab.env.episode import Episode, Step
+from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
 from rag_lab.errors import RagLabError
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Sampling
 
 
 @dataclass
@@ -36,27 +37,45 @@ class Live:
     seen: set[str]
 
 
-def generate(env: Env, protocol: Protocol, prompts: Sequence[Prompt], sampling: Sampling) -> list[Completion]:
-    """One completion per prompt, stopping where ``protocol`` pauses."""
+def generate(env: Env, protocol: Protocol, states: Sequence[State], sampling: Sampling) -> list[Completion]:
+    """One completion per state, from ``protocol``'s prompt fitted to the model (:mod:`rag_lab.env.fit`: a
+    prompt that cannot fit is not generated, its completion empty with finish reason ``TOO_LONG``),
+    stopping where ``protocol`` pauses."""
     if env.generator is None:
         raise RagLabError(
             "generator: this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)"
         )
     tuned = replace(sampling, n=1, stop=protocol.stop, include_stop=protocol.include_stop)
-    return [c[0] for c in env.generator.generate(list(prompts), tuned)]
+    prompts, cuts = fitted_prompts(env.generator, protocol, states, chat_of(env), tuned)
+    out = [Completion("", finish_reason=TOO_LONG) for _ in prompts]
+    fit = [i for i, p in enumerate(prompts) if p is not None]
+    if fit:
+        for i, c in zip(fit, env.generator.generate([prompts[i] for i in fit], tuned), strict=True):
+            out[i] = c[0]
+    for c, cut in zip(out, cuts, strict=True):
+        c.prompt_cut = cut
+    return out
+
+
+def account(episode: Episode, completion: Completion) -> None:
+    """A generation's tokens and prompt cut, counted in its episode."""
+    episode.completion_tokens += len(completion.token_ids)
+    episode.prompt_tokens += completion.prompt_tokens
+    episode.prompt_cuts += completion.prompt_cut
 
 
 def record(episode: Episode, completion: Completion, action: Action) -> Step:
+    """A generation as a step of ``episode`` (the parser's error, or why the prompt was refused)."""
     step = Step(
         text=completion.text,
         action=action.kind,
         query=action.query,
         token_ids=completion.token_ids,
         logprobs=completion.logprobs,
+        error=TOO_LONG_ERROR if completion.finish_reason == TOO_LONG else action.error or "",
     )
     episode.steps.append(step)
-    episode.completion_tokens += len(completion.token_ids)
-    episode.prompt_tokens += completion.prompt_tokens
+    account(episode, completion)
     return step
 
 
@@ -76,19 +95,17 @@ def run_agent(
     progress: bool = False,
 ) -> list[Episode]:
     """Roll out one episode per example with ``protocol``, all examples batched per turn."""
-    chat = chat_of(env)
     episodes = [Episode(ex.id, ex.question) for ex in examples]
     live = [Live(ep, State(ex.question), set()) for ex, ep in zip(examples, episodes, strict=True)]
     for _ in tqdm(range(max_turns), desc=f"{protocol.name} turns", disable=not progress, leave=False):
         if not live:
             break
-        completions = generate(env, protocol, [protocol.prompt(x.state, chat) for x in live], sampling)
+        completions = generate(env, protocol, [x.state for x in live], sampling)
         actions = [protocol.parse(c.text) for c in completions]
         searching = [i for i, a in enumerate(actions) if a.kind == SEARCH]
         exclude = [live[i].seen for i in searching] if exclude_seen else None
-        hits = dict(
-            zip(searching, env.search([actions[i].query for i in searching], k, exclude), strict=True)
-        )
+        queries = [actions[i].query for i in searching]
+        hits = dict(zip(searching, env.search(queries, k, exclude), strict=True)) if searching else {}
         still = []
         for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
             step = record(x.episode, completion, action)
@@ -107,7 +124,7 @@ def run_agent(
                 continue
             else:
                 x.episode.format_failure, x.episode.stop_reason = True, "format_error"
-                step.error = action.error or f"unexpected action {action.kind!r}"
+                step.error = step.error or f"unexpected action {action.kind!r}"
                 continue
             x.state.turns.append(turn)
             still.append(x)

@@ -36,6 +36,8 @@ class Episode:
     format_failure: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # How many of the episode's prompts were cut to fit the model (rag_lab.env.fit).
+    prompt_cuts: int = 0
 
     @property
     def queries(self) -> list[str]:
@@ -57,5 +59,6 @@ class Episode:
             "stop_reason": self.stop_reason,
             "format_failure": self.format_failure,
             "tokens": {"prompt": self.prompt_tokens, "completion": self.completion_tokens},
+            "prompt_cuts": self.prompt_cuts,
             "rewards": [s.rewards for s in self.steps if s.rewards],
         }

@@ -153,6 +153,8 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
         )
         out |= {f: _mean([r.get(f) for r in rows]) for f in [*METRIC_FIELDS, *at_k]}
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
+        if any(r.get("prompt_cuts") for r in rows):  # prompts cut to fit the model (rag_lab.env.fit)
+            out["prompt_cut_rate"] = _mean([float(r.get("prompt_cuts", 0) > 0) for r in rows])
         out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out
 

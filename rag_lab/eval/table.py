@@ -21,6 +21,7 @@ COLUMNS = {
     "judge_acc": "Judge",
     "sepr": "SEPR",
     "format_failure_rate": "Fmt",
+    "prompt_cut_rate": "Cut",
     "mixed_groups": "Mixed",
     "solved_groups": "Solved",
 }
@@ -34,6 +35,7 @@ PERCENT = {
     "judge_acc",
     "sepr",
     "format_failure_rate",
+    "prompt_cut_rate",
     "mixed_groups",
     "solved_groups",
 }
@@ -61,6 +63,8 @@ DESCRIPTIONS = {
     "SEPR": "APEX's plan reward: F1 of the plan's sub-questions matched to the gold plan's (%; "
     "rag_lab/rewards/sepr.py), over questions with a gold plan",
     "Fmt": "format failures: episodes the protocol could not parse a step of (%; scored as wrong)",
+    "Cut": "questions with a prompt cut to fit the model's positions: passages cut, the question kept (%; "
+    "rag_lab/env/fit.py; a column only where some prompt was cut)",
     "Mixed": "with eval.samples=n: questions whose n samples are neither all right nor all wrong by EM (%; "
     "the groups GRPO / DAPO learn from)",
     "Solved": "with eval.samples=n: questions with at least one right sample (%; pass@n by EM)",

@@ -31,6 +31,8 @@ class Completion:
     logprobs: list[float] | None = None
     # Length of the rendered prompt in tokens (0 where the backend does not tokenise).
     prompt_tokens: int = 0
+    # 1 when the prompt was cut to fit the model (rag_lab.env.fit), else 0.
+    prompt_cut: int = 0
 
 
 class Generator(Protocol):

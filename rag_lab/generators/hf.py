@@ -68,6 +68,8 @@ class HFGenerator:
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
+        # the most tokens the model reads (prompts are fitted to it: rag_lab.env.fit)
+        self.context_length = getattr(loaded.config, "max_position_embeddings", None)
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:

@@ -42,6 +42,8 @@ class VLLMGenerator:
             max_model_len=max_model_len,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        # the most tokens the engine reads (prompts are fitted to it: rag_lab.env.fit)
+        self.context_length = self.llm.llm_engine.model_config.max_model_len
         self.seed, self.want_logprobs, self.chat = seed, logprobs, chat
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:

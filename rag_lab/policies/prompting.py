@@ -15,7 +15,7 @@ from pathlib import Path
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
-from rag_lab.env.engine import chat_of, generate, record
+from rag_lab.env.engine import generate, record
 from rag_lab.env.protocols.base import ANSWER, INVALID, REASON, SEARCH, Action, Protocol, State, Turn
 from rag_lab.env.protocols.simple import QA, CoT
 from rag_lab.generators.base import Sampling
@@ -35,11 +35,10 @@ class Prompting:
 
     def ask(self, env: Env, protocol: Protocol, states: list[State], episodes: list[Episode]) -> list[Action]:
         """One generation per state; each recorded as a step of its episode."""
-        prompts = [protocol.prompt(s, chat_of(env)) for s in states]
         actions = []
-        for ep, c in zip(episodes, generate(env, protocol, prompts, self.sampling), strict=True):
+        for ep, c in zip(episodes, generate(env, protocol, states, self.sampling), strict=True):
             action = protocol.parse(c.text)
-            record(ep, c, action).error = action.error
+            record(ep, c, action)
             actions.append(action)
         return actions
 

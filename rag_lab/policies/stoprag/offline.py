@@ -25,6 +25,8 @@ from tqdm.auto import tqdm
 
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
+from rag_lab.env.engine import chat_of
+from rag_lab.env.fit import fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, State
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
@@ -52,6 +54,9 @@ class CountingGenerator:
     def __init__(self, generator):
         self.inner, self.calls, self.completions = generator, 0, 0
         self.chat = getattr(generator, "chat", False)
+        # what rag_lab.env.fit measures prompts with
+        self.context_length = getattr(generator, "context_length", None)
+        self.tokenizer = getattr(generator, "tokenizer", None)
 
     def generate(self, prompts, sampling):
         self.calls += 1
@@ -75,15 +80,16 @@ def run_to_horizon(pipeline, env: Env, batch: Sequence[QAExample]) -> list[State
 
 
 def final_answers(pipeline, env: Env, states: Sequence[State], sampling: Sampling) -> list[list[str]]:
-    """``sampling.n`` final answers per state, all states in one generator call."""
+    """``sampling.n`` final answers per state, all states in one generator call (a state whose prompt
+    cannot fit the model, :mod:`rag_lab.env.fit`: ``n`` empty answers)."""
     protocol = pipeline.final
-    chat = bool(getattr(env.generator, "chat", False))
     tuned = replace(sampling, stop=protocol.stop, include_stop=protocol.include_stop)
-    out = env.generator.generate([protocol.prompt(s, chat) for s in states], tuned)
-    answers = []
-    for completions in out:
+    prompts, _ = fitted_prompts(env.generator, protocol, states, chat_of(env), tuned)
+    fit = [i for i, p in enumerate(prompts) if p is not None]
+    answers = [[""] * sampling.n for _ in prompts]
+    for i, completions in zip(fit, env.generator.generate([prompts[i] for i in fit], tuned), strict=True):
         actions = [protocol.parse(c.text) for c in completions]
-        answers.append([(a.answer or "") if a.kind == ANSWER else "" for a in actions])
+        answers[i] = [(a.answer or "") if a.kind == ANSWER else "" for a in actions]
     return answers
 
 

@@ -17,7 +17,7 @@ from typing import Protocol
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.env.engine import chat_of, generate, record
+from rag_lab.env.engine import account, generate, record
 from rag_lab.env.protocols.base import ANSWER, INVALID, SEARCH, STOP, Action, State, Turn
 from rag_lab.env.protocols.stoprag import StopRAGDecide, StopRAGFinal, StopRAGIntermediate, StopRAGQuery
 from rag_lab.generators.base import Sampling
@@ -42,12 +42,11 @@ class LLMStop:
 
     def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
         asking = [i for i, s in enumerate(states) if s.turns]  # nothing to judge before the first round
-        prompts = [self.protocol.prompt(states[i], chat_of(env)) for i in asking]
         out = [False] * len(states)
-        for i, completion in zip(asking, generate(env, self.protocol, prompts, self.sampling), strict=True):
+        asked = generate(env, self.protocol, [states[i] for i in asking], self.sampling)
+        for i, completion in zip(asking, asked, strict=True):
             action = self.protocol.parse(completion.text)
-            step = record(episodes[i], completion, action)
-            step.error = action.error
+            record(episodes[i], completion, action)
             out[i] = action.kind == STOP
         return out
 
@@ -75,8 +74,7 @@ class IterativePipeline:
 
     def iterate(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:
         """One pipeline iteration for every state given (batched): query, retrieve, answer."""
-        chat = chat_of(env)
-        queries = generate(env, self.query, [self.query.prompt(s, chat) for s in states], self.sampling)
+        queries = generate(env, self.query, states, self.sampling)
         actions = [self.query.parse(c.text) for c in queries]
         # An empty follow-up is a scored format failure; the pipeline searches with the question.
         texts = [a.query if a.kind == SEARCH else s.question for a, s in zip(actions, states, strict=True)]
@@ -85,29 +83,24 @@ class IterativePipeline:
             states, episodes, queries, actions, texts, hits, seen, strict=True
         ):
             step = record(ep, c, Action(SEARCH, query=q) if a.kind == SEARCH else a)
-            step.query, step.retrieved_ids, step.error = q, [h.id for h in found], a.error
+            step.query, step.retrieved_ids = q, [h.id for h in found]
             ep.format_failure |= a.kind == INVALID
             ids.update(step.retrieved_ids)
             s.turns.append(Turn(Action(SEARCH, query=q), env.passages(found)))
-        prompts = [self.intermediate.prompt(s, chat) for s in states]
         for s, ep, c in zip(
-            states, episodes, generate(env, self.intermediate, prompts, self.sampling), strict=True
+            states, episodes, generate(env, self.intermediate, states, self.sampling), strict=True
         ):
             a = self.intermediate.parse(c.text)
             s.turns[-1].answer = a.answer or ""
             ep.steps[-1].answer = a.answer or ""
-            ep.completion_tokens += len(c.token_ids)
-            ep.prompt_tokens += c.prompt_tokens
+            account(ep, c)
 
     def answer(
         self, env: Env, states: list[State], episodes: list[Episode], sampling: Sampling | None = None
     ) -> None:
-        prompts = [self.final.prompt(s, chat_of(env)) for s in states]
-        for ep, c in zip(
-            episodes, generate(env, self.final, prompts, sampling or self.sampling), strict=True
-        ):
+        for ep, c in zip(episodes, generate(env, self.final, states, sampling or self.sampling), strict=True):
             a = self.final.parse(c.text)
-            record(ep, c, a).error = a.error
+            record(ep, c, a)
             ep.prediction = (a.answer or "") if a.kind == ANSWER else ""
             ep.format_failure |= a.kind == INVALID
 
