@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from rag_lab.eval.metrics import SCORERS, accuracy, exact_match, f1_score, normalize_answer, retrieval_pr
+from rag_lab.eval.metrics import (
+    SCORERS,
+    accuracy,
+    answer_recall,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    retrieval_pr,
+)
 from rag_lab.rewards.answer import answer_score
 
 
@@ -43,6 +51,18 @@ def test_retrieval_precision_recall():
     assert retrieval_pr(["a", "b", "b", "c"], ["a", "d"]) == (1 / 3, 1 / 2)
     assert retrieval_pr([], ["a"]) == (0.0, 0.0)
     assert all(math.isnan(x) for x in retrieval_pr(["a"], []))
+
+
+def test_answer_recall_is_any_normalised_gold_in_any_passage():
+    passages = ["Paris\nParis is the capital of France.", "The Eiffel Tower"]
+    assert answer_recall(passages, ["france"]) == 1.0  # normalised: case
+    assert (
+        answer_recall(passages, ["Berlin", "the  EIFFEL tower!"]) == 1.0
+    )  # any gold, any passage, articles/punct.
+    assert answer_recall(passages, ["Berlin"]) == 0.0
+    assert answer_recall([], ["France"]) == answer_recall(passages, []) == 0.0
+    assert answer_recall(passages, ["The", "!"]) == 0.0  # a gold that normalises to nothing matches nothing
+    assert isinstance(answer_recall(passages, ["Berlin"]), float)
 
 
 def test_answer_reward_reads_conversational_completions():

@@ -84,7 +84,28 @@ def test_the_bootstrap_edge_cases():
     assert same.seed_deltas == (0.0,) and same.seed_sd is None  # one seed: no spread
     ints = paired_bootstrap([1, 0], [0, 0])  # whole numbers are scores too
     assert ints.delta == 0.5 and isinstance(ints.mean_a, float)
-    with pytest.raises(ValueError, match=r"one question and one seed per pair"):
+    with pytest.raises(ValueError, match=r"^paired bootstrap: one question and one seed per pair$"):
         paired_bootstrap([1.0, 0.0], [0.0, 0.0], questions=["q1"])
     with pytest.raises(ValueError, match=r"two equally long, non-empty score lists \(0 vs 0\)"):
         paired_bootstrap([], [])
+
+
+def ci_by_definition(x: np.ndarray, confidence: float, seed: int) -> np.ndarray:
+    """The percentile bootstrap written out: 1,000 draws of len(x) values with replacement
+    (default_rng(seed).integers), the mean of each, the central ``confidence`` interval of those means."""
+    means = x[np.random.default_rng(seed).integers(0, len(x), size=(1000, len(x)))].mean(axis=1)
+    tail = 100 * (1 - confidence) / 2
+    return np.percentile(means, [tail, 100 - tail])
+
+
+def test_the_ci_is_exactly_its_definition():
+    x = np.array([0.1 * i**1.5 for i in range(15)])
+    for confidence, seed in [(0.95, 0), (0.5, 0), (0.95, 3)]:
+        assert bootstrap_ci(list(x), confidence, seed) == pytest.approx(
+            tuple(ci_by_definition(x, confidence, seed))
+        )
+    assert bootstrap_ci(list(x)) == bootstrap_ci(list(x), 0.95, 0) != bootstrap_ci(list(x), 0.95, 1)
+    # two different values are already a sample to resample; a constant, one value or none is its own interval
+    assert bootstrap_ci([0.0, 1.0]) == pytest.approx(tuple(ci_by_definition(np.array([0.0, 1.0]), 0.95, 0)))
+    assert bootstrap_ci([0.25, 0.25, 0.25]) == (0.25, 0.25) and bootstrap_ci([0.7]) == (0.7, 0.7)
+    assert all(np.isnan(v) for v in bootstrap_ci([]))

@@ -378,6 +378,10 @@ def test_targets_edges_the_unit_tests_left_open():
     q = torch.zeros(1, 5)
     assert torch.equal(targets("qlambda", rewards, t, q, q)[1], targets("mc", rewards, t)[1])  # λ = 1
     assert targets("binary", rewards, t)[1].tolist() == [1.0]
+    # the loss reads float targets in the rewards' dtype and indexes states with a boolean mask
+    assert (
+        targets("binary", rewards.double(), t)[1].dtype == torch.float64 and keep(rewards).dtype == torch.bool
+    )
     with pytest.raises(ValueError, match=r"^target 'qlambda' bootstraps: pass q_stop and q_cont$"):
         targets("qlambda", rewards, t, q_stop=q)
     with pytest.raises(

@@ -78,7 +78,7 @@ def _acc(prediction: str, gold: str) -> float:
     return float(normalize_answer(gold) in normalize_answer(prediction))
 
 
-def _best(fn: Callable[[str, str], float], first_gold_only: bool = False) -> Metric:
+def _best(fn: Callable[[str, str], float], first_gold_only: bool) -> Metric:
     def score(prediction: str, golds: list[str]) -> float:
         used = golds[:1] if first_gold_only else golds
         return max((fn(prediction, g) for g in used), default=0.0)
