@@ -93,7 +93,8 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     if metrics["all"].get("prompt_cut_rate"):
         log.warning(
             "%.1f%% of the questions had a prompt longer than the generator's model reads: their passages "
-            "were cut to fit, the question kept (records.jsonl: prompt_cuts; rag_lab/env/fit.py)",
+            "were cut to fit, the question kept, or where even that did not fit, nothing was generated (a "
+            "scored failure) (records.jsonl: prompt_cuts; rag_lab/env/fit.py)",
             100 * metrics["all"]["prompt_cut_rate"],
         )
     if dropped:

@@ -214,6 +214,9 @@ CASES = [
          1, r"model directory /no/such/model not found", run_dir="fresh"),
     Case("hf folder without a model", "run", ["policy=direct", "generator=hf", "generator.model={tmp}"],
          1, r"holds no model: none of config\.json", run_dir="fresh"),
+    Case("hf folder with a model but no tokenizer", "run", ["policy=direct", "generator=hf",
+         "generator.model={tiny_lm}"], 1, r"generator\.model: \S*tiny-lm\S* holds no tokenizer",
+         run_dir="fresh"),
     Case("policy needs a generator", "run", ["policy=direct"], 1, r"generator: this policy needs a generator",
          run_dir="fresh"),
     Case("policy needs a retriever", "run", ["policy=retrieve_only", "~retriever"], 1,
@@ -395,3 +398,33 @@ def test_refused_resume_keeps_the_old_labels(finished_run, tmp_path, capfd, monk
     rc, output = cli("run", [*BASE, "policy=retrieve_only", f"hydra.run.dir={run_dir}"], capfd, monkeypatch)
     assert rc == 1 and "different config" in output
     assert (run_dir / ".hydra" / "overrides.yaml").read_text() == labels
+
+
+def test_a_10000_word_question_is_a_scored_failure_and_long_passages_are_cut(
+    tmp_path, tiny_lm, capfd, monkeypatch
+):
+    """Against a 1,024-position model: the question that cannot fit is refused (a scored failure, not
+    transformers' silent truncation), the long passage is cut to fit; both are counted in the records."""
+    long_text = " ".join(["London"] * 10_000)
+    corpus = [{"id": i, "contents": f"{t}\n{x}"} for i, t, x in PASSAGES] + [
+        {"id": "p4", "contents": f"Long\n{long_text}"}
+    ]
+    test = [question("q0", question=long_text), question("q1", question="Long London London")]
+    flashrag(tmp_path, test=test, corpus=corpus)
+    data = expand(DATA, tmp_path, {})
+    args = [*data, "policy=standard_rag", "policy.k=2", "policy.max_new_tokens=4", "eval.limit=2",
+            "generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    rc, output = cli("run", args, capfd, monkeypatch)
+    assert rc == 0 and "Traceback" not in output, output
+    assert re.search(
+        r"100\.0% of the questions had a prompt longer (.|\n)*nothing was generated \(a scored failure\)",
+        output,
+    ), output
+    records = {
+        r["id"]: r for r in map(json.loads, (tmp_path / "run" / "records.jsonl").read_text().splitlines())
+    }
+    assert records["q0"]["prompt_cuts"] == 1 and records["q0"]["prediction"] == ""
+    assert records["q1"]["prompt_cuts"] == 1 and records["q1"]["em"] in (0.0, 1.0)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["all"]["prompt_cut_rate"] == 1.0

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.retrievers.dense import resolve_model
 
@@ -55,7 +56,15 @@ class HFGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer) if tokenizer else path)
+        where = resolve_model(tokenizer) if tokenizer else path
+        self.tokenizer = AutoTokenizer.from_pretrained(where)
+        if not self.tokenizer("Where was Ada born?", add_special_tokens=False).input_ids:
+            # transformers builds an empty tokenizer from a model folder without tokenizer files
+            key = "generator.tokenizer" if tokenizer else "generator.model"
+            raise RagLabError(
+                f"{key}: {where} holds no tokenizer (text encodes to no tokens); "
+                "set generator.tokenizer to a folder or hub name that has one"
+            )
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
