@@ -10,80 +10,21 @@ the table.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.metrics import ANSWER_METRICS
+from rag_lab.eval.runs import find_runs, left_out, overrides_of, read_metrics, records_of, unfinished_runs
 from rag_lab.eval.stats import paired_bootstrap
 from rag_lab.eval.table import DESCRIPTIONS, format_metrics, legend, to_markdown
-from rag_lab.records import atomic_write_text, read_records
-
-
-def _natural(paths: list[Path]) -> list[Path]:
-    """Sorted with numeric parts as numbers (sweep job 10 after job 9)."""
-    return sorted(paths, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
-
-
-def _check_roots(roots: list[Path]) -> None:
-    for root in roots:
-        if not root.exists():
-            raise RagLabError(f"{root} does not exist")
-
-
-def find_runs(roots: list[Path]) -> list[Path]:
-    """Every directory under ``roots`` that holds a ``metrics.json``, in natural order."""
-    _check_roots(roots)
-    runs = [run for root in roots for run in _natural([p.parent for p in root.rglob("metrics.json")])]
-    return list(dict.fromkeys(runs))
-
-
-def unfinished_runs(roots: list[Path]) -> list[Path]:
-    """Run directories under ``roots`` (a ``.hydra/`` or a ``records.jsonl``: written when a run starts)
-    that have no ``metrics.json`` (written when it ends)."""
-    _check_roots(roots)
-    dirs = [p.parent for root in roots for name in (".hydra", "records.jsonl") for p in root.rglob(name)]
-    return list(dict.fromkeys(d for d in _natural(dirs) if not (d / "metrics.json").exists()))
-
-
-def left_out(missing: list[Path]) -> str:
-    """A notice on stderr per run without metrics.json; returns the summary line's note on them."""
-    for run in missing:
-        print(f"notice: {run} has no metrics.json (killed, failed or running): left out", file=sys.stderr)
-    names = ", ".join(map(str, missing))
-    return f" ({len(missing)} without metrics.json left out: {names})" if missing else ""
-
-
-def records_of(run: Path) -> list[dict]:
-    try:
-        return read_records(run / "records.jsonl")
-    except ValueError as e:  # a malformed line in the middle (read_records names file and line)
-        raise RagLabError(str(e)) from None
-
-
-def read_metrics(run: Path) -> dict:
-    path = run / "metrics.json"
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RagLabError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
-
-
-def overrides_of(run: Path) -> dict[str, str]:
-    path = run / ".hydra" / "overrides.yaml"
-    try:
-        items = yaml.safe_load(path.read_text()) if path.exists() else []
-    except yaml.YAMLError as e:
-        raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
-    return dict(item.split("=", 1) for item in items or [] if "=" in item)
+from rag_lab.records import atomic_write_text
 
 
 def build_table(
@@ -130,6 +71,11 @@ def scores_of(runs: list[Path], seeded: bool = True) -> dict[tuple[str, str], di
     }
 
 
+def scored(value) -> bool:
+    """Whether a record's field holds a score (not None, not NaN: retrieval precision with no retrieval)."""
+    return value is not None and value == value
+
+
 def bootstrap_rows(
     mine: dict[tuple[str, str], dict],
     theirs: dict[tuple[str, str], dict],
@@ -138,13 +84,15 @@ def bootstrap_rows(
 ) -> list[dict]:
     """The paired bootstrap (each draw a question with all its seeds: :func:`paired_bootstrap`) of
     ``mine`` − ``theirs`` per metric, over the pairs of ``subset`` both scored (APEX's SEPR: those with a
-    plan); column ``n``: how many pairs."""
-    rows = []
+    plan; retrieval precision: those with a retrieval); column ``n``: how many pairs."""
+    rows, fields = [], {f for rec in mine.values() for f in rec}
+    if unknown := [m for m in metrics if m not in fields]:
+        raise RagLabError(
+            f"--metrics: no record has {', '.join(unknown)} (fields: {', '.join(sorted(fields))})"
+        )
     for m in metrics:
-        shared = [
-            k for k in mine
-            if k in theirs and in_subset(mine[k], subset) and None not in (mine[k].get(m), theirs[k].get(m))
-        ]  # fmt: skip
+        both = [k for k in mine if k in theirs and in_subset(mine[k], subset)]
+        shared = [k for k in both if scored(mine[k].get(m)) and scored(theirs[k].get(m))]
         if shared:
             res = paired_bootstrap(
                 [mine[k][m] for k in shared],
@@ -346,11 +294,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--by", help="the override naming a sweep's rows (for --compare A B)")
     parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=list(ANSWER_METRICS),
+        help="the records.jsonl fields --compare tests (default: em f1 acc; e.g. retrieval_count sepr)",
+    )
+    parser.add_argument(
         "--out", type=Path, help="csv path (default: DIR/report.csv for one DIR, else ./report.csv)"
     )
     args = parser.parse_args(argv)
     with one_line_errors():
-        print_report(args.dirs, args.subset, args.columns, args.compare, args.out, args.by)
+        print_report(
+            args.dirs, args.subset, args.columns, args.compare, args.out, args.by, tuple(args.metrics)
+        )
 
 
 def print_report(
@@ -360,6 +316,7 @@ def print_report(
     paired: list[str] | None,
     out: Path | None,
     by: str | None = None,
+    metrics: tuple[str, ...] = ANSWER_METRICS,
 ) -> None:
     """Write the csv and print the table (and the paired test) for ``main``'s arguments."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
@@ -378,12 +335,12 @@ def print_report(
     if by or paired:
         if not by or len(paired) != 2:
             raise RagLabError("--compare A B needs --by KEY (and --by needs --compare with two values)")
-        tests = compare_rows(runs, by, paired[0], paired[1], subset)
+        tests = compare_rows(runs, by, paired[0], paired[1], subset, metrics)
         what = f"row {by}={paired[0]} (A) vs row {by}={paired[1]} (B), pairs matched on seed and question id"
     else:
         if len(runs) < 2:
             raise RagLabError("--compare needs two runs")
-        tests = compare(runs[0], runs[1], subset)
+        tests = compare(runs[0], runs[1], subset, metrics)
         what = f"A = {runs[0]} vs B = {runs[1]}"
     print(
         f"\npaired bootstrap over the {tests['n'].iloc[0]} question ids of subset {subset} that both runs "

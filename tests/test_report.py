@@ -140,6 +140,25 @@ def test_two_rows_of_a_sweep_compare_over_their_seeds_pairing_seed_and_question(
         assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_compare_tests_any_record_field_and_skips_the_pairs_without_a_score(tmp_path, capsys):
+    # retrieval precision is NaN where nothing was retrieved: those pairs are left out, not averaged as 0
+    for value, precisions in [("a", [1.0, 0.5, float("nan")]), ("b", [0.0, 0.5, 0.25])]:
+        records = [record(f"q{j}", "t", 1.0) | {"ret_precision": p} for j, p in enumerate(precisions)]
+        write_run(tmp_path / value, [f"x={value}", "seed=0"], records)
+    code, out, _ = report(
+        capsys, str(tmp_path), "--by", "x", "--compare", "a", "b", "--metrics", "ret_precision"
+    )
+    header, *rows = cells(out[out.index("paired bootstrap") :])
+    (got,) = [dict(zip(header, r, strict=True)) for r in rows]
+    assert (got["metric"], got["n"], got["delta"]) == ("ret_precision", "2", "0.5")
+    code, _, err = report(capsys, str(tmp_path), "--by", "x", "--compare", "a", "b", "--metrics", "rc")
+    assert (
+        code == 1
+        and "--metrics: no record has rc (fields: acc, " in err
+        and len(err.strip().splitlines()) == 1
+    )
+
+
 # 3. --help explains the command; errors are one line.
 def test_help_says_what_it_does_with_options_and_an_example(capsys):
     code, out, _ = report(capsys, "--help")

@@ -1,0 +1,69 @@
+"""Finished runs read back: the run dirs under a folder, their metrics, records and Hydra overrides
+(``rag_lab.report`` folds them into tables and paired tests)."""
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from rag_lab.errors import RagLabError
+from rag_lab.records import read_records
+
+
+def _natural(paths: list[Path]) -> list[Path]:
+    """Sorted with numeric parts as numbers (sweep job 10 after job 9)."""
+    return sorted(paths, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
+
+
+def _check_roots(roots: list[Path]) -> None:
+    for root in roots:
+        if not root.exists():
+            raise RagLabError(f"{root} does not exist")
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Every directory under ``roots`` that holds a ``metrics.json``, in natural order."""
+    _check_roots(roots)
+    runs = [run for root in roots for run in _natural([p.parent for p in root.rglob("metrics.json")])]
+    return list(dict.fromkeys(runs))
+
+
+def unfinished_runs(roots: list[Path]) -> list[Path]:
+    """Run directories under ``roots`` (a ``.hydra/`` or a ``records.jsonl``: written when a run starts)
+    that have no ``metrics.json`` (written when it ends)."""
+    _check_roots(roots)
+    dirs = [p.parent for root in roots for name in (".hydra", "records.jsonl") for p in root.rglob(name)]
+    return list(dict.fromkeys(d for d in _natural(dirs) if not (d / "metrics.json").exists()))
+
+
+def left_out(missing: list[Path]) -> str:
+    """A notice on stderr per run without metrics.json; returns the summary line's note on them."""
+    for run in missing:
+        print(f"notice: {run} has no metrics.json (killed, failed or running): left out", file=sys.stderr)
+    names = ", ".join(map(str, missing))
+    return f" ({len(missing)} without metrics.json left out: {names})" if missing else ""
+
+
+def records_of(run: Path) -> list[dict]:
+    try:
+        return read_records(run / "records.jsonl")
+    except ValueError as e:  # a malformed line in the middle (read_records names file and line)
+        raise RagLabError(str(e)) from None
+
+
+def read_metrics(run: Path) -> dict:
+    path = run / "metrics.json"
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RagLabError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+
+
+def overrides_of(run: Path) -> dict[str, str]:
+    path = run / ".hydra" / "overrides.yaml"
+    try:
+        items = yaml.safe_load(path.read_text()) if path.exists() else []
+    except yaml.YAMLError as e:
+        raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
+    return dict(item.split("=", 1) for item in items or [] if "=" in item)
