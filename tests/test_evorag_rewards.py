@@ -55,6 +55,8 @@ def test_every_component_of_a_hand_made_episode():
     assert totals[4] == pytest.approx(0.075 - 0.035)
     # Stage 2, t=4 (p 0.4): β 0.8 · −1 + λ 0.64 · −1 + γ 0.78 · −1 + η 0.07 · −1.
     assert weighted(rows, stage=2, t_max=10)[3] == pytest.approx(-0.8 - 0.64 - 0.78 - 0.07)
+    # T_max defaults to the paper's 20
+    assert weighted(rows, stage=1) == weighted(rows, stage=1, t_max=20) != weighted(rows, stage=1, t_max=21)
 
 
 @pytest.mark.parametrize(("answerable", "ref"), [(False, 1.0), (True, -1.0)])

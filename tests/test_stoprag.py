@@ -382,6 +382,17 @@ def test_targets_edges_the_unit_tests_left_open():
     assert (
         targets("binary", rewards.double(), t)[1].dtype == torch.float64 and keep(rewards).dtype == torch.bool
     )
+    # in double precision λ stays double: T = 4, t = 1, λ = 0.3: (1-λ)(0.5 + λ·0.7) + λ²·0.6 to 1e-12
+    lam, double = 0.3, {"dtype": torch.float64}
+    r4, qs4 = (
+        torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3]], **double),
+        torch.tensor([[0.0, 9.0, 0.2, 0.7, 0.0]], **double),
+    )
+    cont = targets(
+        "qlambda", r4, torch.tensor([1]), qs4, torch.tensor([[0.0, 9.0, 0.5, 0.1, 0.0]], **double), lam
+    )[1]
+    assert cont.dtype == torch.float64
+    assert cont.item() == pytest.approx((1 - lam) * (0.5 + lam * 0.7) + lam**2 * 0.6, abs=1e-12, rel=0)
     with pytest.raises(ValueError, match=r"^target 'qlambda' bootstraps: pass q_stop and q_cont$"):
         targets("qlambda", rewards, t, q_stop=q)
     with pytest.raises(
