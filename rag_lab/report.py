@@ -116,16 +116,28 @@ def compare(
 
 
 def compare_rows(
-    runs: list[Path], by: str, a: str, b: str, subset: str = "all", metrics: tuple[str, ...] = ANSWER_METRICS
+    runs: list[Path],
+    by: str | None,
+    a: str,
+    b: str,
+    subset: str = "all",
+    metrics: tuple[str, ...] = ANSWER_METRICS,
 ) -> pd.DataFrame:
-    """Row ``by=a`` vs row ``by=b`` of a sweep over seeds: pairs match on (seed, question id)."""
-    groups = groups_by(runs, by)
-    for value in (a, b):
+    """Row ``by=a`` vs row ``by=b`` over their seeds (pairs match on seed and question id); with ``by``
+    None, ``a`` and ``b`` are each ``KEY=VALUE``: rows named by different overrides (two sweeps)."""
+    picked = []
+    for side in (a, b):
+        key, value = (by, side) if by else side.split("=", 1)
+        side = f"{key}={value}"
+        groups = groups_by(runs, key)
         if value not in groups:
-            raise RagLabError(f"--compare: no run with {by}={value} (the sweep has: {', '.join(groups)})")
-    rows = bootstrap_rows(scores_of(groups[a]), scores_of(groups[b]), metrics, subset)
+            have = ", ".join(v for v in groups if v != "?") or "none"
+            raise RagLabError(f"--compare: no run with {key}={value} (the runs have {key}: {have})")
+        picked.append((side, groups[value]))
+    (label_a, runs_a), (label_b, runs_b) = picked
+    rows = bootstrap_rows(scores_of(runs_a), scores_of(runs_b), metrics, subset)
     if not rows:
-        raise RagLabError(f"{by}={a} and {by}={b} share no (seed, question id) of subset '{subset}'")
+        raise RagLabError(f"{label_a} and {label_b} share no (seed, question id) of subset '{subset}'")
     return pd.DataFrame([{"A": a, "B": b} | row for row in rows])
 
 
@@ -270,6 +282,8 @@ examples:
   python -m rag_lab.report multirun/2026-11-21/10-00-00
   python -m rag_lab.report outputs/a outputs/b --subset type=compositional --compare --out ab.csv
   python -m rag_lab.report multirun/dapo_synth --by policy.stages --compare '[1]' '[]'
+  python -m rag_lab.report multirun/dapo_ablation multirun/dapo_synth \
+      --compare +experiment/dapo_ablation=no_search 'policy.stages=[1]' --metrics acc retrieval_count
 
 columns (per-question means over the subset, except N):
 """
@@ -290,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         nargs="*",
         metavar="VALUE",
         help="paired bootstrap over --subset's questions: of the first two runs, or, with --by KEY and two "
-        "values A B, of row KEY=A vs row KEY=B over their seeds",
+        "values A B, of row KEY=A vs row KEY=B over their seeds, or of two rows KEY=A KEY2=B (two sweeps)",
     )
     parser.add_argument("--by", help="the override naming a sweep's rows (for --compare A B)")
     parser.add_argument(
@@ -333,10 +347,14 @@ def print_report(
     if paired is None:
         return
     if by or paired:
-        if not by or len(paired) != 2:
-            raise RagLabError("--compare A B needs --by KEY (and --by needs --compare with two values)")
+        selectors = not by and len(paired) == 2 and all("=" in v for v in paired)
+        if not selectors and (not by or len(paired) != 2):
+            raise RagLabError(
+                "--compare A B needs --by KEY or two KEY=VALUE (and --by needs --compare with two values)"
+            )
         tests = compare_rows(runs, by, paired[0], paired[1], subset, metrics)
-        what = f"row {by}={paired[0]} (A) vs row {by}={paired[1]} (B), pairs matched on seed and question id"
+        a, b = (paired[0], paired[1]) if selectors else (f"{by}={paired[0]}", f"{by}={paired[1]}")
+        what = f"row {a} (A) vs row {b} (B), pairs matched on seed and question id"
     else:
         if len(runs) < 2:
             raise RagLabError("--compare needs two runs")

@@ -134,10 +134,30 @@ def test_two_rows_of_a_sweep_compare_over_their_seeds_pairing_seed_and_question(
     for argv, message in [
         (["--compare", "a", "b"], "--compare A B needs --by KEY"),
         (["--by", "x", "--compare"], "--compare A B needs --by KEY"),
-        (["--by", "x", "--compare", "a", "c"], "no run with x=c (the sweep has: a, b)"),
+        (["--by", "x", "--compare", "a", "c"], "no run with x=c (the runs have x: a, b)"),
     ]:
         code, _, err = report(capsys, str(tmp_path), *argv)
         assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_rows_of_two_sweeps_compare_by_key_value(tmp_path, capsys):
+    # sweep one names its rows x=..., sweep two y=...; x=a right on q0 in both seeds, y=b never
+    for sweep, key, value, right in [("one", "x", "a", 1.0), ("two", "y", "b", 0.0)]:
+        for seed in (0, 1):
+            records = [record("q0", "t", right), record("q1", "t", 0.0)]
+            write_run(tmp_path / sweep / str(seed), [f"{key}={value}", f"seed={seed}"], records)
+    code, out, _ = report(capsys, str(tmp_path / "one"), str(tmp_path / "two"), "--compare", "x=a", "y=b")
+    assert code == 0 and "row x=a (A) vs row y=b (B)" in out, out
+    header, *rows = cells(out[out.index("paired bootstrap") :])
+    got = [dict(zip(header, r, strict=True)) for r in rows if r[2] == "em"][0]
+    assert (got["n"], got["pairs"], got["delta"], got["seed_deltas"]) == (
+        "2",
+        "4",
+        "0.5",
+        "+0.5000 / +0.5000",
+    )
+    code, _, err = report(capsys, str(tmp_path), "--compare", "x=a", "y=c")
+    assert code == 1 and "no run with y=c (the runs have y: b)" in err and len(err.strip().splitlines()) == 1
 
 
 def test_compare_tests_any_record_field_and_skips_the_pairs_without_a_score(tmp_path, capsys):
