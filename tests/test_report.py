@@ -89,6 +89,15 @@ def test_a_sweep_where_every_run_finished_leaves_nothing_out(tmp_path, capsys):
     assert code == 0 and "4 runs; subset all" in out and "left out" not in out and err == ""
 
 
+def test_a_folder_with_a_sweep_inside_a_sweep_is_one_table_in_natural_order(tmp_path, capsys):
+    # make demo's layout: outputs/demo/{0..10} and outputs/demo/stoprag/{0,1}: numbers and names side by side
+    for name in ["10", "2", "stoprag/1", "stoprag/0"]:
+        write_run(tmp_path / name, [f"job={name}"], [record("q0", "t", 1.0)])
+    code, out, err = report(capsys, str(tmp_path))
+    assert code == 0 and "Traceback" not in err, err
+    assert [row[0] for row in cells(out)[1:]] == ["2", "10", "stoprag/0", "stoprag/1"]
+
+
 # 2. --compare --subset pairs only the subset's question ids.
 @pytest.fixture
 def two_runs(tmp_path) -> tuple[Path, Path]:

@@ -13,7 +13,7 @@ from rag_lab.records import read_records
 
 def _natural(paths: list[Path]) -> list[Path]:
     """Sorted with numeric parts as numbers (sweep job 10 after job 9)."""
-    return sorted(paths, key=lambda p: [int(s) if s.isdigit() else s for s in p.parts])
+    return sorted(paths, key=lambda p: [(0, int(s), "") if s.isdigit() else (1, 0, s) for s in p.parts])
 
 
 def _check_roots(roots: list[Path]) -> None:
