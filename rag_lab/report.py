@@ -53,11 +53,16 @@ def build_table(
 
 
 def in_subset(record: dict, subset: str) -> bool:
-    """Whether a record belongs to a metrics.json subset: 'all' or 'type=<question type>'."""
+    """Whether a record belongs to a metrics.json subset: 'all', 'type=<question type>' or
+    'answerable=true|false'."""
     if subset == "all":
         return True
+    if subset in ("answerable=true", "answerable=false"):
+        return f"answerable={str(record.get('answerable', True)).lower()}" == subset
     if not subset.startswith("type="):
-        raise RagLabError(f"unknown subset '{subset}' (use 'all' or 'type=<question type>')")
+        raise RagLabError(
+            f"unknown subset '{subset}' (use 'all', 'type=<question type>' or 'answerable=true|false')"
+        )
     return f"type={record.get('type')}" == subset
 
 

@@ -27,7 +27,7 @@ from rag_lab.env.episode import Episode, Step
 from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
 from rag_lab.errors import RagLabError
-from rag_lab.generators.base import Completion, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling
 
 
 @dataclass
@@ -37,24 +37,46 @@ class Live:
     seen: set[str]
 
 
-def generate(env: Env, protocol: Protocol, states: Sequence[State], sampling: Sampling) -> list[Completion]:
+def generate(
+    env: Env,
+    protocol: Protocol,
+    states: Sequence[State],
+    sampling: Sampling,
+    prefixes: Sequence[str] | None = None,
+) -> list[Completion]:
     """One completion per state, from ``protocol``'s prompt fitted to the model (:mod:`rag_lab.env.fit`: a
     prompt that cannot fit is not generated, its completion empty with finish reason ``TOO_LONG``),
-    stopping where ``protocol`` pauses."""
+    stopping where ``protocol`` pauses. ``prefixes[i]``, when given, is the start of state i's completion,
+    written for the model (EVO-RAG's forced siblings: ``"SEARCH:"``): the model continues it, and the
+    completion's text begins with it (its ``token_ids`` hold only what the model wrote)."""
     if env.generator is None:
         raise RagLabError(
             "generator: this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)"
         )
     tuned = replace(sampling, n=1, stop=protocol.stop, include_stop=protocol.include_stop)
     prompts, cuts = fitted_prompts(env.generator, protocol, states, chat_of(env), tuned)
+    prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
     out = [Completion("", finish_reason=TOO_LONG) for _ in prompts]
     fit = [i for i, p in enumerate(prompts) if p is not None]
     if fit:
-        for i, c in zip(fit, env.generator.generate([prompts[i] for i in fit], tuned), strict=True):
-            out[i] = c[0]
+        asked = [prefilled(prompts[i], prefixes[i]) for i in fit]
+        for i, c in zip(fit, env.generator.generate(asked, tuned), strict=True):
+            out[i] = replace(c[0], text=prefixes[i] + c[0].text)
     for c, cut in zip(out, cuts, strict=True):
         c.prompt_cut = cut
     return out
+
+
+def prefilled(prompt: Prompt, prefix: str) -> Prompt:
+    """``prompt`` with ``prefix`` as the start of the model's reply: appended to a text prompt, or to a
+    chat's partial assistant message (one is opened when the chat has none)."""
+    if not prefix:
+        return prompt
+    if isinstance(prompt, str):
+        return prompt + prefix
+    if prompt[-1]["role"] == "assistant":
+        return [*prompt[:-1], {"role": "assistant", "content": prompt[-1]["content"] + prefix}]
+    return [*prompt, {"role": "assistant", "content": prefix}]
 
 
 def account(episode: Episode, completion: Completion) -> None:
@@ -84,6 +106,89 @@ def chat_of(env: Env) -> bool:
     return bool(getattr(env.generator, "chat", False))
 
 
+def fork(x: Live) -> Live:
+    """An independent copy of a live episode (its steps, turns and seen passages), so that a branch's later
+    steps (a BACKTRACK marks a turn abandoned) leave the original as it was."""
+    turns = [replace(t, passages=list(t.passages)) for t in x.state.turns]
+    episode = replace(x.episode, steps=list(x.episode.steps))
+    return Live(episode, replace(x.state, turns=turns), set(x.seen))
+
+
+def advance(
+    protocol: Protocol,
+    live: Sequence[Live],
+    env: Env,
+    completions: Sequence[Completion],
+    k: int,
+    exclude_seen: bool = False,
+) -> list[Live]:
+    """One turn: parse each completion, run one batched search for every SEARCH, record the steps, apply
+    the transitions (module docstring); the episodes still live after it."""
+    actions = [protocol.parse(c.text) for c in completions]
+    searching = [i for i, a in enumerate(actions) if a.kind == SEARCH]
+    exclude = [live[i].seen for i in searching] if exclude_seen else None
+    queries = [actions[i].query for i in searching]
+    hits = dict(zip(searching, env.search(queries, k, exclude), strict=True)) if searching else {}
+    still = []
+    for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
+        step = record(x.episode, completion, action)
+        turn = Turn(action, text=completion.text)
+        if action.kind == SEARCH:
+            step.retrieved_ids = [h.id for h in hits[i]]
+            turn.passages = env.passages(hits[i])
+            x.seen.update(step.retrieved_ids)
+        elif action.kind == BACKTRACK:
+            undone = next((t for t in reversed(x.state.turns) if t.passages and not t.abandoned), None)
+            if undone is not None:
+                undone.abandoned = True
+        elif action.kind in (ANSWER, REFUSE):
+            x.episode.prediction = (action.answer or "") if action.kind == ANSWER else ""
+            x.episode.stop_reason = action.kind
+            continue
+        else:
+            x.episode.format_failure, x.episode.stop_reason = True, "format_error"
+            step.error = step.error or f"unexpected action {action.kind!r}"
+            continue
+        x.state.turns.append(turn)
+        still.append(x)
+    return still
+
+
+def play(
+    protocol: Protocol,
+    live: Sequence[Live],
+    env: Env,
+    sampling: Sampling,
+    k: int = 5,
+    max_turns: int = 5,
+    exclude_seen: bool = False,
+    trace: list[list[Live]] | None = None,
+    progress: bool = False,
+) -> None:
+    """Advance every episode of ``live`` until it ends or holds ``max_turns`` steps (a forked episode
+    keeps its earlier steps in that count), all of them batched per turn. ``trace[i]``, when given,
+    receives a :func:`fork` of ``live[i]`` before each of its steps: the states it visited."""
+    position = {id(x): i for i, x in enumerate(live)}
+    live = [x for x in live if len(x.episode.steps) < max_turns]
+    for _ in tqdm(range(max_turns), desc=f"{protocol.name} turns", disable=not progress, leave=False):
+        if not live:
+            break
+        if trace is not None:
+            for x in live:
+                trace[position[id(x)]].append(fork(x))
+        completions = generate(env, protocol, [x.state for x in live], sampling)
+        still = advance(protocol, live, env, completions, k, exclude_seen)
+        live = [x for x in still if not full(x, max_turns)]
+
+
+def full(x: Live, max_turns: int) -> bool:
+    """Whether ``x`` used its ``max_turns`` steps (it then ends with stop reason ``max_turns``)."""
+    if len(x.episode.steps) < max_turns:
+        return False
+    x.episode.stop_reason = "max_turns"
+    return True
+
+
 def run_agent(
     protocol: Protocol,
     examples: Sequence[QAExample],
@@ -97,38 +202,5 @@ def run_agent(
     """Roll out one episode per example with ``protocol``, all examples batched per turn."""
     episodes = [Episode(ex.id, ex.question) for ex in examples]
     live = [Live(ep, State(ex.question), set()) for ex, ep in zip(examples, episodes, strict=True)]
-    for _ in tqdm(range(max_turns), desc=f"{protocol.name} turns", disable=not progress, leave=False):
-        if not live:
-            break
-        completions = generate(env, protocol, [x.state for x in live], sampling)
-        actions = [protocol.parse(c.text) for c in completions]
-        searching = [i for i, a in enumerate(actions) if a.kind == SEARCH]
-        exclude = [live[i].seen for i in searching] if exclude_seen else None
-        queries = [actions[i].query for i in searching]
-        hits = dict(zip(searching, env.search(queries, k, exclude), strict=True)) if searching else {}
-        still = []
-        for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
-            step = record(x.episode, completion, action)
-            turn = Turn(action, text=completion.text)
-            if action.kind == SEARCH:
-                step.retrieved_ids = [h.id for h in hits[i]]
-                turn.passages = env.passages(hits[i])
-                x.seen.update(step.retrieved_ids)
-            elif action.kind == BACKTRACK:
-                undone = next((t for t in reversed(x.state.turns) if t.passages and not t.abandoned), None)
-                if undone is not None:
-                    undone.abandoned = True
-            elif action.kind in (ANSWER, REFUSE):
-                x.episode.prediction = (action.answer or "") if action.kind == ANSWER else ""
-                x.episode.stop_reason = action.kind
-                continue
-            else:
-                x.episode.format_failure, x.episode.stop_reason = True, "format_error"
-                step.error = step.error or f"unexpected action {action.kind!r}"
-                continue
-            x.state.turns.append(turn)
-            still.append(x)
-        live = still
-    for x in live:
-        x.episode.stop_reason = "max_turns"
+    play(protocol, live, env, sampling, k, max_turns, exclude_seen, progress=progress)
     return episodes

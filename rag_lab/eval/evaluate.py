@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.judge import LLMJudge
 from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, answer_recall, retrieval_pr
 from rag_lab.eval.stats import bootstrap_ci
@@ -26,6 +27,8 @@ METRIC_FIELDS = [
     "acc",
     "retrieval_count",
     "n_steps",
+    "backtracks",
+    "refused",
     "tokens_total",
     "ret_precision",
     "ret_recall",
@@ -65,6 +68,9 @@ def score_record(
     for name in ANSWER_METRICS:
         record[name] = SCORERS[scorer][name](episode.prediction, list(ex.answers))
     record["tokens_total"] = record["tokens"]["prompt"] + record["tokens"]["completion"]
+    # EVO-RAG's extra actions: steps that undid a search, and a refusal to answer
+    record["backtracks"] = sum(s["action"] == BACKTRACK for s in record["steps"])
+    record["refused"] = float(episode.stop_reason == REFUSE)
     # APEX's plan reward, where the policy scored its plan against a gold one
     record["sepr"] = next((r["sepr"] for r in record["rewards"] if "sepr" in r), None)
     if any(s.text for s in episode.steps) and not record["tokens_total"]:
@@ -155,10 +161,35 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
         if any(r.get("prompt_cuts") for r in rows):  # prompts cut to fit the model (rag_lab.env.fit)
             out["prompt_cut_rate"] = _mean([float(r.get("prompt_cuts", 0) > 0) for r in rows])
+        out |= refusal_pr(rows)
         out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out
 
     metrics = {"all": summary(records)}
     for kind in sorted({r["type"] for r in records if r["type"]}):
         metrics[f"type={kind}"] = summary([r for r in records if r["type"] == kind])
+    if len({r.get("answerable", True) for r in records}) == 2:  # EVO-RAG's unanswerable questions apart
+        for flag in (True, False):
+            metrics[f"answerable={str(flag).lower()}"] = summary(
+                [r for r in records if r.get("answerable", True) is flag]
+            )
     return metrics
+
+
+def refusal_pr(rows: list[dict]) -> dict[str, float]:
+    """EVO-RAG's refusals against the questions marked unanswerable: recall (the unanswerable ones refused)
+    and precision (the refusals that were of unanswerable questions); each absent where undefined.
+
+    >>> rows = [{"answerable": False, "refused": 1.0}, {"answerable": False, "refused": 0.0},
+    ...         {"answerable": True, "refused": 1.0}, {"answerable": True, "refused": 1.0}]
+    >>> refusal_pr(rows)
+    {'refusal_recall': 0.5, 'refusal_precision': 0.3333333333333333}
+    """
+    out = {}
+    unanswerable = [r for r in rows if r.get("answerable", True) is False]
+    refused = [r for r in rows if r.get("refused")]
+    if unanswerable:
+        out["refusal_recall"] = sum(bool(r.get("refused")) for r in unanswerable) / len(unanswerable)
+    if refused:
+        out["refusal_precision"] = sum(r.get("answerable", True) is False for r in refused) / len(refused)
+    return out

@@ -30,12 +30,19 @@ Choices where the paper is silent or reads two ways, each written down:
   flag uses it. A broken step (the protocol could not parse it) scores only r_step.
 - ``schedule="fixed"``, its table 4's two-stage curriculum without the in-episode schedule: each
   weight is the mean of its stage's start and end (the paper does not give the fixed values).
+  ``schedule="flat"``: every weight 1, for table 4's "No Reward" row (``components=["ans"]``: R is the
+  answer's (EM + F1) / 2; under table 1's κ ≤ 0.1 of Discovery no two branches would differ by δ).
+- "Unanswerable" comes from the data set's flag (``refusal="flag"``) or from an LLM verifier of the
+  evidence (``refusal="verifier"``: :mod:`rag_lab.rewards.evorag_verifier`), asked only about episodes
+  that end in REFUSE (r_ref is 0 on every other step); its unparsable reply counts as "answerable"
+  (the refusal scores −1: a scored failure, counted).
 
 Hand-written: no library has these rewards. They score finished episodes (``rag_lab.env.Episode``),
 all of a batch's sub-queries embedded in one encoder call.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -72,9 +79,12 @@ TABLE_1 = {
 }
 # r_act charges late searches from this share of T_max on.
 LATE = 0.3
+SCHEDULES = ("dynamic", "fixed", "flat")
 
 
-def weights(stage: int, t: int, t_max: int = 20, schedule: Literal["dynamic", "fixed"] = "dynamic") -> dict:
+def weights(
+    stage: int, t: int, t_max: int = 20, schedule: Literal["dynamic", "fixed", "flat"] = "dynamic"
+) -> dict:
     """w_k(t) of every component at step ``t`` (1-based) of a ``stage`` episode (sec. 3.6); p is capped at 1.
 
     >>> w = weights(1, 10)
@@ -82,11 +92,15 @@ def weights(stage: int, t: int, t_max: int = 20, schedule: Literal["dynamic", "f
     (1.5, 0.3, 0.5)
     >>> round(weights(2, 20)["ans"], 6), round(weights(2, 5, schedule="fixed")["ans"], 6)
     (1.0, 0.55)
+    >>> weights(1, 3, schedule="flat")["ans"]
+    1.0
     """
     if stage not in TABLE_1:
         raise RagLabError(f"reward.stage must be 1 or 2 (table 1's stages), got {stage!r}")
-    if schedule not in ("dynamic", "fixed"):
-        raise RagLabError(f"reward.schedule must be 'dynamic' or 'fixed', got {schedule!r}")
+    if schedule not in SCHEDULES:
+        raise RagLabError(f"reward.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "flat":
+        return dict.fromkeys(TABLE_1[stage], 1.0)
     p = 0.5 if schedule == "fixed" else min(t / t_max, 1.0)
     return {k: (1 - p) * start + p * end for k, (start, end) in TABLE_1[stage].items()}
 
@@ -157,19 +171,22 @@ def step_rewards(
     encoder: Any = None,
     t_max: int = 20,
     scorer: str = "squad",
+    answerable: Sequence[bool] | None = None,
 ) -> list[list[dict[str, float]]]:
     """The raw seven-component vector r_t of every step of every episode (``examples`` in the same
     order). The sub-queries of all the episodes are embedded in one call (``encoder``: any with
-    ``encode(texts)``; MiniLM when None)."""
+    ``encode(texts)``; MiniLM when None). ``answerable[i]`` (a verifier's verdict) replaces example i's
+    flag in r_ref."""
     if len(episodes) != len(examples):
         raise RagLabError(f"step_rewards: {len(episodes)} episodes for {len(examples)} examples")
+    flags = list(answerable) if answerable is not None else [ex.answerable for ex in examples]
     queries = sorted({s.query or "" for ep in episodes for s in ep.steps if s.action == SEARCH})
     vectors = {}
     if queries:
         rows = query_vectors(encoder if encoder is not None else default_encoder(), queries)
         vectors = dict(zip(queries, rows, strict=True))
     out = []
-    for episode, example in zip(episodes, examples, strict=True):
+    for episode, example, flag in zip(episodes, examples, flags, strict=True):
         earlier: list[np.ndarray] = []
         rows = []
         for t, step in enumerate(episode.steps, start=1):
@@ -184,7 +201,7 @@ def step_rewards(
                     "act": action_penalty(step.action, t / t_max, dup),
                     "dup": dup,
                     "bt": -1.0 if step.action == BACKTRACK else 0.0,
-                    "ref": refusal_reward(step.action, example.answerable),
+                    "ref": refusal_reward(step.action, flag),
                     "step": -1.0,
                     "ans": answer_reward(
                         step.action, step.answer or episode.prediction, example.answers, scorer
@@ -199,7 +216,7 @@ def weighted(
     rows: Sequence[dict[str, float]],
     stage: int,
     t_max: int = 20,
-    schedule: Literal["dynamic", "fixed"] = "dynamic",
+    schedule: Literal["dynamic", "fixed", "flat"] = "dynamic",
     components: Sequence[str] = COMPONENTS,
 ) -> list[float]:
     """R_t = Σ_k w_k(t) r_k for each step of one episode (``components``: the ones switched on, for
@@ -219,3 +236,79 @@ def weighted(
         w = weights(stage, t, t_max, schedule)
         out.append(sum(w[k] * row[k] for k in components))
     return out
+
+
+def episode_return(
+    rows: Sequence[dict[str, float]],
+    stage: int,
+    t_max: int = 20,
+    schedule: str = "dynamic",
+    components: Sequence[str] = COMPONENTS,
+) -> float:
+    """R(x) = Σ_t w(t)·r_t of a whole branch (sec. 3.3): a sibling forked at step t of an episode holds
+    the episode's first t − 1 steps, so its own steps are weighted from w(t), and the shared prefix adds
+    the same to every sibling of the state.
+
+    >>> rows = [dict.fromkeys(COMPONENTS, 0.0) | {"step": -1.0}] * 2
+    >>> round(episode_return(rows, stage=1, t_max=10), 6)  # -(0.023 + 0.026)
+    -0.049
+    """
+    return sum(weighted(rows, stage, t_max, schedule, components))
+
+
+@dataclass
+class EvoRAGReward:
+    """``reward=evorag``: which of the seven components count, under which weight schedule, and where
+    "unanswerable" comes from (module docstring). It scores whole episodes (:meth:`returns`), not TRL
+    completions: EVO-RAG's trainer compares rolled-out branches."""
+
+    schedule: str = "dynamic"
+    components: Sequence[str] = COMPONENTS
+    # flag: the data set's answerable flag; verifier: an LLM's verdict on the evidence (evorag_verifier)
+    refusal: str = "flag"
+    verifier: Any = None
+    # r_dup's sentence encoder (MiniLM when None)
+    encoder: Any = None
+    scorer: str = "squad"
+
+    def __post_init__(self):
+        for key, why in self.check_settings(
+            {"schedule": self.schedule, "components": list(self.components), "refusal": self.refusal}, None
+        ):
+            raise RagLabError(f"reward.{key}: {why}")
+        self.components = list(self.components)
+        if self.refusal == "verifier" and self.verifier is None:
+            from rag_lab.rewards.evorag_verifier import EvidenceVerifier
+
+            self.verifier = EvidenceVerifier()
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """An unknown schedule, component or refusal source; no component (:mod:`rag_lab.config`)."""
+        problems = []
+        if s["schedule"] not in SCHEDULES:
+            problems.append(("schedule", f"{s['schedule']!r} is not a schedule ({', '.join(SCHEDULES)})"))
+        unknown = [c for c in s["components"] if c not in COMPONENTS]
+        if unknown:
+            problems.append(("components", f"unknown {unknown} (known: {', '.join(COMPONENTS)})"))
+        if not s["components"]:
+            problems.append(("components", "empty: no component would score a branch"))
+        if s["refusal"] not in ("flag", "verifier"):
+            problems.append(("refusal", f"{s['refusal']!r} is not 'flag' or 'verifier'"))
+        return problems
+
+    def returns(
+        self,
+        episodes: Sequence[Episode],
+        examples: Sequence[QAExample],
+        stage: int,
+        t_max: int,
+        evidence: Sequence[Sequence] | None = None,
+    ) -> list[float]:
+        """R(x) of each episode. With ``refusal="verifier"``, ``evidence[i]`` is the passages episode i
+        held when it ended (D≤t)."""
+        answerable = None
+        if self.refusal == "verifier":
+            answerable = self.verifier.answerable(episodes, examples, evidence)
+        rows = step_rewards(episodes, examples, self.encoder, t_max, self.scorer, answerable)
+        return [episode_return(r, stage, t_max, self.schedule, self.components) for r in rows]

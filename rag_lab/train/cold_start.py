@@ -105,7 +105,9 @@ def cold_start(
             f"cold start: the teacher kept no episode of {', '.join(config.protocols)}: {demos.counts}"
         )
     base = cache.files_digest(model_dir, tokenizer_dir)
-    out = cache.path(cache_dir, "cold_start", base, demos.fingerprint, config, chat, code=__name__)
+    out = cache.path(
+        cache_dir, "cold_start", base, demos.fingerprint, config, chat, code="rag_lab.train.cold_start"
+    )
     if (out / "train.json").exists():
         log.info("cold start: reusing %s", out)
         return out

@@ -12,7 +12,8 @@ demonstrations are exactly the prompts those policies render at inference. Two u
   Several rollouts per question at varied temperature (:class:`AtTemperature`; deviation: the world
   teacher reads a temperature only as greedy, its noise drawn once per prompt, or sampled, drawn per
   seed; ``noise`` sets how often it errs, which is what rejection sampling filters). An episode is kept
-  when its prediction scores EM 1 under the dataset's official scorer and no step broke its protocol
+  when its prediction scores EM 1 under the dataset's official scorer (or it refuses a question the data
+  set marks unanswerable: EVO-RAG's REFUSE) and no step broke its protocol
   (every completion parses, no format failure or step error); each kept episode of L steps gives L
   pairs, identical pairs once. ``counts`` per protocol: episodes sampled, kept, rejected as wrong,
   rejected as malformed (malformed wins when both), distinct pairs kept. Cached under
@@ -42,7 +43,7 @@ from rag_lab import cache
 from rag_lab.config import AtLeast, PositiveInt
 from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.env.protocols.base import INVALID, PROTOCOLS, Protocol, identify
+from rag_lab.env.protocols.base import INVALID, PROTOCOLS, REFUSE, Protocol, identify
 from rag_lab.env.teacher.agent import Noise
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
@@ -243,10 +244,13 @@ def speakers(
 
 
 def verdict(episode: Episode, named: list[tuple], example: QAExample, em) -> str:
-    """``malformed`` (a step broke its protocol), else ``wrong`` (EM 0), else ``kept``."""
+    """``malformed`` (a step broke its protocol), else ``wrong``, else ``kept``: right is EM 1, or a
+    refusal (EVO-RAG's REFUSE) of a question the data set marks unanswerable."""
     broken = episode.format_failure or any(s.error for s in episode.steps)
     if broken or any(p is None or p.parse(text).kind == INVALID for p, _, text in named):
         return "malformed"
+    if episode.stop_reason == REFUSE:
+        return "wrong" if example.answerable else "kept"
     return "kept" if em(episode.prediction, list(example.answers)) else "wrong"
 
 

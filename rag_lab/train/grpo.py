@@ -1,19 +1,12 @@
-"""TRL's ``GRPOConfig`` as every GRPO trainer of rag_lab sets it up (DAPO's stages, APEX's planner): what
-must stay the same across methods in one place, each method's own settings on top.
-
-Shared: one optimiser update per generated batch (no gradient accumulation), a constant learning rate
-without warm-up, dropout off (the log-probs of sampling and of the update then agree), a log row every
-step, a checkpoint every ``save_steps`` (the newest two kept: a kill while one is written leaves the one
-before), no reporting (the curves go through :mod:`rag_lab.train.curves`), no gradient checkpointing
-(it only slows a small model). The device is the generator's (:func:`rag_lab.generators.hf.default_device`:
-a small model trains on the CPU even beside a GPU), and bf16 mixed precision is used where that device is
-a GPU that has it, unless ``bf16`` says otherwise.
+"""TRL's ``GRPOConfig`` as every GRPO trainer of rag_lab sets it up (DAPO's stages, APEX's planner): the
+shared arguments (:mod:`rag_lab.train.trainer_args`: one optimiser update per generated batch, constant
+learning rate, dropout off, checkpoints, device and precision), each method's own settings on top.
 """
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
+from rag_lab.train.trainer_args import trainer_args
 
 if TYPE_CHECKING:
     from trl import GRPOConfig
@@ -26,22 +19,4 @@ def grpo_config(
     the method's own settings (batch, group, loss, clipping, KL, lengths, steps or epochs)."""
     from trl import GRPOConfig
 
-    cuda = str(device).startswith("cuda")
-    shared = dict(
-        output_dir=str(work),
-        seed=seed,
-        data_seed=seed,
-        gradient_accumulation_steps=1,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        disable_dropout=True,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        save_total_limit=2,
-        bf16=(cuda and torch.cuda.is_bf16_supported()) if bf16 is None else bf16,
-        use_cpu=not cuda,
-        report_to="none",
-        gradient_checkpointing=False,
-    )
-    return GRPOConfig(**(shared | method))
+    return GRPOConfig(**(trainer_args(work, device, seed, save_steps, bf16) | method))

@@ -1,5 +1,5 @@
 """Resuming a training after a kill, as every trainer of rag_lab does it (the cold start's SFT, DAPO's
-stages, APEX's planner, Stop-RAG's Q-network): which checkpoint to resume from, and what to say when a
+stages, APEX's planner, Stop-RAG's Q-network, EVO-RAG's cycles): which checkpoint to resume from, and what to say when a
 training stopped early.
 
 A checkpoint is written atomically by its trainer, but a disk that fills up or a copy cut short can still
@@ -90,3 +90,13 @@ def stopped_early(what: str, step: int, total: int | None, work: Path) -> RagLab
     if last is None:
         return RagLabError(f"{where}, before its first checkpoint: the next run starts it over")
     return RagLabError(f"{where}; the next run resumes from {last}")
+
+
+def load_model(path: Path | str, like):
+    """The causal LM saved at ``path`` (a finished stage or cycle), in float32 and eval mode, on the device
+    of the model ``like``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = next(like.parameters()).device
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

@@ -43,13 +43,13 @@ from rag_lab.env import Env
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.policies.agent import Agent
-from rag_lab.policies.dapo.trainer import PANELS, load_model, train_stage
+from rag_lab.policies.dapo.trainer import PANELS, train_stage
 from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
-from rag_lab.train.resume import readable
+from rag_lab.train.resume import load_model, readable
 
 log = logging.getLogger(__name__)
 STAGES = (1, 2, "unified")

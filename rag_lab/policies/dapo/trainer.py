@@ -15,8 +15,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-
 from rag_lab import cache
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
@@ -161,11 +159,3 @@ def takes_stage(fn) -> bool:
 
     target = fn.func if isinstance(fn, partial) else fn
     return "stage" in inspect.signature(target).parameters
-
-
-def load_model(path: Path | str, like):
-    """The causal LM saved at ``path``, in float32 and eval mode, on the device of the model ``like``."""
-    from transformers import AutoModelForCausalLM
-
-    device = next(like.parameters()).device
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

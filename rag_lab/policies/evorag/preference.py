@@ -16,7 +16,7 @@ Deviations, written down:
   in (``encoder``), all-MiniLM-L6-v2 by default (offline, 2 CPU cores). The encoder never trains, so
   each text is embedded once (memoised) and only the heads see gradients.
 - The paper does not say how many pairs a state gives; every qualifying pair of branches with
-  different final actions is kept (``per_state=None``), or the ``per_state`` widest ones.
+  different actions at the state is kept (``per_state=None``), or the ``per_state`` widest ones.
 
 Hand-written: a multi-head Bradley-Terry model over a frozen encoder is a linear layer and a loss,
 which no library packages; TRL's ``RewardTrainer`` trains a single-score sequence classifier.
@@ -43,17 +43,19 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 @dataclass(frozen=True)
 class Branch:
-    """One rolled-out branch from a state: its trajectory text, its final action, its return R(x)."""
+    """One rolled-out branch from a state: its trajectory text (what the preference model reads), its
+    action at the state, its return R(x), and the action's own text (what DPO trains on)."""
 
     text: str
     action: str
     value: float
+    completion: str = ""
 
 
 def preference_pairs(
     branches: Sequence[Branch], delta: float = DELTA, per_state: int | None = None
 ) -> list[tuple[Branch, Branch]]:
-    """(x⁺, x⁻) pairs among one state's sibling ``branches``: different final actions, |ΔR| ≥ ``delta``,
+    """(x⁺, x⁻) pairs among one state's sibling ``branches``: different actions, |ΔR| ≥ ``delta``,
     the better first; widest margin first (ties: the branches' order).
 
     >>> b = [Branch("s", "search", 1.0), Branch("a", "answer", 0.5), Branch("r", "refuse", 0.9)]
@@ -99,6 +101,11 @@ class PreferenceModel(nn.Module):
             self.heads.weight.uniform_(-bound, bound, generator=generator)
             self.heads.bias.uniform_(-bound, bound, generator=generator)
         self._memo: dict[str, torch.Tensor] = {}
+
+    def forget(self) -> None:
+        """Drop the memoised embeddings (the encoder pads per batch, so a text's embedding depends a little
+        on the batch it came in: a resumed cycle must embed as an uninterrupted one)."""
+        self._memo.clear()
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """[N, d] the frozen encoder's embeddings, each distinct text encoded once."""

@@ -1,0 +1,94 @@
+"""EVO-RAG's policy epoch (papers/evo-rag.txt sec. 3.4): DPO on the preferred / rejected actions of the
+branch pairs, with TRL's ``DPOTrainer`` (its sigmoid loss −log σ(β·Δ), Δ the chosen's minus the rejected's
+log-ratio to the reference) and a PEFT LoRA adapter, merged into the weights after the epoch.
+
+- A row is the state's prompt as the policy saw it (fitted to the model: :mod:`rag_lab.env.fit`), the
+  chosen action's text and the rejected's. Plain text for the tiny LM; TRL's conversational format for a
+  chat model (the chosen / rejected an assistant message).
+- The reference is the model at the start of the epoch (the adapter switched off): iterative DPO, each
+  cycle's reference the policy that rolled its data out. The paper does not name its reference.
+- A killed epoch resumes from its last Trainer checkpoint (``work``) to the uninterrupted weights.
+
+Hand-written: only the rows and the log-probability probe; the training is TRL's.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+
+from rag_lab.policies.evorag.preference import Branch
+from rag_lab.train.curves import CurveLog
+from rag_lab.train.dpo import dpo_config
+from rag_lab.train.lora import peft_config
+from rag_lab.train.resume import last_good_checkpoint, stopped_early
+
+log = logging.getLogger(__name__)
+
+
+def dpo_rows(prompts: list, pairs: list[list[tuple[Branch, Branch]]], chat: bool) -> list[dict]:
+    """One DPO row per pair: its state's prompt as the policy saw it (``prompts[i]``, fitted to the model; a
+    state whose prompt did not fit, None, gives none), the better branch's action text as ``chosen``, the
+    worse one's as ``rejected``; a chat model's as assistant messages (TRL's conversational format)."""
+    rows = []
+    for prompt, state_pairs in zip(prompts, pairs, strict=True):
+        if prompt is None:
+            continue
+        for good, bad in state_pairs:
+            chosen, rejected = good.completion, bad.completion
+            if chat:
+                chosen, rejected = ([{"role": "assistant", "content": c}] for c in (chosen, rejected))
+            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: int, what: str):
+    """Train ``model`` (in place; ``generator``: its tokenizer, device and context) on ``rows`` for
+    ``settings.dpo_epochs`` with DPO and LoRA (``settings``: an
+    :class:`~rag_lab.policies.evorag.policy.EvoRAG`); the model with the adapter merged, and the epoch's
+    counts (its curve: ``work/log.jsonl``)."""
+    from datasets import Dataset
+    from trl import DPOTrainer
+
+    last = last_good_checkpoint(work)
+    resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
+    curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at)
+    peft = peft_config(settings.lora)
+    args = dpo_config(
+        work,
+        generator.device,
+        seed,
+        settings.save_steps,
+        settings.bf16,
+        beta=settings.beta,
+        learning_rate=settings.lr,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        num_train_epochs=settings.dpo_epochs,
+        max_length=getattr(generator, "context_length", None) or 1024,
+    )
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=generator.tokenizer,
+        peft_config=peft,
+        callbacks=[curve],
+    )
+    log.info("%s: DPO on %d pairs%s", what, len(rows), f", resuming from {last}" if last else "")
+    trainer.train(resume_from_checkpoint=last)
+    if trainer.state.global_step < trainer.state.max_steps:
+        raise stopped_early(what, trainer.state.global_step, trainer.state.max_steps, work)
+    trained = trainer.model.merge_and_unload() if peft else trainer.model
+    return trained.eval(), {"steps": trainer.state.global_step, "resumed_from": resumed_at or None}
+
+
+@torch.no_grad()
+def sequence_logprob(model, tokenizer, prompt: str, completion: str) -> float:
+    """log π(completion | prompt) summed over the completion's tokens (plain text, no special tokens)."""
+    ids = tokenizer(prompt + completion, add_special_tokens=False, return_tensors="pt").input_ids
+    start = len(tokenizer(prompt, add_special_tokens=False).input_ids)
+    ids = ids.to(next(model.parameters()).device)
+    logits = model(ids).logits[0, :-1].float().log_softmax(-1)
+    picked = logits.gather(1, ids[0, 1:, None])[:, 0]
+    return picked[start - 1 :].sum().item()

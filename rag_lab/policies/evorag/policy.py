@@ -1,0 +1,248 @@
+"""EVO-RAG (papers/evo-rag.txt; METHODS.md §3) as a policy: ``policy=evorag``.
+
+The policy is the ``evorag`` protocol rolled out by the engine: one action per step, SEARCH / BACKTRACK /
+ANSWER / REFUSE, at most T_max = 20 steps (``max_turns``; sec. 3.1, 3.6). BACKTRACK abandons the latest
+search that still holds evidence (its documents leave the prompt: :mod:`rag_lab.env.engine`). ``fit``
+trains a copy of the generator's model:
+
+- optionally first the cold start (:func:`rag_lab.train.cold_start.cold_start` on the teacher's ``evorag``
+  demonstrations; a refusal of an unanswerable question counts as right);
+- then per stage of ``stages`` (1 Discovery, 2 Refinement: table 1's weights), cycles of branch
+  rollouts scored by the seven step rewards (``reward=evorag``: :class:`rag_lab.rewards.evorag.EvoRAGReward`),
+  one preference-model epoch and one DPO + LoRA policy epoch (:mod:`.trainer`), until dev EM stalls for
+  ``patience`` cycles; Refinement starts from Discovery's best cycle, and the final model is the last
+  stage's best (:mod:`.curriculum`). ``stages`` [] is the untrained start, [1] Discovery alone.
+- Curves (preference accuracy and loss, DPO loss / margins / accuracies, dev EM, the rollouts' steps,
+  backtracks and refusals, the branch counts) go to ``checkpoints/train_log.jsonl``, ``curves.png`` and the
+  logger; which cycle each stage chose to ``checkpoints/evorag.json``.
+
+Deviations, written down (the embedded default's sizes; the paper's are ``evorag_hotpotqa``'s): a cycle
+draws ``questions_per_cycle`` training questions and branches ``states_per_episode`` states of each; dev
+EM is on the dev split's first ``dev_limit`` questions; the preference model reads MiniLM embeddings (a
+frozen LLM in the paper) and trains beside the policy without steering it (the paper leaves its role in the
+update open: DPO's pairs come from the returns, as its sec. 3.4 describes them); each DPO's reference is
+the policy at the start of its cycle. Without a cold start the stages train a copy of the run's model.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from omegaconf import OmegaConf
+
+from rag_lab import cache
+from rag_lab.config import AtLeast, PositiveInt, takes
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env
+from rag_lab.errors import RagLabError
+from rag_lab.policies.agent import Agent
+from rag_lab.policies.evorag.branches import ACTIONS
+from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
+from rag_lab.policies.evorag.preference import DELTA, MINILM, PreferenceModel
+from rag_lab.policies.evorag.trainer import dev_em
+from rag_lab.rewards.evorag import COMPONENTS, EvoRAGReward
+from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
+from rag_lab.train.curves import write_curves
+from rag_lab.train.lora import LoRA
+from rag_lab.train.resume import load_model
+
+log = logging.getLogger(__name__)
+PANELS = [
+    ("preference model (accuracy on new pairs, loss)", ["pm/accuracy", "pm/loss"]),
+    ("DPO loss", ["loss"]),
+    ("DPO rewards", ["rewards/margins", "rewards/accuracies"]),
+    ("EM (dev greedy, rollouts sampled)", ["dev_em", "rollout/em"]),
+    ("rollouts per episode", ["rollout/steps", "rollout/backtracks", "rollout/refused"]),
+    ("branches per cycle", ["branch/states", "branch/branches", "branch/pairs_pm", "branch/pairs_dpo"]),
+]
+# the curriculum's stopping settings: they decide how many cycles run, not what a cycle is (not in its key)
+STOPPING = ("stages", "max_cycles", "patience", "min_delta")
+
+
+@dataclass(frozen=True)
+class PreferenceSettings:
+    """``policy.preference``: the multi-head preference model (:mod:`.preference`)."""
+
+    # |ΔR| at least this for a pair (sec. 3.3's Δ)
+    margin: Annotated[float, AtLeast(0)] = DELTA
+    heads: PositiveInt = len(COMPONENTS)
+    encoder: str = MINILM
+    lr: float = 1e-3
+    batch_size: PositiveInt = 64
+    # the widest pairs per state (null: every qualifying pair)
+    pairs_per_state: PositiveInt | None = None
+
+
+class EvoRAG(Agent):
+    trains = True
+
+    @takes(Agent, drop=["protocol"])
+    def __init__(
+        self,
+        # the run's reward group (reward=evorag), filled by the runner
+        reward: EvoRAGReward | None = None,
+        # 1 Discovery, 2 Refinement, in order; [] the untrained start
+        stages: list[int] = (1, 2),
+        # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
+        max_cycles: PositiveInt = 3,
+        patience: PositiveInt = 2,
+        min_delta: Annotated[float, AtLeast(0)] = 0.0,
+        # per cycle: training questions rolled out, states branched per episode (null: all)
+        questions_per_cycle: PositiveInt = 24,
+        states_per_episode: PositiveInt | None = 2,
+        # the dev questions dev EM is measured on (null: all)
+        dev_limit: PositiveInt | None = 100,
+        # the action kinds a state's siblings take
+        actions: list[str] = ACTIONS,
+        # DPO's pairs: |ΔR| at least `margin` (δ, sec. 3.4), the `pairs_per_state` widest per state
+        margin: Annotated[float, AtLeast(0)] = 0.2,
+        pairs_per_state: PositiveInt | None = 1,
+        preference: PreferenceSettings | None = None,
+        # DPO: β, learning rate, batch (effective: batch_size x grad_accum), epochs over a cycle's pairs
+        beta: float = 0.1,
+        lr: float = 5e-4,
+        batch_size: PositiveInt = 8,
+        grad_accum: PositiveInt = 1,
+        dpo_epochs: PositiveInt = 1,
+        lora: LoRA | None = None,
+        # sampling of the training rollouts and the branches
+        train_temperature: float = 1.0,
+        top_p: float = 1.0,
+        train_limit: PositiveInt | None = None,
+        # SFT on the teacher's evorag demonstrations first (null: start from the generator as it is)
+        cold_start: ColdStartConfig | None = None,
+        save_steps: PositiveInt = 5,
+        bf16: bool | None = None,
+        cache_dir: str = "~/.cache/rag_lab",
+        seed: int = 0,
+        # the dataset trained on and the run's resolved config (the cycles' cache key), filled by the runner
+        train_data: Any = None,
+        run_config: dict | None = None,
+        # the rollout: policy=agent's keys (k, max_turns = T_max, exclude_seen, max_new_tokens, temperature)
+        **rollout: Any,
+    ):
+        rollout.setdefault("max_turns", 20)
+        super().__init__("evorag", **rollout)
+        settings = {k: v for k, v in locals().items() if k not in ("self", "rollout", "__class__")}
+        for key, why in self.check_settings(settings | {"max_turns": self.max_turns}, None):
+            raise RagLabError(f"policy.{key}: {why}")
+        self.reward, self.stages, self.actions = reward, list(stages), list(actions)
+        self.max_cycles, self.patience, self.min_delta = max_cycles, patience, min_delta
+        self.questions_per_cycle, self.states_per_episode, self.dev_limit = (
+            questions_per_cycle, states_per_episode, dev_limit,
+        )  # fmt: skip
+        self.margin, self.pairs_per_state = margin, pairs_per_state
+        self.preference = preference or PreferenceSettings()
+        self.beta, self.lr, self.batch_size, self.grad_accum = beta, lr, batch_size, grad_accum
+        self.dpo_epochs, self.lora = dpo_epochs, lora
+        self.train_temperature, self.top_p, self.train_limit = train_temperature, top_p, train_limit
+        self.cold_start, self.train_data, self.run_config = cold_start, train_data, run_config
+        self.save_steps, self.bf16, self.cache_dir, self.seed = save_steps, bf16, cache_dir, seed
+        self.scorer = getattr(train_data, "scorer", "squad")
+        # the trained model, once fit ran (evaluation acts with it)
+        self.generator = None
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the schema cannot say (:mod:`rag_lab.config`): stages, actions, bounds, the reward."""
+        problems = []
+        stages = list(s["stages"])
+        if any(x not in (1, 2) for x in stages) or stages != sorted(set(stages)):
+            problems.append(("stages", f"{stages}: a subset of [1, 2] in order (1 Discovery, 2 Refinement)"))
+        unknown = [a for a in s["actions"] if a not in ACTIONS]
+        if unknown or len(set(s["actions"])) < 2:
+            problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
+        if s.get("max_turns", 1) < 1:
+            problems.append(("max_turns", f"(T_max) must be >= 1, got {s['max_turns']}"))
+        for key in ("margin", "min_delta"):
+            if s[key] < 0:
+                problems.append((key, f"must be >= 0, got {s[key]}"))
+        for key in ("beta", "lr", "train_temperature"):
+            if s[key] <= 0:
+                problems.append((key, f"must be > 0, got {s[key]}"))
+        if not 0 < s["top_p"] <= 1:
+            problems.append(("top_p", f"{s['top_p']} is not in (0, 1]"))
+        target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
+        if target and not target.endswith("EvoRAGReward"):
+            problems.append(("reward", f"policy=evorag needs reward=evorag, not {target}"))
+        return problems
+
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
+        if self.stages and not isinstance(self.reward, EvoRAGReward):
+            raise RagLabError("reward: policy=evorag needs reward=evorag (its seven step rewards)")
+        base = env.generator
+        if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
+            raise RagLabError("policy=evorag trains a transformers model: set generator=tiny, smollm2 or hf")
+        start = Path(base.model.name_or_path)
+        if self.cold_start is not None:
+            start = self._cold_start(base)
+            generator = load(start, batch_size=base.batch_size, seed=base.seed)
+        elif self.stages:  # the run's generator is shared: train a copy of its model
+            generator = base.with_model(load_model(start, like=base.model))
+        else:
+            generator = base
+        self.generator = generator
+        if not self.stages:
+            return
+        self.reward.scorer = self.scorer
+        if self.reward.refusal == "verifier" and self.reward.verifier.generator is None:
+            self.reward.verifier.generator = base
+        questions, dev = train[: self.train_limit], self.dev_questions(dev)
+        root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "stages"
+        previous = cache.files_digest(start)
+        start_em = self.start_em(generator, env, previous, dev, root)
+        pm = PreferenceModel(self.preference.encoder, self.preference.heads, seed=self.seed)
+        results, chosen = [], {}
+        for stage in self.stages:
+            result = run_stage(self, generator, env, stage, previous, start_em, questions, dev, pm, root)
+            results.append((stage, result))
+            best = result.chosen
+            generator = generator.with_model(load_model(best, like=generator.model))
+            previous, start_em = best.name, json.loads((best / "cycle.json").read_text())["dev_em"]
+            chosen[str(stage)] = {"cycles": [str(p) for p in result.cycles], "chosen": str(best)}
+        self.generator = generator
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "evorag.json").write_text(json.dumps(chosen, indent=1) + "\n")
+        write_curves(curve_rows(results), out, logger, PANELS, "EVO-RAG training")
+
+    def dev_questions(self, dev: list[QAExample]) -> list[QAExample]:
+        """The stall rule's questions: the training data's dev split (the paper stops on its training set's
+        dev EM), else the run's; the first ``dev_limit``."""
+        source = self.train_data.split("dev") if self.train_data is not None else dev
+        return list(source)[: self.dev_limit]
+
+    def start_em(self, generator, env: Env, start: str, dev: list[QAExample], root: Path) -> float:
+        """Dev EM of the model the first stage starts from (the stall rule's first value), cached."""
+        path = self.cycle_dir(start, "start", 0, [], dev, env, root).with_suffix(".json")
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"dev_em": dev_em(self, generator, env, dev)}) + "\n")
+        return json.loads(path.read_text())["dev_em"]
+
+    def _cold_start(self, base) -> Path:
+        if self.train_data is None:
+            raise RagLabError("policy.cold_start needs the training dataset (the runner hands it over)")
+        return cold_start(
+            base.model.name_or_path,
+            self.train_data,
+            self.cold_start,
+            self.cache_dir,
+            tokenizer=base.tokenizer.name_or_path,
+            chat=base.chat,
+        )
+
+    def cycle_dir(self, previous: str, stage, cycle: int, questions, dev, env: Env, root: Path) -> Path:
+        """Where a cycle is cached (:mod:`.curriculum`): ``<root>/evorag/<key>``; ``root`` is ``cache_dir``
+        under the runner, else the run's ``checkpoints/stages`` (shared with nothing)."""
+        content = [[[q.id, q.question, list(q.answers)] for q in qs] for qs in (questions, dev)]
+        config = dict(self.run_config or {})
+        config["policy"] = {k: v for k, v in config.get("policy", {}).items() if k not in STOPPING}
+        for unrelated in ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra"):
+            config.pop(unrelated, None)
+        return cache.path(
+            root, "evorag", previous, str(stage), cycle, *content, env.corpus.fingerprint, config,
+            code="rag_lab.policies.evorag.curriculum",
+        )  # fmt: skip

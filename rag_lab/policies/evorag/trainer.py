@@ -1,0 +1,207 @@
+"""One EVO-RAG training cycle (papers/evo-rag.txt sec. 3.3-3.5, Algorithm 1; METHODS.md §3): roll out the
+current policy and branch it (:mod:`.branches`), one preference-model epoch on the branch pairs
+(:mod:`.preference`), one policy epoch of DPO with LoRA (:mod:`.dpo`), then the policy's exact match on the
+dev questions (greedy), which the curriculum's stall rule and best-checkpoint choice read.
+
+Each phase leaves its artefact in the cycle's work dir (``<done>.work/``) and is skipped on a resume when
+it is there: ``branches.json`` (the nodes, their branches and returns, the counts), ``pm.pt`` + ``pm.json``
+(the heads after the epoch, the accuracy on the new pairs before it, the loss), the DPO epoch's Trainer
+checkpoints and ``log.jsonl``, ``merged/`` (the policy after it), ``dev.json``. The cycle is published to
+``done`` in one rename (:func:`rag_lab.cache.publish`): the model, ``pm.pt``, ``log.jsonl``,
+``pairs.jsonl`` (the DPO rows) and ``cycle.json``. Every random draw is seeded by (seed, stage, cycle), so
+a killed cycle resumes to the numbers of an uninterrupted one.
+
+Hand-written: the alternation of the two epochs and the cycle's bookkeeping; DPO is TRL's.
+"""
+
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from rag_lab import cache
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env
+from rag_lab.env.engine import run_agent
+from rag_lab.env.protocols.base import BACKTRACK, REFUSE
+from rag_lab.eval.metrics import SCORERS
+from rag_lab.generators.base import Sampling
+from rag_lab.policies.evorag import branches as br
+from rag_lab.policies.evorag.dpo import dpo_epoch, dpo_rows
+from rag_lab.policies.evorag.preference import Branch, PreferenceModel
+from rag_lab.records import atomic_write_text, read_records
+from rag_lab.train.resume import load_model, load_torch
+
+log = logging.getLogger(__name__)
+COUNTS = ("episodes", "states", "branches", "pairs_pm", "pairs_dpo", "noop_backtracks", "prompt_too_long")
+
+
+def cycle_seed(seed: int, stage: int, cycle: int) -> int:
+    """The sampling seed of a cycle's rollouts (DAPO's pattern: a function of the run's seed and the step)."""
+    return seed * 1_000_003 + stage * 10_007 + cycle * 101
+
+
+def write_json(path: Path, value) -> None:
+    atomic_write_text(path, json.dumps(value, indent=1, default=str) + "\n")
+
+
+def collect(
+    policy, generator, env: Env, stage: int, cycle: int, questions: list[QAExample], work: Path
+) -> dict:
+    """Branch the policy's rollouts on the cycle's questions (:mod:`.branches`); kept in ``branches.json``."""
+    path = work / "branches.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    seed = cycle_seed(policy.seed, stage, cycle)
+    drawn = random.Random(f"{policy.seed}/{stage}/{cycle}")
+    picked = drawn.sample(questions, min(policy.questions_per_cycle, len(questions)))
+    acting = env.with_generator(generator)
+    sampling = Sampling(
+        temperature=policy.train_temperature,
+        top_p=policy.top_p,
+        max_new_tokens=policy.sampling.max_new_tokens,
+        seed=seed,
+    )
+    counts = dict.fromkeys(COUNTS, 0)
+    t_max, protocol = policy.max_turns, policy.protocol
+    base, traces = br.base_rollouts(protocol, acting, picked, sampling, policy.k, t_max, policy.exclude_seen)
+    nodes = br.visited(base, traces, policy.states_per_episode, f"{seed}/nodes", counts)
+    br.roll(protocol, acting, nodes, policy.actions, br.replace_seed(sampling, 7), policy.k, t_max, counts)
+    values, sibling_values = br.returns(policy.reward, base, nodes, picked, stage, t_max)
+    fitted = fitted_prompt_of(generator, protocol, nodes, sampling)
+    out = {"nodes": [], "stats": rollout_stats(base, picked, policy.scorer)}
+    for node, sv, prompt in zip(nodes, sibling_values, fitted, strict=True):
+        b = br.node_branches(node, base[node.index], values[node.index], sv)
+        out["nodes"].append(
+            {"index": node.index, "t": node.t, "prompt": prompt, "branches": [asdict(x) for x in b]}
+        )
+    counts["episodes"], counts["states"] = len(base), len(nodes)
+    out["counts"] = counts
+    write_json(path, out)
+    return out
+
+
+def fitted_prompt_of(generator, protocol, nodes, sampling) -> list:
+    """Each node's prompt as the policy saw it (fitted to the model), None where it did not fit."""
+    from rag_lab.env.fit import fitted_prompts
+
+    chat = bool(getattr(generator, "chat", False))
+    return fitted_prompts(generator, protocol, [n.live.state for n in nodes], chat, sampling)[0]
+
+
+def rollout_stats(base, questions: list[QAExample], scorer: str) -> dict:
+    """The base rollouts' means: EM, steps, backtracks, refusals (the training curves' monitors)."""
+    em = SCORERS[scorer]["em"]
+    episodes = [x.episode for x in base]
+    n = max(len(episodes), 1)
+    return {
+        "rollout/em": sum(em(e.prediction, list(q.answers)) for e, q in zip(episodes, questions, strict=True))
+        / n,
+        "rollout/steps": sum(len(e.steps) for e in episodes) / n,
+        "rollout/backtracks": sum(s.action == BACKTRACK for e in episodes for s in e.steps) / n,
+        "rollout/refused": sum(e.stop_reason == REFUSE for e in episodes) / n,
+    }
+
+
+def pairs(data: dict, margin: float, per_state: int | None) -> list[list[tuple[Branch, Branch]]]:
+    """Per node of ``data`` (:func:`collect`'s), its preference pairs at ``margin``."""
+    nodes = [[Branch(**b) for b in node["branches"]] for node in data["nodes"]]
+    return br.pairs_of(nodes, margin, per_state)
+
+
+def pm_epoch(policy, pm: PreferenceModel, data: dict, seed: int, work: Path) -> dict:
+    """One preference-model epoch on the cycle's pairs at Δ; its accuracy on them before (table 5's
+    "internal accuracy") and its loss. Cached in ``pm.pt`` + ``pm.json``."""
+    stats_path, weights_path = work / "pm.json", work / "pm.pt"
+    saved = load_torch(weights_path)
+    if stats_path.exists() and saved is not None:
+        pm.heads.load_state_dict(saved)
+        return json.loads(stats_path.read_text())
+    pm.forget()  # the encoder pads per batch: each cycle embeds its texts afresh, as on a resume
+    flat = [
+        p for node in pairs(data, policy.preference.margin, policy.preference.pairs_per_state) for p in node
+    ]
+    stats = {"pm/pairs": len(flat), "pm/accuracy": pm.accuracy(flat) if flat else None, "pm/loss": None}
+    if flat:
+        stats["pm/loss"] = pm.fit(flat, 1, policy.preference.lr, policy.preference.batch_size, seed)[0]
+    torch.save(pm.heads.state_dict(), weights_path)
+    write_json(stats_path, stats)
+    return stats
+
+
+def policy_epoch(policy, generator, data: dict, seed: int, work: Path, what: str):
+    """One DPO epoch on the widest pair per state at δ, from the current weights; the trained model
+    (``merged/``, cached) and the epoch's counts."""
+    merged = work / "merged"
+    node_pairs = pairs(data, policy.margin, policy.pairs_per_state)
+    rows = dpo_rows(
+        [node["prompt"] for node in data["nodes"]], node_pairs, bool(getattr(generator, "chat", False))
+    )
+    atomic_write_text(work / "pairs.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    if (merged / "config.json").exists():
+        return load_model(merged, like=generator.model), json.loads((work / "dpo.json").read_text())
+    start = Path(generator.model.name_or_path)
+    if not rows:
+        log.info("%s: no pair passed the margin: the policy is unchanged", what)
+        model, stats = load_model(start, like=generator.model), {"steps": 0, "resumed_from": None}
+    else:
+        model = load_model(start, like=generator.model)
+        model, stats = dpo_epoch(model, generator, rows, policy, work / "dpo", seed, what)
+    with cache.publish(merged) as tmp:
+        model.save_pretrained(tmp)
+    write_json(work / "dpo.json", stats)
+    return load_model(merged, like=generator.model), stats
+
+
+def dev_em(policy, generator, env: Env, dev: list[QAExample], work: Path | None = None) -> float:
+    """The policy's EM on ``dev``, greedy (the stall rule's signal); cached in ``dev.json``."""
+    path = work / "dev.json" if work is not None else None
+    if path is not None and path.exists():
+        return json.loads(path.read_text())["dev_em"]
+    episodes = run_agent(
+        policy.protocol, dev, env.with_generator(generator), policy.sampling, policy.k, policy.max_turns,
+        policy.exclude_seen,
+    )  # fmt: skip
+    em = SCORERS[policy.scorer]["em"]
+    value = sum(em(e.prediction, list(q.answers)) for e, q in zip(episodes, dev, strict=True)) / max(
+        len(dev), 1
+    )
+    if path is not None:
+        write_json(path, {"dev_em": value})
+    return value
+
+
+def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, dev, pm, done: Path) -> None:
+    """Cycle ``cycle`` of ``stage`` from ``generator``'s weights and ``pm``'s heads, published to ``done``."""
+    work = done.with_name(f"{done.name}.work")
+    work.mkdir(parents=True, exist_ok=True)
+    what, began = f"EVO-RAG stage {stage} cycle {cycle}", time.perf_counter()
+    seed = policy.seed * 1000 + stage * 100 + cycle
+    data = collect(policy, generator, env, stage, cycle, questions, work)
+    data["counts"]["pairs_pm"] = sum(
+        map(len, pairs(data, policy.preference.margin, policy.preference.pairs_per_state))
+    )
+    data["counts"]["pairs_dpo"] = sum(map(len, pairs(data, policy.margin, policy.pairs_per_state)))
+    log.info("%s: %s", what, ", ".join(f"{k} {v}" for k, v in data["counts"].items()))
+    pm_stats = pm_epoch(policy, pm, data, seed, work)
+    model, dpo_stats = policy_epoch(policy, generator, data, seed, work, what)
+    trained = generator.with_model(model)
+    em = dev_em(policy, trained, env, dev, work)
+    log.info("%s: dev EM %.3f, preference accuracy %s", what, em, pm_stats["pm/accuracy"])
+    with cache.publish(done) as tmp:
+        model.save_pretrained(tmp)
+        shutil.copy2(work / "pm.pt", tmp / "pm.pt")
+        shutil.copy2(work / "pairs.jsonl", tmp / "pairs.jsonl")
+        curve = work / "dpo" / "log.jsonl"
+        rows = read_records(curve) if curve.exists() else []
+        atomic_write_text(tmp / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        summary = {"stage": stage, "cycle": cycle, "dev_em": em, "seconds": time.perf_counter() - began}
+        summary |= {f"branch/{k}": v for k, v in data["counts"].items()} | data["stats"] | pm_stats
+        summary |= {f"dpo/{k}": v for k, v in dpo_stats.items()} | {"device": str(model.device)}
+        write_json(tmp / "cycle.json", summary)
+    shutil.rmtree(work, ignore_errors=True)
