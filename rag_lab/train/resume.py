@@ -1,6 +1,6 @@
 """Resuming a training after a kill, as every trainer of rag_lab does it (the cold start's SFT, DAPO's
-stages, APEX's planner, Stop-RAG's Q-network, EVO-RAG's cycles): which checkpoint to resume from, and what to say when a
-training stopped early.
+stages, APEX's planner, Stop-RAG's Q-network, EVO-RAG's cycles): which checkpoint to resume from, which
+model a finished stage left, and what to say when a training stopped early.
 
 A checkpoint is written atomically by its trainer, but a disk that fills up or a copy cut short can still
 leave a truncated file. :func:`last_good_checkpoint` skips those (it reads every weight and state file

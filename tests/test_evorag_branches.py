@@ -1,0 +1,152 @@
+"""EVO-RAG's branch rollouts: siblings forced through the engine, forks independent, each branch scored by
+its time-weighted return on a hand-built episode (values by hand), the margin's pairs, the verifier."""
+
+import pytest
+from test_engine import Scripted
+from test_evorag_rewards import Toy
+
+from rag_lab.data.base import Corpus, Passage, QAExample
+from rag_lab.env import Env
+from rag_lab.env.engine import Live, advance, fork
+from rag_lab.env.episode import Episode, Step
+from rag_lab.env.protocols.base import Action, State, Turn
+from rag_lab.env.protocols.evorag import EVORAGStep
+from rag_lab.generators.base import Completion, Sampling
+from rag_lab.policies.evorag import branches as br
+from rag_lab.policies.evorag.dpo import dpo_rows
+from rag_lab.retrievers.base import Hit
+from rag_lab.rewards.evorag import EvoRAGReward
+from rag_lab.rewards.evorag_verifier import EvidenceVerifier
+
+EXAMPLE = QAExample("q1", "Where?", ("Paris",), supporting_ids=("p2",))
+P1, P2 = Passage("p1", "One", "x"), Passage("p2", "Two", "y")
+
+
+def step(text, action, query=None, ids=()):
+    return Step(text=text, action=action, query=query, retrieved_ids=list(ids))
+
+
+def live(*steps: Step) -> Live:
+    """An episode of ``steps`` (the question EXAMPLE's), its state holding each search's passages."""
+    episode = Episode("q1", "Where?", steps=list(steps))
+    turns = [Turn(Action(s.action, query=s.query), passages=[P1] if s.query == "a" else [P2]) for s in steps]
+    return Live(episode, State("Where?", turns=[t for t in turns if t.action.kind == "search"]), set())
+
+
+def ended(x: Live, prediction: str, reason: str) -> Live:
+    x.episode.prediction, x.episode.stop_reason = prediction, reason
+    return x
+
+
+def hand_built():
+    """Stage 2, T_max 10; the prefix t=1 SEARCH a (no gold). At t=2 the actual action A searches b (gold),
+    then answers Paris; siblings B answer Paris, C refuse, D backtrack then answer Rome."""
+    prefix = step("SEARCH: a", "search", "a", ["p1"])
+    a = ended(
+        live(prefix, step("SEARCH: b", "search", "b", ["p2"]), step("ANSWER: Paris", "answer")),
+        "Paris",
+        "answer",
+    )
+    node = br.Node(0, 2, live(prefix), "search")
+    node.siblings = [
+        ("answer", ended(live(prefix, step("ANSWER: Paris", "answer")), "Paris", "answer")),
+        ("refuse", ended(live(prefix, step("REFUSE", "refuse")), "", "refuse")),
+        ("backtrack", ended(live(prefix, step("BACKTRACK", "backtrack"), step("ANSWER: Rome", "answer")),
+                            "Rome", "answer")),
+    ]  # fmt: skip
+    return a, node
+
+
+def test_each_sibling_is_scored_by_its_time_weighted_return_and_the_margin_picks_the_pairs():
+    a, node = hand_built()
+    reward = EvoRAGReward(encoder=Toy())
+    values, (siblings,) = br.returns(reward, [a], [node], [EXAMPLE], stage=2, t_max=10)
+    # The prefix, t=1 (p 0.1): −β 0.95 − η 0.055 = −1.005, in every branch.
+    # A: t=2 (p 0.2) β 0.9 − γ 0.64·0.6 (cos(b, a)) − η 0.06; t=3 (p 0.3) κ 0.37 − η 0.065.
+    assert values == [pytest.approx(-1.005 + 0.9 - 0.384 - 0.06 + 0.37 - 0.065)]  # −0.244
+    assert siblings == [
+        pytest.approx(-1.005 + 0.28 - 0.06),  # B: κ(0.2) 0.28 · (EM + F1)/2 1 − η 0.06 = −0.785
+        pytest.approx(-1.005 - 0.5 - 0.06),  # C: ρ 0.5 · −1 (answerable) − η = −1.565
+        pytest.approx(-1.005 - 0.6 - 0.06 - 0.065),  # D: δ(0.2) 0.6 · −1 − η, then Rome: −η(0.3) = −1.73
+    ]
+    branches = br.node_branches(node, a, values[0], siblings)
+    assert [(b.action, b.completion) for b in branches] == [
+        ("search", "SEARCH: b"), ("answer", "ANSWER: Paris"), ("refuse", "REFUSE"),
+        ("backtrack", "BACKTRACK"),
+    ]  # fmt: skip
+    assert branches[0].text.startswith("SEARCH: b | ANSWER: Paris\nQuestion: Where?\nEarlier: a")
+    names = {b.action: n for b, n in zip(branches, "ABCD", strict=True)}
+
+    def pairs(margin, per_state=None):
+        (kept,) = br.pairs_of([branches], margin, per_state)
+        return [names[p.action] + names[n.action] for p, n in kept]
+
+    # |ΔR|: A−B 0.541, A−C 1.321, A−D 1.486, B−C 0.78, B−D 0.945, C−D 0.165 (widest first)
+    assert pairs(0.2) == ["AD", "AC", "BD", "BC", "AB"]
+    assert pairs(0.5) == pairs(0.2) and pairs(0.6) == ["AD", "AC", "BD", "BC"]
+    assert pairs(0.1)[-1] == "CD" and pairs(0.2, per_state=1) == ["AD"]
+    # DPO's row: the state's prompt, the better action's text chosen; a prompt that did not fit gives none
+    widest = br.pairs_of([branches], 0.2, 1)
+    assert dpo_rows(["<prompt>"], widest, chat=False) == [
+        {"prompt": "<prompt>", "chosen": "SEARCH: b", "rejected": "BACKTRACK"}
+    ]
+    assert dpo_rows([None], widest, chat=False) == []
+    (row,) = dpo_rows([[{"role": "user", "content": "q"}]], widest, chat=True)
+    assert row["chosen"] == [{"role": "assistant", "content": "SEARCH: b"}]
+
+
+class Fixed:
+    """A retriever that finds p2 for any query."""
+
+    def search(self, queries, k, exclude=None):
+        return [[Hit("p2", 1.0)] for _ in queries]
+
+
+def test_siblings_are_forced_and_forks_are_independent():
+    protocol = EVORAGStep()
+    generator = Scripted(" Paris", " b", " Paris", "ANSWER: Paris")
+    world = Env(Corpus(["p1", "p2"], ["One", "Two"], ["x", "y"]), Fixed(), generator)
+    x = Live(Episode("q1", "Where?"), State("Where?"), set())
+    advance(protocol, [x], world, [Completion("SEARCH: a")], k=1)
+    first = br.Node(0, 1, Live(Episode("q1", "Where?"), State("Where?"), set()), "search")
+    second = br.Node(0, 2, fork(x), "refuse")
+    counts = {"noop_backtracks": 0, "branches": 0}
+    br.roll(protocol, world, [first, second], br.ACTIONS, Sampling(), 1, 5, counts)
+    # one batched call for the written siblings: node 1's ANSWER (SEARCH is its action; no BACKTRACK at t=1:
+    # nothing to undo), node 2's SEARCH and ANSWER; the prefix ends each prompt
+    (asked, *rest) = generator.prompts
+    assert [p[-len("ANSWER:") :] if p.endswith("ANSWER:") else p[-len("SEARCH:") :] for p in asked] == [
+        "ANSWER:", "SEARCH:", "ANSWER:",
+    ]  # fmt: skip
+    assert [k for k, _ in first.siblings] == ["answer", "refuse"] and counts["noop_backtracks"] == 1
+    assert [k for k, _ in second.siblings] == ["search", "backtrack", "answer"]
+    kinds = {k: x for k, x in second.siblings}
+    assert (
+        kinds["answer"].episode.steps[-1].text == "ANSWER: Paris"
+        and kinds["answer"].episode.prediction == "Paris"
+    )
+    assert kinds["search"].episode.steps[1].text == "SEARCH: b"
+    # the BACKTRACK fork abandoned its copy of the search, not the node's nor another fork's
+    assert kinds["backtrack"].state.turns[0].abandoned
+    assert not second.live.state.turns[0].abandoned and not kinds["answer"].state.turns[0].abandoned
+    assert len(second.live.episode.steps) == 1 and counts["branches"] == 5
+    assert len(rest) == 1  # the SEARCH fork played on: one more batched turn
+
+
+def test_the_verifier_decides_a_refusal_and_an_unparsable_reply_is_a_scored_failure():
+    verifier = EvidenceVerifier(Scripted("yes", "No.", "maybe"))
+    reward = EvoRAGReward(
+        refusal="verifier", verifier=verifier, encoder=Toy(), components=["ref"], schedule="flat"
+    )
+    refusals = [ended(live(step("REFUSE", "refuse")), "", "refuse") for _ in range(3)]
+    questions = [QAExample(f"q{i}", f"Q{i}?", ("x",), answerable=False) for i in range(3)]
+    values = reward.returns([r.episode for r in refusals], questions, 1, 10, [[P1], [P2], []])
+    assert values == [
+        -1.0,
+        1.0,
+        -1.0,
+    ]  # enough evidence: refusing is wrong; not enough: right; unparsed: wrong
+    assert (verifier.calls, verifier.unparsed) == (3, 1)
+    assert "[1] One: x" in verifier.generator.prompts[0][0][0]["content"]
+    reward.returns([refusals[0].episode], questions[:1], 1, 10, [[P1]])
+    assert verifier.calls == 3  # asked once per (question, evidence)
