@@ -315,3 +315,28 @@ def test_config_group_table_lists_every_option_and_replaces_only_the_marked_part
         assert all(f"`{option}`" in row for option in group_options(group)), group
     old = f"intro\n{BEGIN}\n| old |\n{END}\noutro\n"
     assert with_table(old, "| new |\n") == f"intro\n{BEGIN}\n| new |\n{END}\noutro\n"
+
+
+def test_refusals_are_scored_against_the_unanswerable_questions(tmp_path, capsys):
+    """EVO-RAG's columns: refusal recall (unanswerable refused) 1/2, precision (refusals of unanswerable
+    questions) 1/3, the BACKTRACK count from the steps, and the two answerable subsets apart."""
+    ex = QAExample("q", "Q?", ("Paris",))
+    ep = Episode(
+        "q",
+        "Q?",
+        prediction="",
+        stop_reason="refuse",
+        steps=[Step(action="backtrack"), Step(action="refuse")],
+    )
+    scored = score_record(ex, ep, "squad", corpus=None)
+    assert (scored["backtracks"], scored["refused"]) == (1, 1.0)
+    rows = [(False, 1.0), (False, 0.0), (True, 1.0), (True, 1.0), (True, 0.0)]
+    records = [record(f"q{i}", "a", 0.0) | {"answerable": a, "refused": r} for i, (a, r) in enumerate(rows)]
+    metrics = aggregate(records)
+    assert metrics["all"]["refusal_recall"] == 1 / 2 and metrics["all"]["refusal_precision"] == 1 / 3
+    assert metrics["answerable=false"]["n"] == 2 and metrics["answerable=true"]["refused"] == 2 / 3
+    assert "refusal_recall" not in metrics["answerable=true"]  # no unanswerable question there
+    a = write_run(tmp_path / "a", ["seed=0"], records)
+    b = write_run(tmp_path / "b", ["seed=0"], [r | {"refused": 0.0} for r in records])
+    delta = compare(a, b, "answerable=false", metrics=("refused",)).set_index("metric").loc["refused"]
+    assert delta["n"] == 2 and delta["delta"] == pytest.approx(1 / 2)

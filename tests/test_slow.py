@@ -32,6 +32,17 @@ SHORT_TRAINING = {
         "policy.cold_start.max_steps=2",
         "eval.limit=4",
     ],
+    "rag_lab.policies.evorag.policy.EvoRAG": [
+        "policy.max_cycles=1",
+        "policy.questions_per_cycle=2",
+        "policy.states_per_episode=1",
+        "policy.dev_limit=2",
+        "policy.max_turns=3",
+        "policy.max_new_tokens=16",
+        "policy.cold_start.limit=4",
+        "policy.cold_start.max_steps=2",
+        "eval.limit=4",
+    ],
     "rag_lab.policies.apex.policy.APEX": [
         "policy.planner.train_limit=2",
         "policy.planner.questions_per_step=1",
@@ -137,6 +148,44 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
     [planner] = (tmp_path / "cache" / "apex_planner").glob("*/train.json")
     trained_where_it_should(planner)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_evorag_paper_setup_trains_smollm2(tmp_path):
+    """evorag_hotpotqa's trainer (DPO beta, lr, accumulation, LoRA, T_max, margins) on SmolLM2, the world
+    for HotpotQA, BM25 for the RRF of BM25 and BGE, MiniLM for the preference model's encoder and the
+    data set's flag for the verifier (no downloads, no endpoint here): one Discovery cycle of a few DPO
+    steps, then an evaluation."""
+    cfg = compose(
+        [
+            "+experiment=evorag_hotpotqa",
+            *PAPER_SETUP_ON_SMOLLM2,
+            "reward.refusal=flag",
+            "reward.verifier=null",
+            "policy.preference.encoder=sentence-transformers/all-MiniLM-L6-v2",
+            "policy.stages=[1]",
+            "policy.max_cycles=1",
+            "policy.questions_per_cycle=2",
+            "policy.states_per_episode=1",
+            "policy.dev_limit=2",
+            "policy.batch_size=1",
+            "policy.grad_accum=1",
+            "policy.max_turns=2",
+            "policy.max_new_tokens=24",
+            "eval.limit=2",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    assert cfg.policy.lr == 5e-6 and cfg.policy.beta == 0.1 and cfg.policy.cold_start is None
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses and all(math.isfinite(x) for x in losses)
+    [cycle] = (tmp_path / "cache" / "evorag").glob("*/cycle.json")
+    assert json.loads(cycle.read_text())["branch/pairs_dpo"] > 0
+    trained_where_it_should(cycle)
 
 
 @pytest.mark.slow

@@ -80,7 +80,8 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
     if trainer.state.global_step < trainer.state.max_steps:
         raise stopped_early(what, trainer.state.global_step, trainer.state.max_steps, work)
     trained = trainer.model.merge_and_unload() if peft else trainer.model
-    return trained.eval(), {"steps": trainer.state.global_step, "resumed_from": resumed_at or None}
+    stats = {"steps": trainer.state.global_step, "resumed_from": resumed_at or None}
+    return trained.eval(), stats | {"device": str(trainer.args.device), "bf16": trainer.args.bf16}
 
 
 @torch.no_grad()

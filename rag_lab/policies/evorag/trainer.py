@@ -202,6 +202,8 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
         atomic_write_text(tmp / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         summary = {"stage": stage, "cycle": cycle, "dev_em": em, "seconds": time.perf_counter() - began}
         summary |= {f"branch/{k}": v for k, v in data["counts"].items()} | data["stats"] | pm_stats
-        summary |= {f"dpo/{k}": v for k, v in dpo_stats.items()} | {"device": str(model.device)}
+        summary |= {f"dpo/{k}": v for k, v in dpo_stats.items() if k not in ("device", "bf16")}
+        summary["device"] = dpo_stats.get("device", str(model.device))
+        summary["bf16"] = dpo_stats.get("bf16", False)
         write_json(tmp / "cycle.json", summary)
     shutil.rmtree(work, ignore_errors=True)
