@@ -60,10 +60,14 @@ def hand_built():
 def test_each_sibling_is_scored_by_its_time_weighted_return_and_the_margin_picks_the_pairs():
     a, node = hand_built()
     reward = EvoRAGReward(encoder=Toy())
-    values, (siblings,) = br.returns(reward, [a], [node], [EXAMPLE], stage=2, t_max=10)
+    # a second base episode, of an unanswerable question, refused at once (no node branches from it)
+    other = QAExample("q2", "Who?", ("Nobody",), answerable=False)
+    refused = ended(live(step("REFUSE", "refuse")), "", "refuse")
+    values, (siblings,) = br.returns(reward, [a, refused], [node], [EXAMPLE, other], stage=2, t_max=10)
     # The prefix, t=1 (p 0.1): −β 0.95 − η 0.055 = −1.005, in every branch.
     # A: t=2 (p 0.2) β 0.9 − γ 0.64·0.6 (cos(b, a)) − η 0.06; t=3 (p 0.3) κ 0.37 − η 0.065.
-    assert values == [pytest.approx(-1.005 + 0.9 - 0.384 - 0.06 + 0.37 - 0.065)]  # −0.244
+    assert values[0] == pytest.approx(-1.005 + 0.9 - 0.384 - 0.06 + 0.37 - 0.065)  # −0.244
+    assert values[1] == pytest.approx(0.5 - 0.055)  # ρ 0.5 · +1 (unanswerable) − η(0.1)
     assert siblings == [
         pytest.approx(-1.005 + 0.28 - 0.06),  # B: κ(0.2) 0.28 · (EM + F1)/2 1 − η 0.06 = −0.785
         pytest.approx(-1.005 - 0.5 - 0.06),  # C: ρ 0.5 · −1 (answerable) − η = −1.565

@@ -90,10 +90,10 @@ class EvoRAG(Agent):
         patience: PositiveInt = 2,
         min_delta: Annotated[float, AtLeast(0)] = 0.0,
         # per cycle: training questions rolled out, states branched per episode (null: all)
-        questions_per_cycle: PositiveInt = 24,
+        questions_per_cycle: PositiveInt = 64,
         states_per_episode: PositiveInt | None = 2,
         # the dev questions dev EM is measured on (null: all)
-        dev_limit: PositiveInt | None = 100,
+        dev_limit: PositiveInt | None = 200,
         # the action kinds a state's siblings take
         actions: list[str] = ACTIONS,
         # DPO's pairs: |ΔR| at least `margin` (δ, sec. 3.4), the `pairs_per_state` widest per state
@@ -102,7 +102,7 @@ class EvoRAG(Agent):
         preference: PreferenceSettings | None = None,
         # DPO: β, learning rate, batch (effective: batch_size x grad_accum), epochs over a cycle's pairs
         beta: float = 0.1,
-        lr: float = 5e-4,
+        lr: float = 1e-3,
         batch_size: PositiveInt = 8,
         grad_accum: PositiveInt = 1,
         dpo_epochs: PositiveInt = 1,
