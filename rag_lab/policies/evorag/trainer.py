@@ -72,9 +72,16 @@ def collect(
     base, traces = br.base_rollouts(protocol, acting, picked, sampling, policy.k, t_max, policy.exclude_seen)
     nodes = br.visited(base, traces, policy.states_per_episode, f"{seed}/nodes", counts)
     br.roll(protocol, acting, nodes, policy.actions, br.replace_seed(sampling, 7), policy.k, t_max, counts)
+    verifier = policy.reward.verifier if policy.reward.refusal == "verifier" else None
+    asked = (verifier.calls, verifier.unparsed) if verifier is not None else None
     values, sibling_values = br.returns(policy.reward, base, nodes, picked, stage, t_max)
     fitted = fitted_prompt_of(generator, protocol, nodes, sampling)
     out = {"nodes": [], "stats": rollout_stats(base, picked, policy.scorer)}
+    if asked is not None:  # the verifier's calls for this cycle, and its unparsable replies (scored failures)
+        out["stats"] |= {
+            "verifier/calls": verifier.calls - asked[0],
+            "verifier/unparsed": verifier.unparsed - asked[1],
+        }
     for node, sv, prompt in zip(nodes, sibling_values, fitted, strict=True):
         b = br.node_branches(node, base[node.index], values[node.index], sv)
         out["nodes"].append(
