@@ -7,7 +7,6 @@ the shipped tiny LM after its cold start (cached under ``--cache-dir``; the firs
 """
 
 import argparse
-import functools
 import json
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+from bench_dapo import timed
 from benchlib import peak_rss_mb, publish
 from hydra.utils import instantiate
 
@@ -32,21 +32,6 @@ PHASES = [
 ]
 
 
-def timed(module, name: str, clock: dict, label: str) -> None:
-    """Replace ``module.name`` by itself, its seconds added to ``clock[label]``."""
-    fn = getattr(module, name)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            clock[label] = clock.get(label, 0.0) + time.perf_counter() - start
-
-    setattr(module, name, call)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", default="~/.cache/rag_lab")
@@ -57,12 +42,13 @@ def main() -> None:
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), generator)
-    clock: dict[str, float] = {}
-    for module, name, label in PHASES:
-        timed(module, name, clock, label)
+    clock = {label: SimpleNamespace(seconds=0.0) for _, _, label in PHASES}
+    for module, name, label in PHASES:  # each phase's seconds added to its clock
+        setattr(module, name, timed(getattr(module, name), clock[label]))
     policy = build(cfg.policy, reward=build(cfg.reward), train_data=data)
     policy.fit(env, data.split("train"), [], Path(tempfile.mkdtemp()) / "warm")  # the cold start, then cached
-    clock.clear()
+    for c in clock.values():
+        c.seconds = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         policy = build(cfg.policy, reward=build(cfg.reward), train_data=data)
         start = time.perf_counter()
@@ -70,7 +56,7 @@ def main() -> None:
         total = time.perf_counter() - start
         [cycle] = (Path(tmp) / "run" / "stages" / "evorag").glob("*/cycle.json")
         summary = json.loads(cycle.read_text())
-    rows = [{"phase": label, "s": clock.get(label, 0.0)} for _, _, label in PHASES]
+    rows = [{"phase": label, "s": clock[label].seconds} for _, _, label in PHASES]
     rows[-1]["phase"] = "dev EM (greedy): the start's and the cycle's"
     rows += [{"phase": "other (loads, cold start lookup)", "s": total - sum(r["s"] for r in rows)}]
     rows += [{"phase": "total (one cycle and the start's dev EM)", "s": total}]

@@ -302,7 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs, multirun dirs or folders above them")
-    parser.add_argument("--subset", default="all", help="metrics subset: 'all' or 'type=<question type>'")
+    parser.add_argument(
+        "--subset",
+        default="all",
+        help="metrics subset: 'all', 'type=<question type>' or 'answerable=true|false'",
+    )
     parser.add_argument("--columns", nargs="+", help="only these metric columns (e.g. EM F1 'R@10')")
     parser.add_argument(
         "--compare",

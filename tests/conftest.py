@@ -137,3 +137,19 @@ def untrained_tiny_lm(data, protocols: tuple[str, ...], path: Path, special_toke
     config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, max_length=512,
                         sft_steps=0)  # fmt: skip
     return train_tiny_lm([p.contents for p in data.corpus], pairs, config, path, special_tokens)
+
+
+class Killed(Exception):
+    """A training killed on purpose (by :class:`KillAt`), to test the resume."""
+
+
+def kill_at(step: int = 1):
+    """A Trainer callback that raises :class:`Killed` when the checkpoint of ``step`` was saved."""
+    from transformers import TrainerCallback
+
+    class KillAt(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                raise Killed
+
+    return KillAt()

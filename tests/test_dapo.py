@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerCallback
 
 from rag_lab.env import Env
 from rag_lab.env.protocols.tagged import INFORMATION
@@ -22,7 +21,7 @@ from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.dapo import format_reward
 
-from conftest import untrained_tiny_lm
+from conftest import Killed, kill_at, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -263,16 +262,6 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
     }
 
 
-class Killed(Exception):
-    pass
-
-
-class KillAt(TrainerCallback):
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == 1:
-            raise Killed
-
-
 def test_a_killed_stage_resumes_to_the_uninterrupted_weights(data, base, tmp_path, monkeypatch):
     straight = tmp_path / "straight"
     policy(cache_dir=str(straight)).fit(env_for(data, base), data.split("train"), [], tmp_path / "a")
@@ -282,7 +271,7 @@ def test_a_killed_stage_resumes_to_the_uninterrupted_weights(data, base, tmp_pat
     init = GRPOTrainer.__init__
 
     def with_kill(self, *args, callbacks=(), **kwargs):
-        init(self, *args, callbacks=[*callbacks, KillAt()], **kwargs)
+        init(self, *args, callbacks=[*callbacks, kill_at(1)], **kwargs)
 
     monkeypatch.setattr(GRPOTrainer, "__init__", with_kill)
     with pytest.raises(Killed):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_evorag_rewards import Toy
-from transformers import TrainerCallback
 
 from rag_lab.config import ConfigError, compose
 from rag_lab.env import Env
@@ -27,7 +26,7 @@ from rag_lab.rewards.evorag import EvoRAGReward
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model
 
-from conftest import untrained_tiny_lm
+from conftest import Killed, kill_at, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,23 +125,15 @@ def test_two_dpo_steps_with_lora_move_only_the_adapted_weights_and_prefer_the_ch
     assert all(c > 0.1 for c in chosen) and all(c - r > 0.1 for c, r in zip(chosen, rejected, strict=True))
 
 
-class Killed(Exception):
-    pass
-
-
-class KillAt(TrainerCallback):
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == 1:
-            raise Killed
-
-
 def env_for(data, base: Path) -> Env:
     return Env(data.corpus, BM25Retriever(data.corpus), generator_of(base))
 
 
 def cycle_dirs(root: Path) -> list[Path]:
+    """The published cycles under ``root``, in training order (their keys are hashes)."""
+    done = [p for p in (root / "evorag").iterdir() if (p / "cycle.json").exists()]
     return sorted(
-        (p for p in (root / "evorag").iterdir() if (p / "cycle.json").exists()), key=lambda p: p.name
+        done, key=lambda p: [json.loads((p / "cycle.json").read_text())[k] for k in ("stage", "cycle")]
     )
 
 
@@ -155,7 +146,7 @@ def test_a_killed_cycle_resumes_to_the_uninterrupted_numbers(data, base, tmp_pat
     init = DPOTrainer.__init__
 
     def with_kill(self, *args, callbacks=(), **kwargs):
-        init(self, *args, callbacks=[*callbacks, KillAt()], **kwargs)
+        init(self, *args, callbacks=[*callbacks, kill_at(1)], **kwargs)
 
     killed = tmp_path / "killed"
     with monkeypatch.context() as patched, pytest.raises(Killed):

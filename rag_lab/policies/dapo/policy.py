@@ -46,10 +46,11 @@ from rag_lab.policies.agent import Agent
 from rag_lab.policies.dapo.trainer import PANELS, train_stage
 from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
-from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
+from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model, readable
+from rag_lab.train.start import starting_model
 
 log = logging.getLogger(__name__)
 STAGES = (1, 2, "unified")
@@ -156,16 +157,9 @@ class DAPO(Agent):
         if not self.reward and self.stages:
             raise RagLabError("reward: DAPO needs reward functions (set reward=dapo)")
         base = env.generator
-        if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
-            raise RagLabError("policy=dapo trains a transformers model: set generator=tiny, smollm2 or hf")
-        start = Path(base.model.name_or_path)
-        if self.cold_start is not None:
-            start = self._cold_start(base)
-            generator = load(start, batch_size=base.batch_size, seed=base.seed)
-        elif self.stages:  # the run's generator is shared: train a copy of its model
-            generator = base.with_model(load_model(start, like=base.model))
-        else:
-            generator = base
+        start, generator = starting_model(
+            "dapo", base, self.cold_start, self.train_data, self.cache_dir, bool(self.stages)
+        )
         questions, rows, previous = train[: self.train_limit], [], cache.files_digest(start)
         for stage in self.stages:
             done = self.stage_dir(previous, stage, questions, env, Path(out_dir))
@@ -183,18 +177,6 @@ class DAPO(Agent):
         self.generator = generator
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "DAPO training")
-
-    def _cold_start(self, base) -> Path:
-        if self.train_data is None:
-            raise RagLabError("policy.cold_start needs the training dataset (the runner hands it over)")
-        return cold_start(
-            base.model.name_or_path,
-            self.train_data,
-            self.cold_start,
-            self.cache_dir,
-            tokenizer=base.tokenizer.name_or_path,
-            chat=base.chat,
-        )
 
     def stage_dir(self, previous: str, stage, questions: list[QAExample], env: Env, out_dir: Path) -> Path:
         """Where a stage's model is cached (module docstring): ``cache_dir/dapo/<key>``, or with no

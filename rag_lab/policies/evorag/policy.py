@@ -43,10 +43,11 @@ from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
 from rag_lab.policies.evorag.preference import DELTA, MINILM, PreferenceModel
 from rag_lab.policies.evorag.trainer import dev_em
 from rag_lab.rewards.evorag import COMPONENTS, EvoRAGReward
-from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
+from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model
+from rag_lab.train.start import starting_model
 
 log = logging.getLogger(__name__)
 PANELS = [
@@ -173,16 +174,9 @@ class EvoRAG(Agent):
         if self.stages and not isinstance(self.reward, EvoRAGReward):
             raise RagLabError("reward: policy=evorag needs reward=evorag (its seven step rewards)")
         base = env.generator
-        if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
-            raise RagLabError("policy=evorag trains a transformers model: set generator=tiny, smollm2 or hf")
-        start = Path(base.model.name_or_path)
-        if self.cold_start is not None:
-            start = self._cold_start(base)
-            generator = load(start, batch_size=base.batch_size, seed=base.seed)
-        elif self.stages:  # the run's generator is shared: train a copy of its model
-            generator = base.with_model(load_model(start, like=base.model))
-        else:
-            generator = base
+        start, generator = starting_model(
+            "evorag", base, self.cold_start, self.train_data, self.cache_dir, bool(self.stages)
+        )
         self.generator = generator
         if not self.stages:
             return
@@ -221,18 +215,6 @@ class EvoRAG(Agent):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"dev_em": dev_em(self, generator, env, dev)}) + "\n")
         return json.loads(path.read_text())["dev_em"]
-
-    def _cold_start(self, base) -> Path:
-        if self.train_data is None:
-            raise RagLabError("policy.cold_start needs the training dataset (the runner hands it over)")
-        return cold_start(
-            base.model.name_or_path,
-            self.train_data,
-            self.cold_start,
-            self.cache_dir,
-            tokenizer=base.tokenizer.name_or_path,
-            chat=base.chat,
-        )
 
     def cycle_dir(self, previous: str, stage, cycle: int, questions, dev, env: Env, root: Path) -> Path:
         """Where a cycle is cached (:mod:`.curriculum`): ``<root>/evorag/<key>``; ``root`` is ``cache_dir``

@@ -1,0 +1,35 @@
+"""The model a trained method starts from (DAPO, EVO-RAG): the cold start of the run's model when one is
+configured (:func:`rag_lab.train.cold_start.cold_start`, cached), else a copy of the run's model (the run's
+generator is shared, so a method never trains it in place), or the run's model itself when nothing trains.
+"""
+
+from pathlib import Path
+
+from rag_lab.errors import RagLabError
+from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
+from rag_lab.train.resume import load_model
+
+
+def starting_model(
+    method: str, base, config: ColdStartConfig | None, train_data, cache_dir: str, trains: bool
+) -> tuple[Path, object]:
+    """(the starting weights' directory, a generator acting with them) for ``policy=<method>`` from the run's
+    generator ``base``; ``trains``: whether any stage will train (else the run's model is used as it is)."""
+    if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
+        raise RagLabError(f"policy={method} trains a transformers model: set generator=tiny, smollm2 or hf")
+    start = Path(base.model.name_or_path)
+    if config is not None:
+        if train_data is None:
+            raise RagLabError("policy.cold_start needs the training dataset (the runner hands it over)")
+        start = cold_start(
+            base.model.name_or_path,
+            train_data,
+            config,
+            cache_dir,
+            tokenizer=base.tokenizer.name_or_path,
+            chat=base.chat,
+        )
+        return start, load(start, batch_size=base.batch_size, seed=base.seed)
+    if trains:
+        return start, base.with_model(load_model(start, like=base.model))
+    return start, base
