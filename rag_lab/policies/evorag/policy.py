@@ -42,6 +42,7 @@ from rag_lab.policies.evorag.branches import ACTIONS
 from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
 from rag_lab.policies.evorag.preference import DELTA, MINILM, PreferenceModel
 from rag_lab.policies.evorag.trainer import dev_em
+from rag_lab.records import atomic_write_text
 from rag_lab.rewards.evorag import COMPONENTS, EvoRAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
@@ -199,7 +200,7 @@ class EvoRAG(Agent):
         self.generator = generator
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "evorag.json").write_text(json.dumps(chosen, indent=1) + "\n")
+        atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")
         write_curves(curve_rows(results), out, logger, PANELS, "EVO-RAG training")
 
     def dev_questions(self, dev: list[QAExample]) -> list[QAExample]:
@@ -213,7 +214,7 @@ class EvoRAG(Agent):
         path = self.cycle_dir(start, "start", 0, [], dev, env, root).with_suffix(".json")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"dev_em": dev_em(self, generator, env, dev)}) + "\n")
+            atomic_write_text(path, json.dumps({"dev_em": dev_em(self, generator, env, dev)}) + "\n")
         return json.loads(path.read_text())["dev_em"]
 
     def cycle_dir(self, previous: str, stage, cycle: int, questions, dev, env: Env, root: Path) -> Path:
