@@ -7,7 +7,7 @@ from test_evorag_rewards import Toy
 
 from rag_lab.data.base import Corpus, Passage, QAExample
 from rag_lab.env import Env
-from rag_lab.env.engine import Live, advance, fork
+from rag_lab.env.engine import Live, advance, fork, undoable
 from rag_lab.env.episode import Episode, Step
 from rag_lab.env.protocols.base import Action, State, Turn
 from rag_lab.env.protocols.evorag import EVORAGStep
@@ -154,3 +154,13 @@ def test_the_verifier_decides_a_refusal_and_an_unparsable_reply_is_a_scored_fail
     assert "[1] One: x" in verifier.generator.prompts[0][0][0]["content"]
     reward.returns([refusals[0].episode], questions[:1], 1, 10, [[P1]])
     assert verifier.calls == 3  # asked once per (question, evidence)
+
+
+def test_backtrack_undoes_the_latest_search_that_still_holds_evidence():
+    first, second = Turn(Action("search", query="a"), [P1]), Turn(Action("search", query="b"), [P2])
+    state = State("Where?", turns=[first, second, Turn(Action("search", query="c"))])  # c found nothing
+    assert undoable(state) is second
+    second.abandoned = True
+    assert undoable(state) is first
+    first.abandoned = True
+    assert undoable(state) is None  # a BACKTRACK here undoes nothing: no sibling of that kind

@@ -106,6 +106,11 @@ def chat_of(env: Env) -> bool:
     return bool(getattr(env.generator, "chat", False))
 
 
+def undoable(state: State) -> Turn | None:
+    """The turn a BACKTRACK at ``state`` abandons: the latest search still holding evidence (None: none)."""
+    return next((t for t in reversed(state.turns) if t.passages and not t.abandoned), None)
+
+
 def fork(x: Live) -> Live:
     """An independent copy of a live episode (its steps, turns and seen passages), so that a branch's later
     steps (a BACKTRACK marks a turn abandoned) leave the original as it was."""
@@ -138,7 +143,7 @@ def advance(
             turn.passages = env.passages(hits[i])
             x.seen.update(step.retrieved_ids)
         elif action.kind == BACKTRACK:
-            undone = next((t for t in reversed(x.state.turns) if t.passages and not t.abandoned), None)
+            undone = undoable(x.state)
             if undone is not None:
                 undone.abandoned = True
         elif action.kind in (ANSWER, REFUSE):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.env.engine import Live, advance, fork, full, generate, play
+from rag_lab.env.engine import Live, advance, fork, full, generate, play, undoable
 from rag_lab.env.fit import TOO_LONG_ERROR
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State
 from rag_lab.generators.base import Completion, Sampling
@@ -58,11 +58,6 @@ class Node:
 def evidence(x: Live) -> list[Passage]:
     """The passages an episode holds (D≤t: its searches' documents, less those a BACKTRACK abandoned)."""
     return [p for t in x.state.turns if not t.abandoned for p in t.passages]
-
-
-def can_backtrack(x: Live) -> bool:
-    """Whether a BACKTRACK at ``x`` would undo a search (the engine's rule)."""
-    return any(t.passages and not t.abandoned for t in x.state.turns)
 
 
 def base_rollouts(
@@ -115,7 +110,7 @@ def roll(
         for kind in actions:
             if kind == node.actual:
                 continue
-            if kind == BACKTRACK and not can_backtrack(node.live):
+            if kind == BACKTRACK and undoable(node.live.state) is None:
                 counts["noop_backtracks"] += 1
                 continue
             x = fork(node.live)

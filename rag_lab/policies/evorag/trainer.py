@@ -28,6 +28,7 @@ from rag_lab import cache
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
+from rag_lab.env.fit import fitted_prompts
 from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
@@ -95,8 +96,6 @@ def collect(
 
 def fitted_prompt_of(generator, protocol, nodes, sampling) -> list:
     """Each node's prompt as the policy saw it (fitted to the model), None where it did not fit."""
-    from rag_lab.env.fit import fitted_prompts
-
     chat = bool(getattr(generator, "chat", False))
     return fitted_prompts(generator, protocol, [n.live.state for n in nodes], chat, sampling)[0]
 
