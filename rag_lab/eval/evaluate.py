@@ -159,6 +159,7 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
         )
         out |= {f: _mean([r.get(f) for r in rows]) for f in [*METRIC_FIELDS, *at_k]}
         out["format_failure_rate"] = _mean([float(r["format_failure"]) for r in rows])
+        out["tokens_per_correct"] = tokens_per_correct(rows)
         if any(r.get("prompt_cuts") for r in rows):  # prompts cut to fit the model (rag_lab.env.fit)
             out["prompt_cut_rate"] = _mean([float(r.get("prompt_cuts", 0) > 0) for r in rows])
         out |= refusal_pr(rows)
@@ -174,6 +175,19 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
                 [r for r in records if r.get("answerable", True) is flag]
             )
     return metrics
+
+
+def tokens_per_correct(rows: list[dict]) -> float | None:
+    """R3-RAG's efficiency: every question's prompt + completion tokens over the questions right by Acc
+    (None where no question is right or the generator counts no tokens).
+
+    >>> tokens_per_correct([{"tokens_total": 300, "acc": 1.0}, {"tokens_total": 100, "acc": 0.0}])
+    400.0
+    """
+    right = sum(r["acc"] for r in rows)
+    if not right or any(r.get("tokens_total") is None for r in rows):
+        return None
+    return sum(r["tokens_total"] for r in rows) / right
 
 
 def refusal_pr(rows: list[dict]) -> dict[str, float]:

@@ -19,6 +19,7 @@ COLUMNS = {
     "refusal_recall": "Ref R",
     "refusal_precision": "Ref P",
     "tokens_total": "Tokens",
+    "tokens_per_correct": "Tok/correct",
     "ret_precision": "Ret P",
     "ret_recall": "Ret R",
     "answer_recall": "Ans R",
@@ -66,6 +67,8 @@ DESCRIPTIONS = {
     "Ref P": "refusal precision: the refusals of questions marked unanswerable (%; where some were refused)",
     "Tokens": f"prompt + completion tokens per question; {MISSING} where the generator reports no token "
     "counts (the teacher)",
+    "Tok/correct": "every question's tokens over the questions right by Acc (R3-RAG's tokens per correct "
+    "answer)",
     "Ret P": "retrieval precision: the share of the distinct retrieved passages that are gold supporting "
     "passages (%)",
     "Ret R": "retrieval recall: the share of the gold supporting passages that were retrieved (%)",

@@ -1,8 +1,8 @@
 """Policies (``conf/policy/``): what acts in the environment. The prompting baselines (``prompting``,
 ``baselines``, ``agent``, ``teacher``) and the methods, one package each (``stoprag/``, ``dapo/``,
-``apex/``, ``evorag/``; ``r3rag/`` next).
+``apex/``, ``evorag/``, ``r3rag/``).
 
-Adding a method ``m`` (Stop-RAG, DAPO, APEX and EVO-RAG are laid out this way; R3-RAG follows it):
+Adding a method ``m`` (the five are laid out this way):
 
 - ``rag_lab/policies/m/`` holds the method: ``__init__.py`` (a docstring naming the paper and listing the
   package's modules; it imports nothing, so that no package pulls in another's trainer), ``policy.py``

@@ -1,0 +1,82 @@
+"""R3-RAG's actor and critic as one module (so that one data-parallel wrapper holds both): the policy, a
+causal LM, and a value head, a linear layer on a trunk's last hidden state.
+
+- ``critic="shared"``: the value head reads the policy's own trunk (one forward gives the token log-probs and
+  the values; the trunk learns from both losses).
+- ``critic="separate"``: a copy of the initial model's trunk with its own head (the official code's critic
+  model); the policy's weights see no value loss.
+
+A step's value is read at its prompt's last token: the state the step was generated from (the step's own
+tokens and the documents it retrieves come after it). Hand-written: TRL 1.16 has no value-head model any more.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+CRITICS = ("shared", "separate")
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, lm: nn.Module, critic: str = "shared"):
+        super().__init__()
+        if critic not in CRITICS:
+            raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {critic!r}")
+        self.lm, self.critic = lm, critic
+        self.critic_lm = copy.deepcopy(lm) if critic == "separate" else None
+        self.head = nn.Linear(lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.head.to(next(lm.parameters()).device)
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return list(self.lm.parameters())
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        trunk = list(self.critic_lm.parameters()) if self.critic_lm is not None else []
+        return trunk + list(self.head.parameters())
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, value_at: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the log-prob of each next token [N, L-1], the value at position ``value_at`` of each row [N])."""
+        out = self.lm(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic_lm is None
+        )
+        logprobs = token_logprobs(out.logits, input_ids)
+        if self.critic_lm is None:
+            hidden = out.hidden_states[-1]
+        else:
+            hidden = self.critic_lm(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            ).hidden_states[-1]
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        values = self.head(hidden[rows, value_at].float()).squeeze(-1)
+        return logprobs, values
+
+    def save(self, path: Path) -> None:
+        """The policy as a transformers model in ``path`` (what the runner loads), the critic beside it."""
+        path.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(path)
+        torch.save(self.head.state_dict(), path / "value_head.pt")
+        if self.critic_lm is not None:
+            self.critic_lm.save_pretrained(path / "critic")
+        (path / "critic.json").write_text(json.dumps({"critic": self.critic}) + "\n")
+
+    def load_critic(self, path: Path) -> None:
+        """The value head (and separate critic) saved by :meth:`save` in ``path``."""
+        self.head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
+        if self.critic_lm is not None:
+            from transformers import AutoModelForCausalLM
+
+            saved = AutoModelForCausalLM.from_pretrained(path / "critic", dtype=torch.float32)
+            self.critic_lm.load_state_dict(saved.state_dict())
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log π(x_{j+1} | x_≤j) for j = 0 … L-2, [N, L-1], in float32."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,175 @@
+"""R3-RAG (papers/r3-rag.txt; METHODS.md §4) as a policy: ``policy=r3rag``.
+
+The policy is the ``r3rag`` protocol rolled out by the engine: each step a fresh prompt (the question and the
+previous steps with their documents), the model writing ``The problem analysis: …`` then ``The retrieval
+query: …`` or ``The final answer: …``; top-k documents per search, at most 5 steps. ``fit`` trains a copy of
+the generator's model:
+
+- the cold start (its algorithms 1-2: :func:`rag_lab.train.cold_start.cold_start` on the teacher's
+  rejection-sampled ``r3rag`` trajectories, one SFT pair per step) → R3-RAG-CS; null: the model as it is;
+- then ``ppo.iterations`` iterations of PPO with GAE, a value head and the KL to the initial model
+  (:mod:`.ppo`, :mod:`.trainer`) on the step rewards of ``reward=r3rag``
+  (:class:`rag_lab.rewards.r3rag_judges.R3RAGReward`); 0: the cold start alone.
+
+The trained model is cached in ``cache_dir/r3rag/<key>`` (the starting weights, the questions, the corpus, the
+run's config less evaluation and logging, the code) and resumes after a kill from ``<key>.work``. Curves
+(reward parts, losses, KL, clip fraction, explained variance) go to ``checkpoints/train_log.jsonl``,
+``curves.png`` and the logger; ``checkpoints/r3rag.json`` names the model.
+
+Deviations, written down: the embedded default's sizes (``policy.ppo``: iterations, batch, learning rates)
+are the tiny LM's; the paper's are ``r3rag_hotpotqa``'s. The process judge on ``data=synth`` is the gold
+support overlap (no LLM judge runs on 2 CPU cores).
+"""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from rag_lab import cache
+from rag_lab.config import PositiveInt, takes
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env
+from rag_lab.errors import RagLabError
+from rag_lab.policies.agent import Agent
+from rag_lab.policies.r3rag.model import CRITICS
+from rag_lab.policies.r3rag.ppo import PPOSettings
+from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
+from rag_lab.records import atomic_write_text, read_records
+from rag_lab.rewards.r3rag_judges import R3RAGReward
+from rag_lab.train.cold_start import ColdStartConfig
+from rag_lab.train.curves import write_curves
+from rag_lab.train.resume import load_model
+from rag_lab.train.start import starting_model
+
+log = logging.getLogger(__name__)
+PANELS = [
+    ("reward parts (per step, mean)", ["reward/process", "reward/outcome", "reward/step"]),
+    ("rollouts (sampled)", ["rollout/acc", "rollout/format_failure", "rollout/no_answer"]),
+    ("losses", ["loss/policy", "loss/value"]),
+    ("KL to the initial model", ["kl"]),
+    ("clip fraction, mean ratio", ["clip_fraction", "ratio"]),
+    ("critic's explained variance", ["explained_variance"]),
+]
+UNRELATED = ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra")
+
+
+class R3RAG(Agent):
+    trains = True
+
+    @takes(Agent, drop=["protocol"])
+    def __init__(
+        self,
+        # the run's reward group (reward=r3rag), filled by the runner
+        reward: R3RAGReward | None = None,
+        ppo: PPOSettings | None = None,
+        # SFT on the teacher's r3rag trajectories first (null: start from the generator as it is)
+        cold_start: ColdStartConfig | None = None,
+        # the first train_limit training questions (null: all)
+        train_limit: PositiveInt | None = None,
+        # the retriever PPO's rollouts search with (a partial retriever config; null: the run's): retriever
+        # transfer trains with one and evaluates with the run's (the paper's table 3)
+        train_retriever: Any = None,
+        cache_dir: str = "~/.cache/rag_lab",
+        seed: int = 0,
+        # the dataset trained on and the run's resolved config (the cache key), filled by the runner
+        train_data: Any = None,
+        run_config: dict | None = None,
+        # the rollout: policy=agent's keys (k, max_turns, exclude_seen, max_new_tokens, temperature)
+        **rollout: Any,
+    ):
+        rollout.setdefault("max_turns", 5)
+        super().__init__("r3rag", **rollout)
+        self.ppo = ppo or PPOSettings()
+        settings = {"ppo": self.ppo.__dict__, "max_turns": self.max_turns}
+        for key, why in self.check_settings(settings, None):
+            raise RagLabError(f"policy.{key}: {why}")
+        self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
+        self.train_retriever = train_retriever
+        self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
+        self.scorer = getattr(train_data, "scorer", "squad")
+        # the trained model, once fit ran (evaluation acts with it)
+        self.generator = None
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the schema cannot say (:mod:`rag_lab.config`): PPO's bounds, the critic, the reward."""
+        ppo, problems = dict(s.get("ppo") or {}), []
+        for key in ("clip", "actor_lr", "critic_lr", "max_grad_norm"):
+            if key in ppo and ppo[key] <= 0:
+                problems.append((f"ppo.{key}", f"must be > 0, got {ppo[key]}"))
+        if ppo.get("value_clip") is not None and ppo["value_clip"] <= 0:
+            problems.append(("ppo.value_clip", f"must be > 0 or null, got {ppo['value_clip']}"))
+        temperatures = list(ppo.get("temperatures", [1.0]))
+        if not temperatures or min(temperatures) < 0:
+            problems.append(("ppo.temperatures", f"{temperatures}: a non-empty list of temperatures >= 0"))
+        if ppo.get("critic", "shared") not in CRITICS:
+            problems.append(("ppo.critic", f"{ppo['critic']!r} is not one of {', '.join(CRITICS)}"))
+        if ppo.get("lam", 1.0) > 1:
+            problems.append(("ppo.lam", f"GAE's λ must be in [0, 1], got {ppo['lam']}"))
+        target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
+        if target and not target.endswith("R3RAGReward"):
+            problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))
+        return problems
+
+    def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
+        trains = self.ppo.iterations > 0
+        if trains and not isinstance(self.reward, R3RAGReward):
+            raise RagLabError("reward: policy=r3rag needs reward=r3rag (its step rewards and judges)")
+        base = env.generator
+        start, generator = starting_model(
+            "r3rag", base, self.cold_start, self.train_data, self.cache_dir, trains
+        )
+        self.generator = generator
+        if not trains:
+            return
+        self.reward.scorer = self.scorer
+        if self.reward.judge.generator is None:
+            self.reward.judge.generator = base
+        questions = train[: self.train_limit]
+        if self.train_retriever is not None:
+            env = Env(env.corpus, self.train_retriever(corpus=env.corpus), env.generator)
+        root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "ppo"
+        done = self.result_dir(cache.files_digest(start), questions, env, root)
+        if not (done / "ppo.json").exists():
+            self.train(generator, env, questions, done)
+        self.generator = generator.with_model(load_model(done, like=generator.model))
+        rows = list(read_records(done / "log.jsonl"))
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            out / "r3rag.json", json.dumps({"model": str(done), "start": str(start)}, indent=1) + "\n"
+        )
+        write_curves(rows, out, logger, PANELS, "R3-RAG PPO")
+
+    def train(self, generator, env: Env, questions: list[QAExample], done: Path) -> None:
+        """PPO from ``generator``'s model, published to ``done`` (resumed from ``<done>.work``)."""
+        work = done.with_name(f"{done.name}.work")
+        rollout = Rollout(self.protocol, self.k, self.max_turns, self.sampling.max_new_tokens)
+        trainer = PPOTrainer(generator, env, self.reward, questions, self.ppo, rollout, self.seed)
+        with cache.publish(done) as tmp:
+            rows = trainer.run(work, tmp)
+            atomic_write_text(tmp / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            info = {
+                "iterations": self.ppo.iterations,
+                "questions": len(questions),
+                "wall_s": sum(r["wall_s"] for r in rows),
+            }
+            atomic_write_text(tmp / "ppo.json", json.dumps(info, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+
+    def result_dir(self, start: str, questions: list[QAExample], env: Env, root: Path) -> Path:
+        """Where the trained model is cached: ``<root>/r3rag/<key>``; ``root`` is ``cache_dir`` under the
+        runner, else the run's ``checkpoints/ppo`` (shared with nothing)."""
+        content = [[q.id, q.question, list(q.answers)] for q in questions]
+        # the run's retriever is in the key only when PPO searches with it
+        unrelated = UNRELATED + (("retriever",) if self.train_retriever is not None else ())
+        config = {k: v for k, v in dict(self.run_config or {}).items() if k not in unrelated}
+        settings = [self.ppo, self.k, self.max_turns, self.sampling.max_new_tokens, self.seed]
+        return cache.path(
+            root, "r3rag", start, content, env.corpus.fingerprint, config, settings,
+            code="rag_lab.policies.r3rag.trainer",
+        )  # fmt: skip

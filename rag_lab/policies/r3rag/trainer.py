@@ -1,0 +1,197 @@
+"""R3-RAG's PPO loop (:mod:`.ppo` is one iteration's math): rollouts, rewards, samples, the update, a log row,
+a checkpoint; resumed after a kill from the last good checkpoint.
+
+The work dir holds ``checkpoint-<iteration>/`` (the policy as a transformers model, ``value_head.pt``, the
+critic, ``optimizer.pt``, ``state.json`` with the log rows so far; only the newest is kept) and ``log.jsonl``.
+:meth:`PPOTrainer.run` ends by saving the trained policy and critic to its ``out`` dir. One log row per
+iteration: the reward parts (process, outcome, per-step), the rollouts' accuracy, format failures and steps,
+the policy and value losses, the KL to the initial model, the clip fraction, the mean ratio, the explained
+variance of the critic's values before the update, samples and tokens, the judges' unparsed replies.
+
+Hand-written: TRL 1.16 has no PPO trainer (:mod:`.ppo`).
+"""
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env
+from rag_lab.generators.base import Sampling
+from rag_lab.policies.r3rag.losses import explained_variance
+from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
+from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
+from rag_lab.records import RecordWriter, atomic_write_text
+from rag_lab.train.resume import last_good_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def iteration_seed(seed: int, iteration: int, process: int = 0) -> int:
+    """The sampling seed of an iteration's rollouts on one process."""
+    return seed * 1_000_003 + iteration * 101 + process * 7
+
+
+@dataclass
+class Rollout:
+    """How the policy acts while it trains (``policy=r3rag``'s rollout keys)."""
+
+    protocol: object
+    k: int = 3
+    max_turns: int = 5
+    max_new_tokens: int = 64
+    top_p: float = 1.0
+
+
+class PPOTrainer:
+    def __init__(
+        self,
+        generator,
+        env: Env,
+        reward,
+        questions: Sequence[QAExample],
+        settings: PPOSettings,
+        rollout: Rollout,
+        seed: int = 0,
+        accelerator=None,
+    ):
+        from rag_lab.policies.r3rag.ppo import make_accelerator
+
+        self.accelerator = accelerator or make_accelerator()
+        self.settings, self.rollout, self.seed, self.reward = settings, rollout, seed, reward
+        self.questions, self.base = list(questions), generator
+        if settings.batch_size % self.accelerator.num_processes:
+            raise ValueError(
+                f"policy.ppo.batch_size {settings.batch_size} is not a multiple of the "
+                f"{self.accelerator.num_processes} processes"
+            )
+        self.model, self.reference, self.optimizer = build(generator.model, settings, self.accelerator)
+        self.env = CutDocuments(env.corpus, env.retriever, None, max_chars=settings.max_doc_chars)
+
+    @property
+    def unwrapped(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    def acting(self) -> Env:
+        """The environment acting with the policy as it is now."""
+        return self.env.with_generator(self.base.with_model(self.unwrapped.lm))
+
+    def run(self, work: Path, out: Path) -> list[dict]:
+        """Train ``settings.iterations`` iterations (resuming from ``work``), save the policy to ``out``; the
+        log rows."""
+        work.mkdir(parents=True, exist_ok=True)
+        start, rows = self.resume(work)
+        writer = RecordWriter(work / "log.jsonl") if self.accelerator.is_main_process else None
+        if writer is not None:
+            atomic_write_text(work / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        bar = tqdm(
+            range(start, self.settings.iterations),
+            desc="r3rag PPO",
+            disable=not self.accelerator.is_main_process,
+            initial=start,
+            total=self.settings.iterations,
+        )
+        for it in bar:
+            row = self.iteration(it)
+            rows.append(row)
+            if writer is not None:
+                writer.write([row])
+            bar.set_postfix(acc=f"{row['rollout/acc']:.2f}", kl=f"{row['kl']:.3f}")
+            if (it + 1) % self.settings.save_steps == 0 or it + 1 == self.settings.iterations:
+                self.checkpoint(work, it + 1, rows)
+        if self.accelerator.is_main_process:
+            self.unwrapped.save(out)
+        self.accelerator.wait_for_everyone()
+        return rows
+
+    def iteration(self, it: int) -> dict:
+        """One PPO iteration (:mod:`.ppo`); its log row."""
+        start, acc = time.perf_counter(), self.accelerator
+        drawn = random.Random(f"{self.seed}/{it}").sample(
+            self.questions, min(self.settings.batch_size, len(self.questions))
+        )
+        mine = drawn[acc.process_index :: acc.num_processes]
+        env, r = self.acting(), self.rollout
+        sampling = Sampling(
+            max_new_tokens=r.max_new_tokens,
+            top_p=r.top_p,
+            seed=iteration_seed(self.seed, it, acc.process_index),
+        )
+        examples, live, traces = rollouts(
+            r.protocol, env, mine, self.settings.temperatures, sampling, r.k, r.max_turns
+        )
+        episodes = [x.episode for x in live]
+        rewards, parts = self.reward.score(episodes, examples, lambda i, j: live[i].state.turns[j].passages)
+        samples = step_samples(env, r.protocol, live, traces, sampling)
+        pad = self.base.tokenizer.pad_token_id
+        batch = {k: v.to(acc.device) for k, v in tensors(samples, pad).items()}
+        batch = score(self.model, self.reference, batch, self.settings.micro_batch)
+        batch = advantages(samples, rewards, batch, self.settings, acc)
+        ev = self.explained_variance(batch)
+        stats = update(self.model, self.optimizer, batch, self.settings, acc, iteration_seed(self.seed, it))
+        n = len(episodes)
+        row = {"step": it + 1, "stage": "ppo", "time": time.time()}
+        # each process's parts are means over its own episodes (equal shares): their mean is the batch's
+        row |= {k: global_stats([v], acc)[0] for k, v in parts.items() if k != "judge/unparsed"}
+        row["judge/unparsed"] = global_sum(parts["judge/unparsed"], acc)
+        row |= stats | {"explained_variance": ev}
+        row["rollout/steps"] = global_sum(sum(len(e.steps) for e in episodes), acc) / global_sum(n, acc)
+        row["samples"] = global_sum(len(samples), acc)
+        row["tokens"] = global_sum(float(batch["mask"].sum()), acc)
+        row["wall_s"] = time.perf_counter() - start
+        return row
+
+    def explained_variance(self, batch: dict) -> float:
+        """The critic's explained variance of the returns, before the update, over every process."""
+        if self.accelerator.num_processes == 1:
+            values, returns = batch["old_values"], batch["returns"]
+        else:
+            from accelerate.utils import gather_object
+
+            pairs = gather_object(
+                [list(zip(batch["old_values"].tolist(), batch["returns"].tolist(), strict=True))]
+            )
+            values, returns = (torch.tensor([p[i] for part in pairs for p in part]) for i in (0, 1))
+        return explained_variance(values[None].cpu(), returns[None].cpu(), torch.ones(1, len(values)))
+
+    def checkpoint(self, work: Path, iteration: int, rows: list[dict]) -> None:
+        """``checkpoint-<iteration>`` (written beside, then renamed), the older ones removed."""
+        if self.accelerator.is_main_process:
+            final = work / f"checkpoint-{iteration}"
+            tmp = work / f".checkpoint-{iteration}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.unwrapped.save(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "rows": rows}) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            for old in work.glob("checkpoint-*"):
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def resume(self, work: Path) -> tuple[int, list[dict]]:
+        """(the iteration to start from, the log rows so far): from the last good checkpoint, or (0, [])."""
+        last = last_good_checkpoint(work)
+        if last is None:
+            return 0, []
+        from transformers import AutoModelForCausalLM
+
+        path = Path(last)
+        saved = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.unwrapped.lm.load_state_dict(saved.state_dict())
+        self.unwrapped.load_critic(path)
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        )
+        state = json.loads((path / "state.json").read_text())
+        log.info("r3rag PPO: resuming from %s (iteration %d)", path, state["iteration"])
+        return state["iteration"], state["rows"]

@@ -1,0 +1,165 @@
+"""R3-RAG's PPO on a toy tiny LM: per-step samples mask exactly the policy's tokens (never the retrieved
+documents); two iterations move the actor and the value head with finite losses; a killed run resumes to the
+weights of an uninterrupted one; the policy caches its result; the configs compose and bad settings are one
+line."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rag_lab.config import ConfigError, compose
+from rag_lab.env.protocols.r3rag import R3RAGStep
+from rag_lab.env.teacher.generator import TeacherGenerator
+from rag_lab.generators.base import Sampling
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.policies.r3rag import trainer as trainer_module
+from rag_lab.policies.r3rag.policy import R3RAG
+from rag_lab.policies.r3rag.ppo import PPOSettings
+from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
+from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
+from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.rewards.r3rag_judges import R3RAGReward
+
+from conftest import Killed, untrained_tiny_lm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# two iterations of 2 questions x 1 temperature; rewards neither normalised nor whitened, so that an untrained
+# toy's batch (every episode a format failure: equal rewards) still has advantages
+TOY = PPOSettings(
+    iterations=2, batch_size=2, temperatures=(1.0,), ppo_epochs=2, minibatches=2, micro_batch=4,
+    actor_lr=1e-2, critic_lr=1e-2, normalize_rewards=False, whiten_advantages=False, max_doc_chars=60,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base(data, tmp_path_factory) -> Path:
+    """An untrained toy tiny LM whose word-level vocabulary covers the corpus and the r3rag protocol."""
+    return untrained_tiny_lm(data, ("r3rag",), tmp_path_factory.mktemp("b") / "lm")
+
+
+def generator_of(base: Path) -> HFGenerator:
+    return HFGenerator(str(base), str(base / "tokenizer"), chat=False, dtype="float32", batch_size=64)
+
+
+class TokenizedTeacher:
+    """The world teacher's steps, with the toy tokenizer's ids as the tokens "generated"."""
+
+    def __init__(self, data, like: HFGenerator):
+        self.teacher, self.tokenizer, self.context_length = TeacherGenerator(data), like.tokenizer, 1024
+
+    def generate(self, prompts, sampling):
+        out = self.teacher.generate(prompts, sampling)
+        for c in (c for cs in out for c in cs):
+            c.token_ids = self.tokenizer(c.text, add_special_tokens=False).input_ids
+        return out
+
+
+def test_a_samples_loss_mask_is_exactly_the_policys_tokens_never_the_documents(data, base):
+    toy = generator_of(base)
+    env = CutDocuments(data.corpus, BM25Retriever(data.corpus), TokenizedTeacher(data, toy), max_chars=60)
+    sampling = Sampling(max_new_tokens=64)
+    protocol = R3RAGStep()
+    _, live, traces = rollouts(protocol, env, data.split("train")[:4], (0.0,), sampling, k=2, max_turns=4)
+    samples = step_samples(env, protocol, live, traces, sampling)
+    assert len(samples) == sum(len(x.episode.steps) for x in live)
+    batch = tensors(samples, toy.tokenizer.pad_token_id)
+    for r, s in enumerate(samples):
+        mask = batch["mask"][r].bool()
+        assert batch["input_ids"][r, 1:][mask].tolist() == s.completion_ids
+        assert mask.sum() == len(s.completion_ids) and batch["value_at"][r] == len(s.prompt_ids) - 1
+    later = [s for s in samples if s.step > 0]
+    assert later
+    for s in later:
+        # the previous step's documents are in this step's prompt, cut to 60 characters, with no loss
+        passages = traces[s.episode][s.step].state.turns[-1].passages
+        assert passages and all(len(p.text) <= 60 for p in passages)
+        words = toy.tokenizer(passages[0].text, add_special_tokens=False).input_ids
+        prompt = s.prompt_ids
+        assert any(prompt[i : i + len(words)] == words for i in range(len(prompt)))
+
+
+def trainer(data, base, settings=TOY, seed=0) -> PPOTrainer:
+    toy = generator_of(base)
+    from rag_lab.env import Env
+
+    env = Env(data.corpus, BM25Retriever(data.corpus), toy)
+    rollout = Rollout(R3RAGStep(), k=2, max_turns=3, max_new_tokens=8)
+    return PPOTrainer(toy, env, R3RAGReward(), data.split("train")[:8], settings, rollout, seed)
+
+
+def weights(t: PPOTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in t.unwrapped.state_dict().items()}
+
+
+def test_two_ppo_iterations_move_the_actor_and_the_value_head_with_finite_losses(data, base, tmp_path):
+    t = trainer(data, base)
+    before = weights(t)
+    rows = t.run(tmp_path / "work", tmp_path / "out")
+    after = weights(t)
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio", "reward/step"):
+        assert all(torch.isfinite(torch.tensor(r[key])) for r in rows), key
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    assert not torch.equal(
+        before["lm.model.layers.0.mlp.up_proj.weight"], after["lm.model.layers.0.mlp.up_proj.weight"]
+    )
+    # the reference (the initial model) did not move; the saved policy is the trained one
+    assert torch.equal(
+        before["lm.model.layers.0.mlp.up_proj.weight"],
+        t.reference.state_dict()["model.layers.0.mlp.up_proj.weight"],
+    )
+    assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "value_head.pt").exists()
+
+
+def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base, tmp_path, monkeypatch):
+    whole = trainer(data, base)
+    whole.run(tmp_path / "whole", tmp_path / "whole_out")
+    save = PPOTrainer.checkpoint
+
+    def killed_after_first(self, work, iteration, rows):
+        save(self, work, iteration, rows)
+        if iteration == 1:
+            raise Killed
+
+    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", killed_after_first)
+    with pytest.raises(Killed):
+        trainer(data, base).run(tmp_path / "work", tmp_path / "out")
+    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", save)
+    resumed = trainer(data, base)
+    rows = resumed.run(tmp_path / "work", tmp_path / "out")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key, value in weights(whole).items():
+        torch.testing.assert_close(weights(resumed)[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path):
+    def policy():
+        return R3RAG(reward=R3RAGReward(), ppo=TOY, cold_start=None, k=2, max_turns=3, max_new_tokens=8,
+                     train_limit=8, cache_dir=str(tmp_path / "cache"), run_config={})  # fmt: skip
+
+    from rag_lab.env import Env
+
+    env = Env(data.corpus, BM25Retriever(data.corpus), generator_of(base))
+    first = policy()
+    first.fit(env, data.split("train"), data.split("dev"), tmp_path / "run1")
+    assert (tmp_path / "run1" / "curves.png").exists() and (tmp_path / "run1" / "train_log.jsonl").exists()
+    again = policy()
+    again.fit(env, data.split("train"), data.split("dev"), tmp_path / "run2")
+    assert len(list((tmp_path / "cache" / "r3rag").iterdir())) == 1
+    a, b = first.generator.model.state_dict(), again.generator.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the run's generator was never trained in place
+    assert env.generator.model is not first.generator.model
+
+
+def test_the_experiments_compose_and_bad_settings_are_one_line_errors(tiny_cfg):
+    cfg = compose(["+experiment=r3rag_synth"])
+    assert cfg.policy._target_.endswith("R3RAG") and cfg.reward._target_.endswith("R3RAGReward")
+    paper = compose(["+experiment=r3rag_hotpotqa"])
+    assert paper.policy.ppo.actor_lr == 5e-7 and paper.policy.ppo.critic_lr == 9e-6
+    assert paper.policy.ppo.batch_size == 64 and paper.policy.k == 5 and paper.policy.max_turns == 5
+    with pytest.raises(ConfigError, match=r"policy.ppo.critic: 'both' is not one of shared, separate"):
+        compose(["policy=r3rag", "policy.ppo.critic=both"])
+    with pytest.raises(ConfigError, match=r"policy=r3rag needs reward=r3rag"):
+        compose(["policy=r3rag", "reward=evorag"])

@@ -1,0 +1,43 @@
+"""R3-RAG's PPO data-parallel under accelerate: two CPU processes (gloo), each with half the episodes of a
+global batch, make the same update, and log the same losses, as one process with all of it."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "r3rag_data_parallel.py"
+
+
+def launch(processes: int, model: str, out: Path) -> None:
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
+    if processes == 1:
+        command = [sys.executable, str(SCRIPT)]
+    else:
+        accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+        command = [accelerate, "launch", "--multi_gpu", f"--num_processes={processes}", "--num_machines=1",
+                   "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=29533",
+                   str(SCRIPT)]  # fmt: skip
+    done = subprocess.run([*command, model, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_two_processes_make_the_update_of_one_on_the_same_global_batch(tiny_lm, tmp_path):
+    launch(1, tiny_lm, tmp_path / "one.pt")
+    launch(2, tiny_lm, tmp_path / "two.pt")
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert (one["processes"], two["processes"]) == (1, 2)
+    for key, value in one["weights"].items():
+        torch.testing.assert_close(two["weights"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    for key in ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio"):
+        assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-4, abs=1e-6), key
+    # the update did something: the weights moved, and the clip bound on some tokens over three passes
+    initial = AutoModelForCausalLM.from_pretrained(tiny_lm).state_dict()
+    assert any(not torch.equal(one["weights"][f"lm.{k}"], v) for k, v in initial.items())
+    assert one["stats"]["clip_fraction"] > 0

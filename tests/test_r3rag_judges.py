@@ -1,0 +1,133 @@
+"""R3-RAG's reward group on hand-worked trajectories (correct / wrong / no answer / format error), both forms,
+the table 2 ablations, and the model judges through a fake generator (parsed, unparsable: scored and
+counted)."""
+
+import pytest
+
+from rag_lab.config import ConfigError, compose
+from rag_lab.data.base import Passage, QAExample
+from rag_lab.env.episode import Episode, Step
+from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Completion
+from rag_lab.rewards.r3rag_judges import R3RAGReward, read_official, read_relevance
+
+EXAMPLE = QAExample("q1", "Where was the founder of Acme born?", ("Paris",), supporting_ids=("p1", "p2"))
+
+
+def search(*ids: str) -> Step:
+    return Step(
+        text="The problem analysis: a\nThe retrieval query: b",
+        action="search",
+        query="b",
+        retrieved_ids=list(ids),
+    )
+
+
+def answer(text: str) -> Step:
+    return Step(text=f"The problem analysis: a\nThe final answer: {text}", action="answer")
+
+
+EPISODES = {
+    # support: 1/3, 2/3, then the right answer
+    "correct": Episode(
+        "q1", "?", [search("p1", "x", "y"), search("p2", "p1", "z"), answer("Paris")], "Paris", "answer"
+    ),
+    # support 2/3, then a wrong answer
+    "incorrect": Episode("q1", "?", [search("p1", "p2", "x"), answer("London")], "London", "answer"),
+    # support 0, 1/3, and the step limit
+    "no_answer": Episode("q1", "?", [search("x", "y", "z"), search("p1", "x", "y")], "", "max_turns"),
+    # support 1/3, then a step that broke the format
+    "format_error": Episode(
+        "q1", "?", [search("p2", "x", "y"), Step(text="garbage", action="invalid", error="no analysis")],
+        "", "format_error", format_failure=True,
+    ),
+}  # fmt: skip
+THIRD, TWO_THIRDS = 1 / 3, 2 / 3
+OFFICIAL = {
+    "correct": [THIRD * 1.6, TWO_THIRDS * 1.6, 2.0],
+    "incorrect": [TWO_THIRDS * 0.8, 0.0],
+    "no_answer": [0.0, THIRD * 0.9],
+    "format_error": [THIRD, -0.9],
+}
+# eq. 5 then λ_T: the answer step's Val·Acc + Val − 1 is 1 (right) or 0 (wrong); a broken step −1; the
+# paper's no-answer trajectory takes the wrong answer's factor
+PAPER = {
+    "correct": [THIRD * 1.6, TWO_THIRDS * 1.6, 1.6],
+    "incorrect": [TWO_THIRDS * 0.8, 0.0],
+    "no_answer": [0.0, THIRD * 0.8],
+    "format_error": [THIRD, -1.0],
+}
+
+
+def no_docs(i, j):
+    return []
+
+
+def scored(reward: R3RAGReward, names=tuple(EPISODES)):
+    return reward.score([EPISODES[n] for n in names], [EXAMPLE] * len(names), no_docs)
+
+
+@pytest.mark.parametrize(("form", "expected"), [("official", OFFICIAL), ("paper", PAPER)])
+def test_step_rewards_of_four_trajectories_by_hand(form, expected):
+    rows, parts = scored(R3RAGReward(form=form))
+    for name, row in zip(EPISODES, rows, strict=True):
+        assert row == pytest.approx(expected[name], abs=1e-12), name
+    assert parts["rollout/acc"] == 0.25 and parts["rollout/format_failure"] == 0.25
+    assert parts["reward/process"] == pytest.approx((THIRD + TWO_THIRDS + TWO_THIRDS + 0 + THIRD + THIRD) / 6)
+
+
+def test_the_ablations_drop_the_process_or_the_outcome():
+    (correct, wrong), _ = scored(R3RAGReward(parts=["outcome"]), ["correct", "incorrect"])
+    assert correct == [0.0, 0.0, 2.0] and wrong == [0.0, 0.0]
+    (correct, wrong), _ = scored(R3RAGReward(parts=["process"]), ["correct", "incorrect"])
+    # no outcome signal: the answer step scores as a wrong one, λ_T 1
+    assert correct == pytest.approx([THIRD, TWO_THIRDS, 0.0]) and wrong == pytest.approx([TWO_THIRDS, 0.0])
+
+
+class Says:
+    """A fake judge model: the reply of the first rule whose key is in the prompt."""
+
+    def __init__(self, rules: dict[str, str]):
+        self.rules, self.prompts = rules, []
+
+    def generate(self, prompts, sampling):
+        self.prompts += prompts
+        return [
+            [Completion(next((v for k, v in self.rules.items() if k in p[-1]["content"]), ""))]
+            for p in prompts
+        ]
+
+
+def test_the_outcome_judge_can_only_turn_a_mismatch_right_and_an_unparsable_verdict_is_counted():
+    reward = R3RAGReward(outcome_judge=True, judge_generator=Says({"London": "True."}))
+    (wrong,), parts = scored(reward, ["incorrect"])
+    assert wrong == pytest.approx([TWO_THIRDS * 1.6, 2.0]) and parts["rollout/acc"] == 1.0
+    # the exact match is not asked about; an unparsable verdict scores as wrong, counted
+    reward = R3RAGReward(outcome_judge=True, judge_generator=Says({"London": "perhaps"}))
+    (right, wrong), parts = scored(reward, ["correct", "incorrect"])
+    assert wrong == pytest.approx(OFFICIAL["incorrect"]) and parts["judge/unparsed"] == 1
+    assert len(reward.judge.generator.prompts) == 1
+
+
+def test_model_process_judges_parse_and_count_what_they_cannot_read():
+    docs = {(0, 0): [Passage("p1", "Acme", "Acme was founded by Ada.")], (0, 1): []}
+    reward = R3RAGReward(process="relevance", judge_generator=Says({"Acme was": "0.7", "(none)": "high"}))
+    (row,), parts = reward.score([EPISODES["correct"]], [EXAMPLE], lambda i, j: docs[(i, j)])
+    assert row == pytest.approx([0.7 * 1.6, 0.0, 2.0]) and parts["judge/unparsed"] == 1
+    line = "coherence: 1.0, rationality: 0.5, relevance: 0.5, fatal: no"
+    reward = R3RAGReward(process="official", judge_generator=Says({"Acme was": line, "(none)": line}))
+    (row,), _ = reward.score([EPISODES["correct"]], [EXAMPLE], lambda i, j: docs[(i, j)])
+    # the second step retrieved nothing: its relevance counts 0 (0.3 + 0.15)
+    assert row == pytest.approx([0.65 * 1.6, 0.45 * 1.6, 2.0])
+    assert read_official(line.replace("no", "yes")) == (1.0, 0.5, 0.5, True)
+    assert read_official("coherence: 2.0, rationality: 0.5, relevance: 0.5, fatal: no") is None
+    assert read_relevance("1.5 then 0.34") == 0.3
+
+
+def test_a_judge_without_a_generator_and_bad_settings_are_one_line_errors(tiny_cfg):
+    with pytest.raises(RagLabError, match="judge_generator"):
+        scored(R3RAGReward(process="relevance"), ["correct"])
+    with pytest.raises(RagLabError, match=r"reward.process: 'vibes' is not one of"):
+        R3RAGReward(process="vibes")
+    with pytest.raises(ConfigError, match=r"parts"):
+        compose(["reward=r3rag", "reward.parts=[style]"])
