@@ -43,6 +43,15 @@ SHORT_TRAINING = {
         "policy.cold_start.max_steps=2",
         "eval.limit=4",
     ],
+    "rag_lab.policies.r3rag.policy.R3RAG": [
+        "policy.ppo.iterations=1",
+        "policy.ppo.batch_size=2",
+        "policy.ppo.temperatures=[1.0]",
+        "policy.max_new_tokens=16",
+        "policy.cold_start.limit=4",
+        "policy.cold_start.max_steps=2",
+        "eval.limit=4",
+    ],
     "rag_lab.policies.apex.policy.APEX": [
         "policy.planner.train_limit=2",
         "policy.planner.questions_per_step=1",
@@ -186,6 +195,42 @@ def test_evorag_paper_setup_trains_smollm2(tmp_path):
     [cycle] = (tmp_path / "cache" / "evorag").glob("*/cycle.json")
     assert json.loads(cycle.read_text())["branch/pairs_dpo"] > 0
     trained_where_it_should(cycle)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_r3rag_paper_setup_trains_smollm2(tmp_path):
+    """r3rag_hotpotqa's PPO (lrs, batch, a separate critic, KL, GAE, documents cut to 512 characters) on
+    SmolLM2, the world for HotpotQA, BM25 for E5 and the gold-support overlap and exact match for the
+    Qwen2.5-14B judges (no downloads, no endpoint here): two PPO iterations, then an evaluation."""
+    cfg = compose(
+        [
+            "+experiment=r3rag_hotpotqa",
+            *PAPER_SETUP_ON_SMOLLM2,
+            "reward.process=support",
+            "reward.outcome_judge=false",
+            "reward.judge_generator=null",
+            "policy.ppo.iterations=2",
+            "policy.ppo.batch_size=2",
+            "policy.ppo.temperatures=[1.0]",
+            "policy.ppo.micro_batch=2",
+            "policy.max_turns=2",
+            "policy.max_new_tokens=24",
+            "eval.limit=2",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    ppo = cfg.policy.ppo
+    assert (ppo.actor_lr, ppo.critic_lr, ppo.critic, ppo.max_doc_chars) == (5e-7, 9e-6, "separate", 512)
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r[k]) for r in rows for k in ("loss/policy", "loss/value", "kl"))
+    [trained] = (tmp_path / "cache" / "r3rag").glob("*/ppo.json")
+    info = json.loads(trained.read_text())
+    assert info["device"].startswith("cuda" if torch.cuda.is_available() else "cpu")
+    assert info["dtype"] == "torch.float32"
 
 
 @pytest.mark.slow

@@ -163,13 +163,18 @@ class R3RAG(Agent):
 
     def result_dir(self, start: str, questions: list[QAExample], env: Env, root: Path) -> Path:
         """Where the trained model is cached: ``<root>/r3rag/<key>``; ``root`` is ``cache_dir`` under the
-        runner, else the run's ``checkpoints/ppo`` (shared with nothing)."""
+        runner, else the run's ``checkpoints/ppo`` (shared with nothing). The key holds the retriever PPO
+        searched with (``train_retriever``, else the run's: a transfer row trained with BM25 shares the BM25
+        row's model) and the reward's code besides the trainer's."""
         content = [[q.id, q.question, list(q.answers)] for q in questions]
-        # the run's retriever is in the key only when PPO searches with it
-        unrelated = UNRELATED + (("retriever",) if self.train_retriever is not None else ())
-        config = {k: v for k, v in dict(self.run_config or {}).items() if k not in unrelated}
+        config = {k: v for k, v in dict(self.run_config or {}).items() if k not in UNRELATED}
+        config["policy"] = dict(config.get("policy") or {})
+        searched = config["policy"].pop("train_retriever", None)
+        if searched is not None:
+            config["retriever"] = {k: v for k, v in dict(searched).items() if k != "_partial_"}
         settings = [self.ppo, self.k, self.max_turns, self.sampling.max_new_tokens, self.seed]
+        reward_code = cache.code_digest("rag_lab.rewards.r3rag_judges")
         return cache.path(
-            root, "r3rag", start, content, env.corpus.fingerprint, config, settings,
+            root, "r3rag", start, content, env.corpus.fingerprint, config, settings, reward_code,
             code="rag_lab.policies.r3rag.trainer",
         )  # fmt: skip
