@@ -1,6 +1,7 @@
 """R3-RAG's PPO data-parallel under accelerate: two CPU processes (gloo), each with half the episodes of a
 global batch, make the same update, and log the same losses, as one process with all of it."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,3 +42,32 @@ def test_two_processes_make_the_update_of_one_on_the_same_global_batch(tiny_lm, 
     initial = AutoModelForCausalLM.from_pretrained(tiny_lm).state_dict()
     assert any(not torch.equal(one["weights"][f"lm.{k}"], v) for k, v in initial.items())
     assert one["stats"]["clip_fraction"] > 0
+
+
+@pytest.mark.slow
+def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
+    """``policy.launch``: the runner launches PPO under accelerate (two CPU processes), then evaluates."""
+    from rag_lab.run import run
+
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    launch = f"{accelerate} launch --multi_gpu --num_processes=2 --num_machines=1 --mixed_precision=no"
+    launch += " --dynamo_backend=no"
+    cfg = tiny_cfg(
+        "+experiment=r3rag_synth",
+        "hydra.mode=RUN",
+        "policy.cold_start=null",
+        "policy.ppo.iterations=2",
+        "policy.ppo.batch_size=2",
+        "policy.ppo.temperatures=[1.0]",
+        "policy.max_new_tokens=16",
+        "policy.max_turns=2",
+        f"policy.launch='{launch} --main_process_port=29534'",
+        "eval.limit=2",
+        f"cache_dir={tmp_path / 'cache'}",
+    )
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2
+    [trained] = (tmp_path / "cache" / "r3rag").glob("*/ppo.json")
+    assert json.loads(trained.read_text())["processes"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2]

@@ -23,7 +23,9 @@ support overlap (no LLM judge runs on 2 CPU cores).
 
 import json
 import logging
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from rag_lab.records import atomic_write_text, read_records
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
-from rag_lab.train.resume import load_model
+from rag_lab.train.resume import load_model, readable
 from rag_lab.train.start import starting_model
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,9 @@ class R3RAG(Agent):
         cold_start: ColdStartConfig | None = None,
         # the first train_limit training questions (null: all)
         train_limit: PositiveInt | None = None,
+        # run PPO as a data-parallel job with this launcher, e.g. "accelerate launch --multi_gpu
+        # --num_processes 8" (null: in this process; rag_lab.policies.r3rag.job)
+        launch: str | None = None,
         # the retriever PPO's rollouts search with (a partial retriever config; null: the run's): retriever
         # transfer trains with one and evaluates with the run's (the paper's table 3)
         train_retriever: Any = None,
@@ -88,7 +93,7 @@ class R3RAG(Agent):
         for key, why in self.check_settings(settings, None):
             raise RagLabError(f"policy.{key}: {why}")
         self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
-        self.train_retriever = train_retriever
+        self.train_retriever, self.launch = train_retriever, launch
         self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
         self.scorer = getattr(train_data, "scorer", "squad")
         # the trained model, once fit ran (evaluation acts with it)
@@ -119,47 +124,77 @@ class R3RAG(Agent):
         trains = self.ppo.iterations > 0
         if trains and not isinstance(self.reward, R3RAGReward):
             raise RagLabError("reward: policy=r3rag needs reward=r3rag (its step rewards and judges)")
-        base = env.generator
         start, generator = starting_model(
-            "r3rag", base, self.cold_start, self.train_data, self.cache_dir, trains
+            "r3rag", env.generator, self.cold_start, self.train_data, self.cache_dir, trains
         )
         self.generator = generator
         if not trains:
             return
-        self.reward.scorer = self.scorer
-        if self.reward.judge.generator is None:
-            self.reward.judge.generator = base
-        questions = train[: self.train_limit]
-        if self.train_retriever is not None:
-            env = Env(env.corpus, self.train_retriever(corpus=env.corpus), env.generator)
+        env, questions = self.training_env(env), train[: self.train_limit]
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "ppo"
         done = self.result_dir(cache.files_digest(start), questions, env, root)
         if not (done / "ppo.json").exists():
-            self.train(generator, env, questions, done)
-        self.generator = generator.with_model(load_model(done, like=generator.model))
+            if self.launch:
+                self.launched(start, done)
+            else:
+                self.train(generator, env, questions, done)
+        self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
         rows = list(read_records(done / "log.jsonl"))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            out / "r3rag.json", json.dumps({"model": str(done), "start": str(start)}, indent=1) + "\n"
-        )
+        info = {"model": str(done), "start": str(start)}
+        atomic_write_text(out / "r3rag.json", json.dumps(info, indent=1) + "\n")
         write_curves(rows, out, logger, PANELS, "R3-RAG PPO")
 
+    def training_env(self, env: Env) -> Env:
+        """The environment PPO acts in (``train_retriever``'s, else the run's), the reward made ready (the
+        dataset's scorer; the run's generator as the judges' where none is set)."""
+        self.reward.scorer = self.scorer
+        if self.reward.judge.generator is None:
+            self.reward.judge.generator = env.generator
+        if self.train_retriever is not None:
+            env = Env(env.corpus, self.train_retriever(corpus=env.corpus), env.generator)
+        return env
+
     def train(self, generator, env: Env, questions: list[QAExample], done: Path) -> None:
-        """PPO from ``generator``'s model, published to ``done`` (resumed from ``<done>.work``)."""
+        """PPO from ``generator``'s model, published to ``done`` by the main process (resumed from
+        ``<done>.work``); in every process of a launched job (:mod:`.job`)."""
         work = done.with_name(f"{done.name}.work")
         rollout = Rollout(self.protocol, self.k, self.max_turns, self.sampling.max_new_tokens)
         trainer = PPOTrainer(generator, env, self.reward, questions, self.ppo, rollout, self.seed)
+        if not trainer.accelerator.is_main_process:
+            trainer.run(work, None)
+            return
         with cache.publish(done) as tmp:
             rows = trainer.run(work, tmp)
             atomic_write_text(tmp / "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            weights = next(generator.model.parameters())
             info = {
                 "iterations": self.ppo.iterations,
                 "questions": len(questions),
                 "wall_s": sum(r["wall_s"] for r in rows),
+                "device": str(weights.device),
+                "dtype": str(weights.dtype),
+                "processes": trainer.accelerator.num_processes,
             }
             atomic_write_text(tmp / "ppo.json", json.dumps(info, indent=1) + "\n")
         shutil.rmtree(work, ignore_errors=True)
+
+    def launched(self, start: Path, done: Path) -> None:
+        """PPO as a data-parallel job: ``<launch> -m rag_lab.policies.r3rag.job <job.json>`` (:mod:`.job`)."""
+        if self.run_config is None:
+            raise RagLabError(
+                "policy.launch: a launched PPO job rebuilds the run from its config (run it with rag_lab.run)"
+            )
+        work = done.with_name(f"{done.name}.work")
+        work.mkdir(parents=True, exist_ok=True)
+        cold = self.cold_start is not None
+        job = {"run_config": self.run_config, "start": str(start), "cold_started": cold, "done": str(done)}
+        atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
+        command = [*shlex.split(self.launch), "-m", "rag_lab.policies.r3rag.job", str(work / "job.json")]
+        log.info("r3rag PPO: %s", " ".join(command))
+        if subprocess.run(command).returncode != 0 or not (done / "ppo.json").exists():
+            raise RagLabError(f"policy.launch: the PPO job failed ({' '.join(command)}); its output is above")
 
     def result_dir(self, start: str, questions: list[QAExample], env: Env, root: Path) -> Path:
         """Where the trained model is cached: ``<root>/r3rag/<key>``; ``root`` is ``cache_dir`` under the

@@ -28,10 +28,10 @@ iteration), so it ends with the weights of an uninterrupted run.
 The loop, its checkpoints and its log: :mod:`.trainer`; this module is the batch's math.
 
 Hand-written, and why: TRL 1.16 has no PPO trainer (its GRPO has no critic and no per-step samples).
-The policy trains in float32 (on a GPU too: bf16 weights would round the paper's 5e-7 steps away).
+The policy trains in float32 (on a GPU too: bf16 weights would round the paper's 5e-7 steps away) and
+stays in eval mode (no dropout), as RLHF implementations do, so the first ratio is exactly 1.
 Deviations, written down: the paper gives neither the number of PPO epochs nor the clip ε; ours are the
-common 4 and 0.2 (the embedded default takes 2 epochs, for time). The policy stays in eval mode (no dropout), as RLHF implementations do, so the first
-ratio is exactly 1.
+common 4 and 0.2 (the embedded default takes 2 epochs, for time).
 """
 
 import logging
