@@ -79,6 +79,23 @@ def test_a_samples_loss_mask_is_exactly_the_policys_tokens_never_the_documents(d
         assert any(prompt[i : i + len(words)] == words for i in range(len(prompt)))
 
 
+def test_a_steps_value_is_read_at_its_prompts_last_token(base):
+    """The critic sees the state the step was generated from: its value does not depend on the completion."""
+    from transformers import AutoModelForCausalLM
+
+    from rag_lab.policies.r3rag.model import ActorCritic
+    from rag_lab.policies.r3rag.samples import Sample
+
+    model = ActorCritic(AutoModelForCausalLM.from_pretrained(base), "shared")
+    torch.nn.init.normal_(model.head.weight)
+    prompt = list(range(5, 15))
+    batches = [tensors([Sample(prompt, completion, 0, 0)], 0) for completion in ([20, 21, 22], [30, 31])]
+    (lp1, v1), (lp2, v2) = (model(b["input_ids"], b["attention_mask"], b["value_at"]) for b in batches)
+    assert v1.item() == v2.item() and v1.item() != 0.0
+    # the token log-probs of the prompt are the same too; the completions' differ
+    assert torch.equal(lp1[0, :9], lp2[0, :9]) and not torch.equal(lp1[0, 9:11], lp2[0, 9:11])
+
+
 def trainer(data, base, settings=TOY, seed=0) -> PPOTrainer:
     toy = generator_of(base)
     from rag_lab.env import Env
