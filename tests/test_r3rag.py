@@ -150,7 +150,7 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base,
         torch.testing.assert_close(weights(resumed)[key], value, rtol=0, atol=1e-6, msg=key)
 
 
-def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path):
+def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monkeypatch):
     def policy():
         return R3RAG(reward=R3RAGReward(), ppo=TOY, cold_start=None, k=2, max_turns=3, max_new_tokens=8,
                      train_limit=8, cache_dir=str(tmp_path / "cache"), run_config={})  # fmt: skip
@@ -161,6 +161,10 @@ def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path):
     first = policy()
     first.fit(env, data.split("train"), data.split("dev"), tmp_path / "run1")
     assert (tmp_path / "run1" / "curves.png").exists() and (tmp_path / "run1" / "train_log.jsonl").exists()
+    def no_training(*args, **kwargs):
+        raise AssertionError("PPO ran again instead of reusing the cache")
+
+    monkeypatch.setattr(trainer_module.PPOTrainer, "run", no_training)
     again = policy()
     again.fit(env, data.split("train"), data.split("dev"), tmp_path / "run2")
     assert len(list((tmp_path / "cache" / "r3rag").iterdir())) == 1
