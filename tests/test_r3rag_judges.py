@@ -85,21 +85,21 @@ def test_the_ablations_drop_the_process_or_the_outcome():
 
 
 class Says:
-    """A fake judge model: the reply of the first rule whose key is in the prompt."""
+    """A fake judge model: the reply of the first rule whose key is in the prompt (plain text when ``chat``
+    is false, as the tiny LM reads)."""
 
-    def __init__(self, rules: dict[str, str]):
-        self.rules, self.prompts = rules, []
+    def __init__(self, rules: dict[str, str], chat: bool = True):
+        self.rules, self.prompts, self.chat = rules, [], chat
 
     def generate(self, prompts, sampling):
+        assert all(isinstance(p, list) == self.chat for p in prompts)
         self.prompts += prompts
-        return [
-            [Completion(next((v for k, v in self.rules.items() if k in p[-1]["content"]), ""))]
-            for p in prompts
-        ]
+        texts = [p[-1]["content"] if self.chat else p for p in prompts]
+        return [[Completion(next((v for k, v in self.rules.items() if k in t), ""))] for t in texts]
 
 
 def test_the_outcome_judge_can_only_turn_a_mismatch_right_and_an_unparsable_verdict_is_counted():
-    reward = R3RAGReward(outcome_judge=True, judge_generator=Says({"London": "True."}))
+    reward = R3RAGReward(outcome_judge=True, judge_generator=Says({"London": "True."}, chat=False))
     (wrong,), parts = scored(reward, ["incorrect"])
     assert wrong == pytest.approx([TWO_THIRDS * 1.6, 2.0]) and parts["rollout/acc"] == 1.0
     # the exact match is not asked about; an unparsable verdict scores as wrong, counted

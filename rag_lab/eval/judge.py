@@ -39,6 +39,17 @@ def verdict(text: str) -> bool | None:
     return {"YES": True, "NO": False}.get(word)
 
 
+def ask_model(generator, texts: Sequence[str], sampling: Sampling, who: str, error=JudgeError) -> list:
+    """One batched ``generate`` of ``texts``, each a one-message chat (plain text for a generator that reads
+    plain text: ``chat`` false, the tiny LM); a backend that fails is a one-line ``error`` naming ``who``."""
+    chat = getattr(generator, "chat", True)
+    prompts = [[{"role": "user", "content": t}] if chat else t for t in texts]
+    try:
+        return generator.generate(prompts, sampling)
+    except (OSError, ConnectionError, TimeoutError, RuntimeError) as e:
+        raise error(f"{who} ({type(generator).__name__}) failed: {e}") from None
+
+
 class LLMJudge:
     def __init__(
         self, generator: Generator, n: int = 1, temperature: float = 0.0, cache_path: str | None = None
@@ -65,17 +76,13 @@ class LLMJudge:
         return [self.cache.get(k, 0.0) for k in keys]
 
     def _ask(self, keys: list[str]) -> None:
-        prompts = []
+        texts = []
         for k in keys:
             prediction, golds = json.loads(k)
-            content = JUDGE_PROMPT.format(prediction=prediction, golds=", ".join(golds))
-            prompts.append([{"role": "user", "content": content}])
+            texts.append(JUDGE_PROMPT.format(prediction=prediction, golds=", ".join(golds)))
         sampling = Sampling(n=self.n, temperature=self.temperature, max_new_tokens=4)
-        try:
-            outputs = self.generator.generate(prompts, sampling)
-        except (OSError, ConnectionError, TimeoutError, RuntimeError) as e:
-            raise JudgeError(f"LLM judge ({type(self.generator).__name__}) failed: {e}") from None
-        self.calls += len(prompts)
+        outputs = ask_model(self.generator, texts, sampling, "LLM judge")
+        self.calls += len(texts)
         fresh = []
         for k, completions in zip(keys, outputs, strict=True):
             votes = [verdict(c.text) for c in completions]

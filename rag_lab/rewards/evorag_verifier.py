@@ -18,7 +18,7 @@ from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode
 from rag_lab.env.protocols.base import REFUSE
 from rag_lab.errors import RagLabError
-from rag_lab.eval.judge import verdict
+from rag_lab.eval.judge import ask_model, verdict
 from rag_lab.generators.base import Sampling
 
 PROMPT = (
@@ -40,15 +40,10 @@ class EvidenceVerifier:
         if todo:
             if self.generator is None:
                 raise RagLabError("reward.verifier.generator: the evidence verifier has no generator")
-            chat = getattr(self.generator, "chat", True)  # the tiny LM reads plain text
             texts = [prompt(q, ps) for q, ps in todo.values()]
-            prompts = [[{"role": "user", "content": t}] if chat else t for t in texts]
             sampling = Sampling(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
-            try:
-                replies = self.generator.generate(prompts, sampling)
-            except (OSError, ConnectionError, TimeoutError, RuntimeError) as e:
-                raise RagLabError(f"reward.verifier ({type(self.generator).__name__}) failed: {e}") from None
-            self.calls += len(prompts)
+            replies = ask_model(self.generator, texts, sampling, "reward.verifier", RagLabError)
+            self.calls += len(texts)
             for key, reply in zip(todo, replies, strict=True):
                 self.memo[key] = verdict(reply[0].text)
                 self.unparsed += self.memo[key] is None

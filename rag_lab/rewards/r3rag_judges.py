@@ -33,6 +33,7 @@ from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode
 from rag_lab.env.protocols.base import ANSWER, SEARCH, passage_text
 from rag_lab.errors import RagLabError
+from rag_lab.eval.judge import ask_model
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
 from rag_lab.rewards.r3rag import FACTORS, official_rewards, paper_rewards, process_score
@@ -127,10 +128,7 @@ class Judge:
                     "reward.judge_generator: the r3rag judges need a generator (null: the run's)"
                 )
             sampling = Sampling(temperature=0.0, max_new_tokens=self.max_new_tokens)
-            try:
-                out = self.generator.generate([[{"role": "user", "content": p}] for p in todo], sampling)
-            except (OSError, ConnectionError, TimeoutError, RuntimeError) as e:
-                raise RagLabError(f"r3rag judge ({type(self.generator).__name__}) failed: {e}") from None
+            out = ask_model(self.generator, todo, sampling, "r3rag judge", RagLabError)
             self.calls += len(todo)
             for p, completions in zip(todo, out, strict=True):
                 self.memo[p] = read(completions[0].text)
