@@ -161,6 +161,7 @@ def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monke
     first = policy()
     first.fit(env, data.split("train"), data.split("dev"), tmp_path / "run1")
     assert (tmp_path / "run1" / "curves.png").exists() and (tmp_path / "run1" / "train_log.jsonl").exists()
+
     def no_training(*args, **kwargs):
         raise AssertionError("PPO ran again instead of reusing the cache")
 
