@@ -181,7 +181,7 @@ def test_the_experiments_compose_and_bad_settings_are_one_line_errors(tiny_cfg):
     paper = compose(["+experiment=r3rag_hotpotqa"])
     assert paper.policy.ppo.actor_lr == 5e-7 and paper.policy.ppo.critic_lr == 9e-6
     assert paper.policy.ppo.batch_size == 64 and paper.policy.k == 5 and paper.policy.max_turns == 5
-    with pytest.raises(ConfigError, match=r"policy.ppo.critic: 'both' is not one of shared, separate"):
+    with pytest.raises(ConfigError, match=r"'policy.ppo.critic': 'both' is not one of shared, separate"):
         compose(["policy=r3rag", "policy.ppo.critic=both"])
     with pytest.raises(ConfigError, match=r"policy=r3rag needs reward=r3rag"):
         compose(["policy=r3rag", "reward=evorag"])
