@@ -270,6 +270,16 @@ SWEEPS = {
         "RAG_LAB_DAPO",
         ["+experiment=dapo_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.dapo.policy.DAPO"]],
     ),
+    "r3rag.ipynb": (
+        "RAG_LAB_R3RAG",
+        [
+            "+experiment=r3rag_synth",
+            *toy_lm(),
+            # the rows set ppo.iterations themselves (the ppo row: the default 8, on 2 questions each)
+            *[o for o in SHORT_TRAINING["rag_lab.policies.r3rag.policy.R3RAG"] if "iterations" not in o],
+            "+experiment/r3rag_synth=cold_start,ppo",
+        ],
+    ),
     "apex.ipynb": (
         "RAG_LAB_APEX",
         ["+experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
