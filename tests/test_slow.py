@@ -270,6 +270,10 @@ SWEEPS = {
         "RAG_LAB_DAPO",
         ["+experiment=dapo_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.dapo.policy.DAPO"]],
     ),
+    "evorag.ipynb": (
+        "RAG_LAB_EVORAG",
+        ["+experiment=evorag_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.evorag.policy.EvoRAG"]],
+    ),
     "r3rag.ipynb": (
         "RAG_LAB_R3RAG",
         [
