@@ -70,10 +70,9 @@ class ActorCritic(nn.Module):
         """The value head (and separate critic) saved by :meth:`save` in ``path``."""
         self.head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
         if self.critic_lm is not None:
-            from transformers import AutoModelForCausalLM
+            from rag_lab.train.resume import load_model
 
-            saved = AutoModelForCausalLM.from_pretrained(path / "critic", dtype=torch.float32)
-            self.critic_lm.load_state_dict(saved.state_dict())
+            self.critic_lm.load_state_dict(load_model(path / "critic", like=self.critic_lm).state_dict())
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

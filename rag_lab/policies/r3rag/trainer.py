@@ -30,7 +30,7 @@ from rag_lab.policies.r3rag.losses import explained_variance
 from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.records import RecordWriter, atomic_write_text
-from rag_lab.train.resume import last_good_checkpoint
+from rag_lab.train.resume import last_good_checkpoint, load_model
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +183,8 @@ class PPOTrainer:
         last = last_good_checkpoint(work)
         if last is None:
             return 0, []
-        from transformers import AutoModelForCausalLM
-
         path = Path(last)
-        saved = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.unwrapped.lm.load_state_dict(saved.state_dict())
+        self.unwrapped.lm.load_state_dict(load_model(path, like=self.unwrapped.lm).state_dict())
         self.unwrapped.load_critic(path)
         self.optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
