@@ -63,6 +63,7 @@ def measure(env_parts, examples, batch: int) -> dict:
         "rest s": total - gen.seconds - ret.seconds,
         "generated steps": sum(len(ep.steps) for ep in episodes),
         "EM": 100 * right / len(examples),
+        "_predictions": [ep.prediction for ep in episodes],
     }
 
 
@@ -74,6 +75,7 @@ def main() -> None:
     examples = data.split("dev")[:N_QUESTIONS]
     parts = (data.corpus, retriever, generator)
     rows = [measure(parts, examples, BATCH), measure(parts, examples, 1)]
+    same = sum(a == b for a, b in zip(rows[0].pop("_predictions"), rows[1].pop("_predictions"), strict=True))
     table = pd.DataFrame(rows).round(2).to_markdown(index=False)
     speedup = rows[0]["episodes/s"] / rows[1]["episodes/s"]
     publish(
@@ -82,7 +84,8 @@ def main() -> None:
         f"iteration a follow-up query, BM25 top 1, an intermediate answer; then the final answer (9 "
         f"generate calls per episode); greedy, the tiny LM (generator=tiny)\n\n{table}\n\n"
         f"batched engine vs one question at a time: **{speedup:.1f}x** episodes/s (same episodes: "
-        f"EM {rows[0]['EM']:.1f} vs {rows[1]['EM']:.1f}); peak RSS {peak_rss_mb():.0f} MB",
+        f"{same}/{len(examples)} final answers identical, EM {rows[0]['EM']:.1f} vs {rows[1]['EM']:.1f}); "
+        f"peak RSS {peak_rss_mb():.0f} MB",
     )
 
 

@@ -1,10 +1,12 @@
 """``generator=hf``: any causal LM through transformers, batched.
 
-Prompts are left-padded and generated in batches (sorted by length, so batches pad little); n
-samples per prompt come from one ``generate`` call (``num_return_sequences``). Chat prompts go
-through the tokenizer's chat template. Stop strings are honoured exactly: generation stops at
-them (``StopOnStrings``) and the text is cut at the first occurrence, the stop kept when
-``sampling.include_stop``; ``token_ids`` run through the token that completes the stop.
+Prompts are decoded in batches of ``batch_size`` (sorted by length) by
+:func:`rag_lab.generators.decode.decode`: prefilled in length buckets, then one decoding batch that
+finished rows leave; n samples per prompt from one reading of it. Chat prompts go through the
+tokenizer's chat template. Stop strings are honoured exactly: a row stops once its decoded completion
+holds one (decoded whole, so word-level tokenizers such as the tiny LM's work too) and the text is cut
+at the first occurrence, the stop kept when ``sampling.include_stop``; ``token_ids`` run through the
+token that completes the stop.
 Log-probs are those of each generated token under the model's own distribution (log-softmax of
 the raw logits, no temperature or top-p), i.e. what a forward pass over prompt + completion gives.
 Greedy at temperature 0; sampling is seeded (``sampling.seed``, else the generator's seed).
@@ -23,6 +25,7 @@ import torch
 
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
+from rag_lab.generators.decode import Decoded, decode
 from rag_lab.retrievers.dense import resolve_model
 
 # Below this many parameters a causal LM is launch-bound on a GPU: the tiny LM (0.3M) generates and trains
@@ -100,67 +103,56 @@ class HFGenerator:
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         texts = [render(self.tokenizer, p) for p in prompts]
-        lengths = [len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
-        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        ids = self.tokenizer(texts, add_special_tokens=False).input_ids if texts else []
+        # longest first, so that each decoding batch holds prompts of similar length
+        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
         out: list[list[Completion]] = [[] for _ in texts]
         torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            for i, completions in zip(
-                idx, self._generate_batch([texts[i] for i in idx], sampling), strict=True
-            ):
-                for c in completions:
-                    c.prompt_tokens = lengths[i]
-                out[i] = completions
+            rows = self._decode([ids[i] for i in idx], sampling)
+            for k, i in enumerate(idx):
+                out[i] = [
+                    self._completion(d, sampling, len(ids[i]))
+                    for d in rows[k * sampling.n : (k + 1) * sampling.n]
+                ]
         return out
 
     @torch.inference_mode()
-    def _generate_batch(self, texts: list[str], sampling: Sampling) -> list[list[Completion]]:
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
-            self.device
-        )
-        greedy = sampling.temperature <= 0
-        result = self.model.generate(
-            **enc,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None,
-            max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=sampling.n,
-            stopping_criteria=[StopOnStrings(self.tokenizer, sampling.stop, enc.input_ids.shape[1])]
-            if sampling.stop
-            else None,
-            pad_token_id=self.tokenizer.pad_token_id,
-            return_dict_in_generate=True,
-            output_logits=self.want_logprobs,
-        )
-        new = result.sequences[:, enc.input_ids.shape[1] :]
-        logprobs = None
-        if self.want_logprobs:
-            logits = torch.stack(result.logits, dim=1).float()
-            logprobs = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        completions = [
-            self._completion(new[j], None if logprobs is None else logprobs[j], sampling)
-            for j in range(new.shape[0])
-        ]
-        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
+    def _decode(self, prompts: list[list[int]], sampling: Sampling) -> list[Decoded]:
+        stops = tuple(sampling.stop)
 
-    def _completion(self, ids: torch.Tensor, logprobs: torch.Tensor | None, sampling: Sampling) -> Completion:
-        tokens = ids.tolist()
-        eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id} - {None}
-        end = next((j for j, t in enumerate(tokens) if t in eos), None)
-        finish = "stop" if end is not None else "length"
-        tokens = (
-            tokens[: end + 1] if end is not None else tokens
-        )  # keep the EOS token: the policy produced it
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        def stopped(tokens: list[int]) -> bool:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            return any(s in text for s in stops)
+
+        return decode(
+            self.model,
+            prompts,
+            sampling,
+            pad_id=self.tokenizer.pad_token_id,
+            end_ids=self._end_ids(),
+            stopped=stopped if stops else None,
+            logprobs=self.want_logprobs,
+        )
+
+    def _end_ids(self) -> set[int]:
+        """The tokens that end a completion: the tokenizer's EOS and padding, the model's EOS tokens."""
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        configured = configured if isinstance(configured, list) else [configured]
+        return {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *configured} - {None}
+
+    def _completion(self, decoded: Decoded, sampling: Sampling, prompt_tokens: int) -> Completion:
+        tokens = decoded.tokens
+        ended = bool(tokens) and tokens[-1] in self._end_ids()
+        finish = "stop" if ended else "length"
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)  # the end token stays in tokens
         text, through = cut_at_stop(text, sampling)
         if through is not None:
             tokens = tokens[: _tokens_to_cover(self.tokenizer, tokens, through)]
             finish = "stop"
-        lp = logprobs[: len(tokens)].tolist() if logprobs is not None else None
-        return Completion(text, tokens, finish, lp)
+        lp = decoded.logprobs[: len(tokens)] if decoded.logprobs is not None else None
+        return Completion(text, tokens, finish, lp, prompt_tokens=prompt_tokens)
 
 
 def _loaded_dtype(dtype: str, device: str | None) -> str:
@@ -169,22 +161,6 @@ def _loaded_dtype(dtype: str, device: str | None) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if device not in ("auto", None) and device.startswith("cuda") else "float32"
-
-
-class StopOnStrings:
-    """Stop each sequence once its decoded completion contains a stop string.
-
-    Hand-written because transformers' ``StopStringCriteria`` needs a tokenizer whose tokens can be
-    re-tokenised behind a prefix (byte-level BPE, SentencePiece); word-level tokenizers, such as
-    the tiny LM's, fail there. Decodes only the generated part.
-    """
-
-    def __init__(self, tokenizer, stops: Sequence[str], prompt_length: int):
-        self.tokenizer, self.stops, self.prompt_length = tokenizer, tuple(stops), prompt_length
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_length :], skip_special_tokens=True)
-        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
 
 
 def _tokens_to_cover(tokenizer, tokens: list[int], n_chars: int) -> int:
