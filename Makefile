@@ -32,10 +32,9 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
-demo: install ## The embedded default end to end: the default LM and the teacher, then Stop-RAG (~15 min)
-	$(PY) -m rag_lab.run +experiment=demo hydra.sweep.dir=outputs/demo
-	$(PY) -m rag_lab.run +experiment=stoprag_synth hydra.sweep.dir=outputs/demo/stoprag
-	@cat outputs/demo/report.md outputs/demo/stoprag/tables.md
+demo: install ## The showcase: every baseline and all five methods on the embedded world, one table + Pareto plot
+	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo
+	@echo "table: outputs/demo/compare.md (.csv, .tex); plot: outputs/demo/pareto.png (.svg)"
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~1-2 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship $(if $(SCORES),--scores $(SCORES))

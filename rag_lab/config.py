@@ -67,6 +67,9 @@ class EvalConfig:
     limit: int | None = field(default=None, metadata={"min": 1})
     # Skip question ids already in this run dir's records.jsonl (resume after a kill).
     resume: bool = True
+    # A run whose config (and rag_lab's code) ran to the end before copies that run's results instead of
+    # running again (rag_lab/sweeps.py); false: run it.
+    reuse: bool = True
     # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
     recall_at: list[int] = field(default_factory=list)
     # Rollouts per question (ids <id>#s<j>); above 1, metrics add the share of mixed groups

@@ -10,6 +10,7 @@ retriever, the dataset to the generator (the tiny LM, the teacher), the training
 and the resolved config to the policy. What the policy trains stays on the policy; evaluation asks it.
 """
 
+import json
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.table import metrics_table
 from rag_lab.seeding import seed_everything
+from rag_lab.sweeps import config_hash, drop_inapplicable, register, reuse, soften
 
 log = logging.getLogger("rag_lab.run")
 
@@ -48,6 +50,17 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     train_data = instantiate(cfg.train_data) if cfg.train_data else data
     examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
     config = rundir.prepare(run_dir, cfg, hydra_files)
+    digest = config_hash(config)
+    log.info("run %s (config %s)", run_dir, digest)
+    if cfg.eval.reuse and not rundir.holds_results(run_dir):
+        source = reuse(run_dir, digest, cfg.cache_dir)
+        if source is not None:
+            log.info(
+                "config %s ran before in %s: its results copied here (eval.reuse=false runs it)",
+                digest,
+                source,
+            )
+            return json.loads((run_dir / "metrics.json").read_text())
     seed_everything(cfg.seed)
 
     retriever = build(cfg.retriever, corpus=data.corpus)
@@ -103,7 +116,10 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     logger.log_metrics({k: v for k, v in metrics["all"].items() if v is not None})
     logger.log_table("table", metrics_table(metrics))
     logger.log_records(records)
+    for plot in sorted(run_dir.glob("checkpoints/**/*.png")):  # training curves
+        logger.log_image(str(plot.relative_to(run_dir).with_suffix("")), plot)
     logger.finish()
+    register(run_dir, digest, cfg.cache_dir)
     return metrics
 
 
@@ -113,7 +129,9 @@ def main(cfg: DictConfig) -> None:
     # What Hydra writes into .hydra/ by default; rundir.prepare writes it once the run dir checks out.
     hydra_files = {"config": cfg, "hydra": OmegaConf.create({"hydra": hc}), "overrides": hc.overrides.task}
     with one_line_errors():
-        check_row_overrides(list(hc.overrides.task))
+        check_row_overrides([o.removeprefix("++") for o in hc.overrides.task])
+        for override in drop_inapplicable(cfg, hc.overrides.task):
+            log.info("%s: not a setting of this job's component, left out", override)
         run(cfg, Path(hc.runtime.output_dir), hydra_files)
 
 
@@ -122,4 +140,5 @@ if __name__ == "__main__":
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with one_line_errors():
         check_yaml_files([CONF_DIR, *user_config_dirs(sys.argv[1:])])
+        sys.argv[1:] = soften(sys.argv[1:])
         main()

@@ -34,7 +34,7 @@ from rag_lab.records import atomic_write_json, atomic_write_text
 log = logging.getLogger("rag_lab.run")
 
 # Keys that may differ between a killed run and its resumption.
-RESUMABLE_CHANGES = {"eval.batch_size", "eval.resume", "logger"}
+RESUMABLE_CHANGES = {"eval.batch_size", "eval.resume", "eval.reuse", "logger"}
 # What a run writes into its directory (Hydra's run.log stays: it is open for this run's log).
 RUN_FILES = [
     "config.yaml",

@@ -26,6 +26,8 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["MPLCONFIGDIR"] = str(root / "mpl")
+    # every test's run runs (eval.reuse would copy an identical earlier run's results); tests of reuse set it
+    os.environ["RAG_LAB_REUSE"] = "false"
     os.environ.pop("WANDB_API_KEY", None)
     for var in ["WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"]:
         os.environ[var] = str(root / var.lower())

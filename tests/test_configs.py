@@ -83,6 +83,30 @@ def test_experiments_compose(name):
     assert cfg.experiment.name == name
 
 
+def swept_rows() -> list[tuple[str, str]]:
+    """(experiment, row) for every experiment that sweeps rows of its own (``+experiment/<group>: a,b``)."""
+    import yaml
+
+    from rag_lab import CONF_DIR
+
+    pairs = []
+    for name in group_options("experiment"):
+        text = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
+        params = (((text.get("hydra") or {}).get("sweeper") or {}).get("params")) or {}
+        for key, values in params.items():
+            if key.startswith("+experiment/"):
+                pairs += [(name, f"{key}={row.strip()}") for row in str(values).split(",")]
+    # compare_musique sweeps compare_synth's rows (its defaults include that experiment)
+    pairs += [("compare_musique", row) for exp, row in list(pairs) if exp == "compare_synth"]
+    return pairs
+
+
+@pytest.mark.parametrize("name, row", swept_rows(), ids=[f"{n}:{r.split('=')[1]}" for n, r in swept_rows()])
+def test_every_row_of_a_row_sweep_composes_and_validates(name, row):
+    cfg = compose([f"+experiment={name}", row])  # compose validates
+    assert cfg.experiment.name == name
+
+
 def test_unknown_override_fails_at_compose_naming_the_key():
     with pytest.raises(ConfigCompositionException, match=r"policy\.k1"):
         compose(["policy.k1=1.2"])

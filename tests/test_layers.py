@@ -46,6 +46,9 @@ LAYERS = [
             "rag_lab.docs",
             "rag_lab.index",
             "rag_lab.loggers",
+            "rag_lab.compare",
+            "rag_lab.plots",
+            "rag_lab.sweeps",
         ],
     ),
 ]

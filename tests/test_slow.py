@@ -263,6 +263,26 @@ def toy_lm() -> list[str]:
     ]
 
 
+COMPARE_SHORT = [
+    "experiment.cold_start.limit=4",
+    "experiment.cold_start.max_steps=2",
+    "policy.iterations=2",
+    "policy.max_new_tokens=16",
+    "policy.questions_per_step=1",
+    "policy.group_size=2",
+    "policy.questions_per_cycle=2",
+    "policy.states_per_episode=1",
+    "policy.dev_limit=2",
+    "policy.max_turns=3",
+    "policy.ppo.batch_size=2",
+    "policy.ppo.temperatures=[1.0]",
+    "policy.planner.train_limit=2",
+    "policy.planner.questions_per_step=1",
+    "policy.planner.group_size=2",
+    "eval.limit=4",
+]
+
+
 # notebook -> (the variable naming its sweep, the sweep's overrides on the tiny world)
 SWEEPS = {
     "stoprag.ipynb": ("RAG_LAB_STOPRAG", ["+experiment=stoprag_synth", "policy.iterations=3", "seed=0,1"]),
@@ -288,6 +308,9 @@ SWEEPS = {
         "RAG_LAB_APEX",
         ["+experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
     ),
+    # every row of the comparison, each trained briefly: the rows set their own training lengths, and a
+    # method's setting reaches only the rows whose policy has it (rag_lab/sweeps.py)
+    "compare.ipynb": ("RAG_LAB_COMPARE", ["+experiment=compare_synth", *toy_lm(), *COMPARE_SHORT]),
 }
 
 

@@ -192,6 +192,7 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     assert stats["offline"]["naive_calls"] == n_train * 3 * (2 + 3)
     curve = (ckpt / "tau_curve.csv").read_text().splitlines()
     assert curve[0] == "tau,f1,em,steps" and len(curve) == 52 and (ckpt / "tau_curve.png").stat().st_size > 0
+    assert (ckpt / "tau_curve.svg").stat().st_size > 0
     assert 1 <= metrics["all"]["retrieval_count"] <= 3
     # the offline data is cached by content: a second run reuses it, and the trained Q-network is reused
     cached = list((tmp_path / "cache" / "stoprag").glob("*.jsonl"))

@@ -66,4 +66,5 @@ def overrides_of(run: Path) -> dict[str, str]:
         items = yaml.safe_load(path.read_text()) if path.exists() else []
     except yaml.YAMLError as e:
         raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
-    return dict(item.split("=", 1) for item in items or [] if "=" in item)
+    # a component's setting in a multirun is recorded as ++key=value (rag_lab/sweeps.py: soften)
+    return dict(item.removeprefix("++").split("=", 1) for item in items or [] if "=" in item)

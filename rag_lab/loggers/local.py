@@ -25,5 +25,8 @@ class LocalLogger:
     def log_records(self, records: list[dict[str, Any]]) -> None:
         """Records already live in the run dir (records.jsonl)."""
 
+    def log_image(self, name: str, path: str | Path) -> None:
+        """Plots already live in the run dir."""
+
     def finish(self) -> None:
         pass

@@ -1,4 +1,6 @@
-"""``logger=wandb``: metrics, the final table and per-question trajectories as a wandb Table.
+"""``logger=wandb``: metrics, the final table, per-question answers and per-step trajectories as wandb
+Tables, plots as images; one wandb run per job, grouped by the experiment (``experiment.name``) and named by
+the job's overrides.
 
 With no API key in the environment the run is offline (``WANDB_MODE=offline``), so a run never
 waits on the network; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later. wandb's
@@ -11,8 +13,11 @@ from typing import Any
 
 import pandas as pd
 
-# Trajectory columns shown in the wandb Table (the full records stay in records.jsonl).
-TRAJECTORY_COLUMNS = ["id", "question", "answers", "prediction", "queries", "n_steps", "em", "f1", "acc"]
+# Per-question columns of the "answers" Table (the full records stay in records.jsonl).
+ANSWER_COLUMNS = ["id", "question", "answers", "prediction", "stop_reason", "n_steps", "retrieval_count",
+                  "em", "f1", "acc"]  # fmt: skip
+# Per-step columns of the "trajectories" Table: what the policy did at each step of each question.
+STEP_COLUMNS = ["id", "step", "action", "query", "retrieved_ids", "answer", "rewards", "error", "text"]
 
 
 class WandbLogger:
@@ -42,11 +47,12 @@ class WandbLogger:
             or os.environ.get("WANDB_MODE")
             or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         )
+        experiment = (run_config.get("experiment") or {}) if isinstance(run_config, dict) else {}
         self.run = wandb.init(
             project=project,
             entity=entity,
-            name=name,
-            group=group,
+            name=name or _job_name(),
+            group=group or experiment.get("name"),
             tags=tags,
             mode=mode,
             dir=str(root),
@@ -62,12 +68,37 @@ class WandbLogger:
         self.run.log({name: self._wandb.Table(dataframe=table.astype(object).where(table.notna(), None))})
 
     def log_records(self, records: list[dict[str, Any]]) -> None:
-        rows = [[_cell(r.get(c)) for c in TRAJECTORY_COLUMNS] for r in records]
-        self.run.log({"trajectories": self._wandb.Table(columns=TRAJECTORY_COLUMNS, data=rows)})
+        answers = [[_cell(r.get(c)) for c in ANSWER_COLUMNS] for r in records]
+        steps = [
+            [r.get("id"), i] + [_cell(step.get(c)) for c in STEP_COLUMNS[2:]]
+            for r in records
+            for i, step in enumerate(r.get("steps") or [])
+        ]
+        self.run.log(
+            {
+                "answers": self._wandb.Table(columns=ANSWER_COLUMNS, data=answers),
+                "trajectories": self._wandb.Table(columns=STEP_COLUMNS, data=steps),
+            }
+        )
+
+    def log_image(self, name: str, path: str | Path) -> None:
+        self.run.log({name: self._wandb.Image(str(path))})
 
     def finish(self) -> None:
         self.run.finish()
 
 
 def _cell(value: Any) -> Any:
+    if isinstance(value, dict):
+        return " | ".join(f"{k}={v}" for k, v in value.items())
     return " | ".join(map(str, value)) if isinstance(value, list) else value
+
+
+def _job_name() -> str | None:
+    """The Hydra job's overrides as a name (``policy.k=5,seed=1``), outside Hydra None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    job = HydraConfig.get().job
+    return job.override_dirname or job.name

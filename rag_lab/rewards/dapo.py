@@ -258,9 +258,11 @@ def check_answer_settings(s: dict, run) -> list[tuple[str, str]]:
 multistage_answer.check_settings = check_answer_settings
 
 
-def reward_terms(**terms: Reward | None) -> dict[str, Reward]:
+def reward_terms(beta: float | None = None, **terms: Reward | None) -> dict[str, Reward]:
     """r_sum, eq. (12), as its terms by name (``reward=dapo``: answer, search, format); the trainer sums
     them (a policy's weights per name). A null term is left out: the ablations' "w/o r_s", "w/o r_a".
+    ``beta`` is the group's β, which the answer term reads from the config (``conf/reward/dapo.yaml``); it is
+    no term.
 
     >>> sorted(reward_terms(format=format_reward, search=None))
     ['format']

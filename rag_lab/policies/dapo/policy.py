@@ -143,7 +143,11 @@ class DAPO(Agent):
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
         terms = OmegaConf.select(run, "reward")
-        names = [k for k in terms if not k.startswith("_")] if isinstance(terms, DictConfig) else []
+        names = (
+            [k for k in terms if not k.startswith("_") and k != "beta"]
+            if isinstance(terms, DictConfig)
+            else []
+        )
         if terms is not None and OmegaConf.select(run, "reward._target_", default="").endswith(
             "reward_terms"
         ):

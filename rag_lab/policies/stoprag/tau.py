@@ -5,7 +5,7 @@ Every dev question has run once to the horizon with its greedy final answer kept
 (``offline.collect(..., greedy_answers=True)``). The pipeline is deterministic and a stop only cuts
 the trace, so the F1 and the average steps of *any* τ follow from those runs exactly: one forward pass
 of the Q-network per state gives the margins, and each τ of the grid is a column scan. The best-F1 τ
-is kept (ties: fewer steps); the whole curve goes to ``tau_curve.csv`` and ``tau_curve.png``.
+is kept (ties: fewer steps); the whole curve goes to ``tau_curve.csv`` and ``tau_curve.png`` / ``.svg``.
 """
 
 import csv
@@ -108,7 +108,8 @@ def plot_tau_curve(curve: list[dict], tau: float, path: Path) -> None:
     ax.set_title(f"Stop-RAG τ curve (chosen τ = {tau:.2f})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    for out in (path, path.with_suffix(".svg")):  # png to look at, svg for papers
+        tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out)
     plt.close(fig)
-    os.replace(tmp, path)

@@ -1,0 +1,259 @@
+"""All methods in one table: ``python -m rag_lab.compare SWEEP_DIR`` (and the callback of the
+``compare_*`` experiments).
+
+One row per method (the values of the override that names the rows, over all its seeds). Each cell is
+the mean over questions with its 95% confidence interval, a cluster bootstrap over questions (a question
+with all its seeds, :mod:`rag_lab.eval.stats`: seeds are not extra questions); beside the rows, the paired
+bootstrap of each row's accuracy against a reference row (``fixed_iter`` by default) and the spread of that
+difference over seeds. Written into the sweep dir: ``compare.md`` (title, table, legend), ``compare.csv``
+(the numbers: mean, low, high per metric), ``compare.tex`` (LaTeX, booktabs), ``pareto.png`` /
+``pareto.svg`` (accuracy against retrieval count, every method with its intervals and the Pareto front: the
+DAPO paper's figure 1 view) and ``curves.png`` / ``.svg`` (each trained method's training curve, side by
+side).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from rag_lab.errors import RagLabError, one_line_errors
+from rag_lab.eval.runs import find_runs, left_out, overrides_of, records_of, unfinished_runs
+from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
+from rag_lab.eval.table import DESCRIPTIONS, to_markdown
+from rag_lab.records import atomic_write_text
+
+# records.jsonl field -> column; the percentage ones are scaled by 100.
+METRICS = {
+    "em": "EM",
+    "f1": "F1",
+    "acc": "Acc",
+    "judge_acc": "Judge",
+    "retrieval_count": "RC",
+    "n_steps": "Steps",
+    "tokens_total": "Tokens",
+    "ret_precision": "Ret P",
+    "ret_recall": "Ret R",
+}
+PERCENT = {"em", "f1", "acc", "judge_acc", "ret_precision", "ret_recall"}
+DIGITS = {"retrieval_count": 2, "n_steps": 2, "tokens_total": 0}
+
+
+def _scored(value) -> bool:
+    return value is not None and value == value and not isinstance(value, bool | str)
+
+
+def _by_question(runs: list[Path]) -> dict[str, dict[str, list[dict]]]:
+    """question id -> seed -> record, over ``runs`` (one run per seed)."""
+    out: dict[str, dict[str, dict]] = {}
+    for run in runs:
+        seed = overrides_of(run).get("seed", "0")
+        for rec in records_of(run):
+            out.setdefault(rec["id"], {})[seed] = rec
+    return out
+
+
+def metric_ci(questions: dict[str, dict[str, dict]], field: str) -> tuple[float, float, float] | None:
+    """Mean of ``field`` over questions (each question's mean over its seeds first) and its 95% CI,
+    resampling questions; None when no record has it."""
+    per_question = []
+    for seeds in questions.values():
+        values = [float(r[field]) for r in seeds.values() if _scored(r.get(field))]
+        if values:
+            per_question.append(float(np.mean(values)))
+    if not per_question:
+        return None
+    low, high = bootstrap_ci(per_question)
+    return float(np.mean(per_question)), low, high
+
+
+def paired_delta(mine: dict, theirs: dict, field: str):
+    """The paired bootstrap of ``field`` (this row - the reference) over the (question, seed) pairs both
+    scored; None when they share none."""
+    pairs = [(q, s) for q in mine for s in mine[q] if s in theirs.get(q, {})]
+    pairs = [(q, s) for q, s in pairs if _scored(mine[q][s].get(field)) and _scored(theirs[q][s].get(field))]
+    if not pairs:
+        return None
+    return paired_bootstrap(
+        [float(mine[q][s][field]) for q, s in pairs],
+        [float(theirs[q][s][field]) for q, s in pairs],
+        questions=[q for q, _ in pairs],
+        seeds=[s for _, s in pairs],
+    )
+
+
+def _label(value: str) -> str:
+    return value.strip("'\"")
+
+
+def compare_table(runs: list[Path], by: str, reference: str, delta: str = "acc") -> pd.DataFrame:
+    """One row per value of override ``by`` (sweep order): seeds, N, per metric mean / low / high, and
+    ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd)."""
+    groups: dict[str, list[Path]] = {}
+    for run in runs:
+        groups.setdefault(_label(overrides_of(run).get(by, "?")), []).append(run)
+    if list(groups) == ["?"]:
+        raise RagLabError(f"--by {by}: no run has that override (see a run's .hydra/overrides.yaml)")
+    data = {name: _by_question(members) for name, members in groups.items()}
+    ref = data.get(reference)
+    rows = []
+    for name, questions in data.items():
+        row: dict[str, Any] = {"method": name, "seeds": len(groups[name]), "N": len(questions)}
+        for field in METRICS:
+            stats = metric_ci(questions, field)
+            scale = 100.0 if field in PERCENT else 1.0
+            for suffix, value in zip(("", "_low", "_high"), stats or (None,) * 3, strict=True):
+                row[field + suffix] = None if value is None else scale * value
+        res = paired_delta(questions, ref, delta) if ref is not None and name != reference else None
+        if res is not None:
+            scale = 100.0 if delta in PERCENT else 1.0
+            row |= {"d": scale * res.delta, "d_low": scale * res.ci_low, "d_high": scale * res.ci_high}
+            row |= {"p": res.p_value, "seed_sd": None if res.seed_sd is None else scale * res.seed_sd}
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.attrs.update(by=by, reference=reference if ref is not None else None, delta=delta)
+    return table
+
+
+def _cell(mean, low, high, digits: int) -> str | None:
+    if mean is None or mean != mean:
+        return None
+    if low == high:
+        return f"{mean:,.{digits}f}"
+    return f"{mean:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The table people read: ``mean [low, high]`` per metric (columns nobody measured dropped) and the
+    difference to the reference as ``+d [low, high]`` with its p-value."""
+    out = table[["method", "seeds", "N"]].copy()
+    for field, column in METRICS.items():
+        digits = DIGITS.get(field, 1)
+        cells = [_cell(r[field], r[field + "_low"], r[field + "_high"], digits) for _, r in table.iterrows()]
+        if any(c is not None for c in cells):
+            out[column] = cells
+    reference, delta = table.attrs.get("reference"), table.attrs.get("delta", "acc")
+    if reference is not None and "d" in table:
+        name = f"Δ {METRICS.get(delta, delta)} vs {reference}"
+        out[name] = [
+            None if r["d"] != r["d"] else f"{r['d']:+.1f} [{r['d_low']:+.1f}, {r['d_high']:+.1f}]"
+            for _, r in table.iterrows()
+        ]
+        out["p"] = [None if r["p"] != r["p"] else f"{r['p']:.3f}" for _, r in table.iterrows()]
+        if table["seeds"].max() > 1:
+            out["seed sd"] = [
+                None if r["seed_sd"] != r["seed_sd"] else f"{r['seed_sd']:.1f}" for _, r in table.iterrows()
+            ]
+    return out
+
+
+def render(title: str, shown: pd.DataFrame, table: pd.DataFrame, summary: str) -> str:
+    """compare.md: title, table, the summary line and what each column means."""
+    reference, delta = table.attrs.get("reference"), table.attrs.get("delta", "acc")
+    notes = {
+        "method": f"the row: the value of `{table.attrs.get('by')}`",
+        "seeds": "runs (seeds) of the row; cells average each question over its seeds first",
+    }
+    if reference is not None:
+        notes[f"Δ {METRICS.get(delta, delta)} vs {reference}"] = (
+            f"this row − {reference} on the questions and seeds both answered: a paired bootstrap over "
+            "questions (each draw a question with all its seeds), 95% CI"
+        )
+        notes["p"] = (
+            "two-sided p-value of that difference (twice the share of resamples on the other side of 0)"
+        )
+        notes["seed sd"] = "the difference's standard deviation over seeds (each seed's own difference)"
+    described = {c: DESCRIPTIONS[c] for c in shown.columns if c in DESCRIPTIONS} | notes
+    lines = "".join(f"- **{c}**: {described[c]}\n" for c in shown.columns if c in described)
+    return (
+        f"# {title}\n\n{to_markdown(shown)}\n{summary}\n\n"
+        f"Cells: the mean over questions [95% CI, a bootstrap over questions]. Columns:\n\n{lines}"
+    )
+
+
+def write_compare(dirs: list[Path], by: str, reference: str, title: str, out: Path) -> str:
+    """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown."""
+    runs, missing = find_runs(dirs), unfinished_runs(dirs)
+    if not runs:
+        raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
+    table = compare_table(runs, by, reference)
+    shown = display_table(table)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = f"{len(runs)} runs{left_out(missing)} under {', '.join(map(str, dirs))}"
+    text = render(title, shown, table, summary)
+    atomic_write_text(out / "compare.md", text)
+    atomic_write_text(out / "compare.csv", table.to_csv(index=False))
+    cells = shown.astype(object).where(shown.notna(), "--")
+    latex = cells.to_latex(index=False, caption=title, label="tab:compare", escape=True)
+    atomic_write_text(out / "compare.tex", latex.replace("Δ", r"$\Delta$"))
+    from rag_lab.plots import curves_side_by_side, pareto
+
+    pareto(table, out / "pareto", title)
+    curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training")
+    return text
+
+
+def training_logs(runs: list[Path], by: str) -> dict[str, Path]:
+    """Each trained row's training log (``checkpoints/train_log.jsonl``), from its first run."""
+    logs: dict[str, Path] = {}
+    for run in runs:
+        name = _label(overrides_of(run).get(by, "?"))
+        if name not in logs and (run / "checkpoints" / "train_log.jsonl").exists():
+            logs[name] = run / "checkpoints" / "train_log.jsonl"
+    return logs
+
+
+class CompareCallback(Callback):
+    """A Hydra callback: when the comparison multirun ends, write its table and plot into the sweep dir."""
+
+    def __init__(self, by: str, reference: str = "fixed_iter", title: str = ""):
+        self.by, self.reference, self.title = by, reference, title
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        try:
+            text = write_compare([sweep], self.by, self.reference, self.title or sweep.name, sweep)
+        except RagLabError as e:  # the jobs' outputs are written; only the table is not
+            print(f"error: no comparison table for {sweep}: {e}", file=sys.stderr)
+            return
+        sys.stdout.write(f"\n{text}\ntable: {sweep / 'compare.md'}; plot: {sweep / 'pareto.png'}\n")
+        if str(OmegaConf.select(config, "logger._target_", default="")).endswith("WandbLogger"):
+            log_to_wandb(config, sweep)
+
+
+def log_to_wandb(config: DictConfig, sweep: Path) -> None:
+    """The comparison as one more wandb run of the experiment's group, named ``compare``: the table and the
+    Pareto plot."""
+    from hydra.utils import instantiate
+
+    experiment = OmegaConf.to_container(config.experiment, resolve=True) if "experiment" in config else {}
+    logger = instantiate(config.logger, run_dir=str(sweep), run_config={"experiment": experiment})
+    if logger.run.name != "compare":
+        logger.run.name = "compare"
+    logger.log_table("compare", pd.read_csv(sweep / "compare.csv"))
+    logger.log_image("pareto", sweep / "pareto.png")
+    logger.finish()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rag_lab.compare", description=__doc__.replace("``", ""))
+    parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs (or run dirs) of the rows")
+    parser.add_argument("--by", default="+experiment/compare_synth", help="the override naming the rows")
+    parser.add_argument("--reference", default="fixed_iter", help="the row the others are tested against")
+    parser.add_argument("--title", default="All methods")
+    parser.add_argument("--out", type=Path, help="where the files go (default: the first DIR)")
+    args = parser.parse_args(argv)
+    with one_line_errors():
+        text = write_compare(args.dirs, args.by, args.reference, args.title, args.out or args.dirs[0])
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    main()

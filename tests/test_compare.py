@@ -1,0 +1,102 @@
+"""The all-methods table (rag_lab/compare.py) and its Pareto plot (rag_lab/plots.py) on hand-made runs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rag_lab.compare import compare_table, display_table, write_compare
+from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
+from rag_lab.plots import pareto_front
+
+BY = "+experiment/compare_synth"
+
+
+def make_run(root, name, row, seed, accs, rc):
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(f"- {BY}={row}\n- seed={seed}\n")
+    records = [
+        {"id": f"q{i}", "em": a, "f1": a, "acc": a, "retrieval_count": rc, "n_steps": rc + 1,
+         "tokens_total": 100, "ret_precision": None if rc == 0 else 0.5, "ret_recall": 0.5 * a}
+        for i, a in enumerate(accs)
+    ]  # fmt: skip
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "metrics.json").write_text(json.dumps({"all": {"n": len(accs)}}))
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2, 60).astype(float)
+    better = np.maximum(base, rng.integers(0, 2, 60))  # right wherever the reference is, and more
+    for seed in (0, 1):
+        make_run(tmp_path, f"ref{seed}", "fixed_iter", seed, base.tolist(), 4)
+        make_run(tmp_path, f"new{seed}", "stoprag", seed, better.tolist(), 2)
+    make_run(tmp_path, "direct0", "direct", 0, [0.0] * 30 + [1.0] * 5, 0)  # one seed, fewer questions
+    return tmp_path, base, better
+
+
+def test_cells_are_question_means_with_a_bootstrap_over_questions(sweep):
+    root, base, better = sweep
+    runs = sorted(p for p in root.iterdir() if p.is_dir())
+    table = compare_table(runs, BY, "fixed_iter").set_index("method")
+    assert table.loc["stoprag", "acc"] == pytest.approx(100 * better.mean())
+    # two identical seeds are the same questions, not twice as many: the CI of one seed
+    low, high = bootstrap_ci(list(better))
+    assert (table.loc["stoprag", "acc_low"], table.loc["stoprag", "acc_high"]) == pytest.approx(
+        (100 * low, 100 * high)
+    )
+    assert table.loc["direct", "N"] == 35 and table.loc["direct", "seeds"] == 1
+    assert table.loc["direct", "ret_precision"] != table.loc["direct", "ret_precision"]  # no retrieval: none
+
+
+def test_each_row_is_tested_against_the_reference_by_a_paired_bootstrap(sweep):
+    root, base, better = sweep
+    table = compare_table(sorted(p for p in root.iterdir() if p.is_dir()), BY, "fixed_iter").set_index(
+        "method"
+    )
+    expected = paired_bootstrap(list(better) * 2, list(base) * 2, questions=[f"q{i}" for i in range(60)] * 2,
+                                seeds=["0"] * 60 + ["1"] * 60)  # fmt: skip
+    assert table.loc["stoprag", "d"] == pytest.approx(100 * expected.delta)
+    assert table.loc["stoprag", "d_low"] == pytest.approx(100 * expected.ci_low)
+    assert table.loc["stoprag", "p"] == pytest.approx(expected.p_value)
+    assert table.loc["stoprag", "seed_sd"] == 0  # the same difference in both seeds
+    assert table.loc["fixed_iter", "d"] != table.loc["fixed_iter", "d"]  # the reference: no difference
+    # direct shares 35 questions of seed 0 with the reference: only those pairs count
+    direct = paired_bootstrap([0.0] * 30 + [1.0] * 5, list(base[:35]))
+    assert table.loc["direct", "d"] == pytest.approx(100 * direct.delta)
+
+
+def test_files_the_table_the_legend_latex_and_the_plot(sweep):
+    root, _, _ = sweep
+    text = write_compare([root], BY, "fixed_iter", "All methods", root / "out")
+    assert text.startswith("# All methods") and "| stoprag " in text and "**Δ Acc vs fixed_iter**" in text
+    shown = pd.read_csv(root / "out" / "compare.csv")
+    assert list(shown["method"]) == ["direct", "stoprag", "fixed_iter"]  # in the order of the run dirs
+    tex = (root / "out" / "compare.tex").read_text()
+    assert r"\Delta$ Acc vs fixed\_iter" in tex and "\\toprule" in tex
+    for ext in ("png", "svg"):
+        assert (root / "out" / f"pareto.{ext}").stat().st_size > 1000
+
+
+def test_display_drops_columns_nobody_measured(sweep):
+    root, _, _ = sweep
+    shown = display_table(compare_table(sorted(p for p in root.iterdir() if p.is_dir()), BY, "fixed_iter"))
+    assert "Judge" not in shown and "Acc" in shown and "p" in shown and "seed sd" in shown
+
+
+def test_pareto_front():
+    points = [(4.0, 30.0), (2.0, 35.0), (0.0, 10.0), (3.0, 35.0), (2.0, 20.0)]
+    assert pareto_front(points) == [2, 1]
+
+
+def test_an_unknown_row_key_is_one_line(sweep, repo_root):
+    root, _, _ = sweep
+    out = subprocess.run([sys.executable, "-m", "rag_lab.compare", str(root), "--by", "policy"],
+                         cwd=repo_root, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0 and "--by policy" in out.stderr

@@ -1,0 +1,92 @@
+"""Sweeps over rows of different policies (soft overrides) and runs keyed by their config's hash."""
+
+import json
+import os
+import subprocess
+import sys
+
+from omegaconf import OmegaConf
+
+from rag_lab.config import CONF_DIR, compose, validate
+from rag_lab.eval.runs import find_runs, overrides_of
+from rag_lab.sweeps import config_hash, drop_inapplicable, soften
+
+
+def test_soften_turns_component_settings_into_set_or_add_in_a_multirun_only():
+    argv = ["-m", "+experiment=x", "policy.lambda_end=0.1,0.3", "reward.beta=0.1", "seed=0,1", "eval.limit=5"]
+    soft = ["++policy.lambda_end=0.1,0.3", "++reward.beta=0.1"]
+    assert soften(argv) == ["-m", "+experiment=x", *soft, "seed=0,1", "eval.limit=5"]
+    assert soften(["policy.k=3"]) == ["policy.k=3"]  # a single run stays strict
+    # an experiment that is a multirun by its own file (hydra.mode: MULTIRUN)
+    assert soften(["+experiment=stoprag_synth", "policy.lambda_end=0.3"])[1] == "++policy.lambda_end=0.3"
+
+
+def composed(*overrides: str):
+    """The config as Hydra composes it, before the runner validates it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def test_a_setting_is_left_out_where_the_component_has_no_such_field():
+    override = "++policy.lambda_end=0.3"
+    stop = composed("generator=teacher", "policy=stoprag", override)
+    assert drop_inapplicable(stop, [override]) == [] and stop.policy.lambda_end == 0.3
+    fixed = composed("generator=teacher", "policy=fixed_iter", override)
+    assert (
+        drop_inapplicable(fixed, [override]) == ["policy.lambda_end=0.3"] and "lambda_end" not in fixed.policy
+    )
+    validate(fixed)  # what is left is a valid config
+    # a nested setting: the node it made where the policy has none goes, and stays where it has one
+    nested = "++policy.ppo.batch_size=2"
+    fixed = composed("generator=teacher", "policy=fixed_iter", nested)
+    assert drop_inapplicable(fixed, [nested]) == ["policy.ppo.batch_size=2"] and "ppo" not in fixed.policy
+    validate(fixed)
+    r3 = composed("generator=teacher", "policy=r3rag", nested)
+    assert drop_inapplicable(r3, [nested]) == [] and r3.policy.ppo.batch_size == 2
+    # a reward key on a policy without a reward: the node the override made goes back to null
+    plain = composed("policy=top_title", "++reward.beta=0.3")
+    assert drop_inapplicable(plain, ["++reward.beta=0.3"]) == ["reward.beta=0.3"] and plain.reward is None
+    validate(plain)
+
+
+def test_the_hash_ignores_what_cannot_change_results_and_sees_what_can():
+    config = OmegaConf.to_container(compose(["policy=top_title"]), resolve=True)
+    same = json.loads(json.dumps(config)) | {"cache_dir": "/elsewhere"}
+    same["eval"] |= {"batch_size": 7, "resume": False, "reuse": False}
+    assert config_hash(config) == config_hash(same)
+    assert config_hash(config) != config_hash(config | {"seed": 1})
+    assert config_hash(config) != config_hash({**config, "policy": {**config["policy"], "k": 9}})
+
+
+def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_path):
+    sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
+    env = os.environ | {"RAG_LAB_REUSE": "true"}
+
+    def sweep(name: str, *extra: str) -> list:
+        cmd = [
+            sys.executable,
+            "-m",
+            "rag_lab.run",
+            "-m",
+            *sizes,
+            *extra,
+            f"hydra.sweep.dir={tmp_path / name}",
+        ]
+        subprocess.run(cmd, cwd=repo_root, env=env, check=True, capture_output=True, timeout=300)
+        return find_runs([tmp_path / name])
+
+    # policy.bogus is no setting of top_title: both jobs are the same config, the second copies the first
+    first = sweep("a", "policy=top_title", "policy.bogus=1,2")
+    assert [overrides_of(r)["policy.bogus"] for r in first] == ["1", "2"]
+    assert not (first[0] / "reused.json").exists()
+    assert json.loads((first[1] / "reused.json").read_text())["from"] == str(first[0].resolve())
+    assert (first[1] / "records.jsonl").read_bytes() == (first[0] / "records.jsonl").read_bytes()
+    # another sweep with one of those configs and a new one: only the new one runs
+    second = sweep("b", "policy.k=5,2")
+    assert (second[0] / "reused.json").exists() and not (second[1] / "reused.json").exists()
+    # eval.reuse=false runs it again
+    third = sweep("c", "policy.k=5", "eval.reuse=false")
+    assert not (third[0] / "reused.json").exists()
