@@ -18,6 +18,7 @@ them), which is what trainers need to mask retrieved text out of the loss.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -169,10 +170,14 @@ def play(
     exclude_seen: bool = False,
     trace: list[list[Live]] | None = None,
     progress: bool = False,
+    stopper: Any = None,
 ) -> None:
     """Advance every episode of ``live`` until it ends or holds ``max_turns`` steps (a forked episode
     keeps its earlier steps in that count), all of them batched per turn. ``trace[i]``, when given,
-    receives a :func:`fork` of ``live[i]`` before each of its steps: the states it visited."""
+    receives a :func:`fork` of ``live[i]`` before each of its steps: the states it visited. A ``stopper``
+    (Stop-RAG's ``should_stop(env, states, episodes)``) is asked before each turn; where it says stop, the
+    turn's completion starts with the protocol's ``answer_prefix`` (the model writes the answer) and the
+    episode's stop reason is ``stopper``."""
     position = {id(x): i for i, x in enumerate(live)}
     live = [x for x in live if len(x.episode.steps) < max_turns]
     for _ in tqdm(range(max_turns), desc=f"{protocol.name} turns", disable=not progress, leave=False):
@@ -181,9 +186,25 @@ def play(
         if trace is not None:
             for x in live:
                 trace[position[id(x)]].append(fork(x))
-        completions = generate(env, protocol, [x.state for x in live], sampling)
+        stopping = stops(stopper, protocol, env, live)
+        prefixes = [protocol.answer_prefix if stop else "" for stop in stopping]
+        completions = generate(env, protocol, [x.state for x in live], sampling, prefixes)
         still = advance(protocol, live, env, completions, k, exclude_seen)
+        for x, stop in zip(live, stopping, strict=True):
+            if stop and x.episode.stop_reason == ANSWER:
+                x.episode.stop_reason = "stopper"
         live = [x for x in still if not full(x, max_turns)]
+
+
+def stops(stopper: Any, protocol: Protocol, env: Env, live: Sequence[Live]) -> list[bool]:
+    """Where ``stopper`` ends an episode before this turn (all False without one)."""
+    if stopper is None:
+        return [False] * len(live)
+    if protocol.answer_prefix is None:
+        raise RagLabError(
+            f"a stopping rule needs a way to make the model answer: protocol {protocol.name} has none"
+        )
+    return stopper.should_stop(env, [x.state for x in live], [x.episode for x in live])
 
 
 def full(x: Live, max_turns: int) -> bool:
@@ -203,9 +224,11 @@ def run_agent(
     max_turns: int = 5,
     exclude_seen: bool = False,
     progress: bool = False,
+    stopper: Any = None,
 ) -> list[Episode]:
-    """Roll out one episode per example with ``protocol``, all examples batched per turn."""
+    """Roll out one episode per example with ``protocol``, all examples batched per turn (``stopper``:
+    :func:`play`'s)."""
     episodes = [Episode(ex.id, ex.question) for ex in examples]
     live = [Live(ep, State(ex.question), set()) for ex, ep in zip(examples, episodes, strict=True)]
-    play(protocol, live, env, sampling, k, max_turns, exclude_seen, progress=progress)
+    play(protocol, live, env, sampling, k, max_turns, exclude_seen, progress=progress, stopper=stopper)
     return episodes

@@ -15,6 +15,9 @@ from rag_lab.policies.prompting import Prompting
 class Agent(Prompting):
     """An agentic protocol rolled out by the engine (untrained prompting baseline)."""
 
+    # a stopping rule asked before each turn (a trained method sets it: rag_lab/policies/stoprag/transfer.py)
+    stopper = None
+
     def __init__(
         self,
         protocol: str = "dapo",
@@ -32,4 +35,13 @@ class Agent(Prompting):
         self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
-        return run_agent(self.protocol, batch, env, self.sampling, self.k, self.max_turns, self.exclude_seen)
+        return run_agent(
+            self.protocol,
+            batch,
+            env,
+            self.sampling,
+            self.k,
+            self.max_turns,
+            self.exclude_seen,
+            stopper=self.stopper,
+        )

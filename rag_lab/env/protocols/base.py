@@ -82,6 +82,9 @@ class Protocol:
     # Generation stops at these; kept in the text when ``include_stop`` (DAPO's ``</search>``).
     stop: ClassVar[tuple[str, ...]] = ()
     include_stop: ClassVar[bool] = False
+    # The start of a completion that answers (``"<answer>"``): written for the model where a stopping rule
+    # ends an episode (rag_lab.env.engine.play); None where the protocol has none.
+    answer_prefix: ClassVar[str | None] = None
 
     @property
     def tag(self) -> str:

@@ -30,6 +30,8 @@ ANALYSIS, QUERY, FINAL, DOCS = (
 
 class R3RAGStep(Protocol):
     name = "r3rag"
+    # where a stopping rule ends the episode: the analysis says so, the model writes the answer
+    answer_prefix = f"{ANALYSIS} The documents retrieved so far are enough to answer.\n{FINAL}"
     system = (
         "# Role: You are an expert in large language models and knowledge retrieval.\n"
         "# Answer Format:\n"

@@ -31,6 +31,7 @@ INFORMATION = re.compile(r"\n<information>\n(.*?)\n</information>\n", re.S)
 class DAPOTagged(Protocol):
     name = "dapo"
     stop = ("</search>", "</answer>")
+    answer_prefix = "<answer>"
     include_stop = True
     system = (
         "Please answer the given question by following the structured reasoning protocol below:\n"

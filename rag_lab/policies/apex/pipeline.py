@@ -16,11 +16,14 @@ from rag_lab.config import PositiveInt
 from rag_lab.data.base import QAExample, resolve_references
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.apex import APEXExecute, APEXFinal, APEXPlan
-from rag_lab.env.protocols.base import ANSWER, PLAN, SEARCH, State
+from rag_lab.env.protocols.base import ANSWER, PLAN, SEARCH, Action, State, Turn
 from rag_lab.policies.prompting import Prompting
 
 
 class APEXPipeline(Prompting):
+    # a stopping rule asked before each further sub-question (rag_lab/policies/stoprag/transfer.py)
+    stopper = None
+
     def __init__(
         self,
         plan: bool = True,
@@ -39,8 +42,11 @@ class APEXPipeline(Prompting):
             for i, a in enumerate(self.ask(self.plan_env(env), APEXPlan(), states, episodes)):
                 plans[i] = list(a.plan) if a.kind == PLAN else plans[i]
         seen: list[set[str]] = [set() for _ in batch]
+        stopped: set[int] = set()
         for j in range(max(len(p) for p in plans)):
-            live = [i for i, p in enumerate(plans) if j < len(p)]
+            live = [i for i, p in enumerate(plans) if j < len(p) and i not in stopped]
+            stopped |= self.stops(env, live, states, episodes) if j else set()
+            live = [i for i in live if i not in stopped]
             answers = self.execute(
                 env,
                 [states[i] for i in live],
@@ -51,7 +57,29 @@ class APEXPipeline(Prompting):
             for i, answer in zip(live, answers, strict=True):
                 states[i].notes.append((plans[i][j], answer))
         self.finish(episodes, self.ask(env, APEXFinal(), states, episodes))
+        for i in stopped:
+            episodes[i].stop_reason = "stopper"
         return episodes
+
+    def stops(self, env: Env, live: list[int], states: list[State], episodes: list[Episode]) -> set[int]:
+        """The questions of ``live`` the stopping rule ends before their next sub-question: asked with the
+        question and the passages retrieved so far (what Stop-RAG's Q-network reads)."""
+        if self.stopper is None or not live:
+            return set()
+        read = [
+            State(
+                states[i].question,
+                turns=[Turn(Action(SEARCH), passages=[env.corpus.get(p) for p in episodes[i].retrieved_ids])],
+            )
+            for i in live
+        ]
+        return {
+            i
+            for i, stop in zip(
+                live, self.stopper.should_stop(env, read, [episodes[i] for i in live]), strict=True
+            )
+            if stop
+        }
 
     def plan_env(self, env: Env) -> Env:
         """Where the plans come from (the trained APEX policy plans with its own planner model)."""

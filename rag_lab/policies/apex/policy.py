@@ -33,6 +33,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.apex.planner import PlannerRL, train_planner
+from rag_lab.policies.stoprag.transfer import fit_stopper
 from rag_lab.records import read_records
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
@@ -72,6 +73,9 @@ class APEX(APEXPipeline):
         reward: Any = None,
         train_data: Any = None,
         run_config: dict | None = None,
+        # Stop-RAG's stopping rule before each further sub-question (policy=stoprag's settings; null: none):
+        # rag_lab/policies/stoprag/transfer.py
+        stopper: Any = None,
         # the loop: policy=apex_prompt's keys (plan, hops, k, max_new_tokens, temperature)
         **pipeline: Any,
     ):
@@ -79,7 +83,7 @@ class APEX(APEXPipeline):
         self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, reward
         self.planner_config, self.executor_config = planner or PlannerRL(), executor
         self.teacher, self.train_data, self.cache_dir = teacher, train_data, cache_dir
-        self.run_config = run_config
+        self.run_config, self.stoprag = run_config, stopper
         # what fit trains: the planner and the executor (None: the run's generator)
         self.planner: HFGenerator | None = None
         self.generator: HFGenerator | None = None
@@ -127,6 +131,7 @@ class APEX(APEXPipeline):
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training", sharex=False)
+        self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
 
     def _planner(
         self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample], out_dir: Path

@@ -40,6 +40,7 @@ from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.model import CRITICS
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
+from rag_lab.policies.stoprag.transfer import fit_stopper
 from rag_lab.records import atomic_write_text, read_records
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.cold_start import ColdStartConfig
@@ -83,6 +84,9 @@ class R3RAG(Agent):
         # the dataset trained on and the run's resolved config (the cache key), filled by the runner
         train_data: Any = None,
         run_config: dict | None = None,
+        # Stop-RAG's stopping rule on R3-RAG's turns (policy=stoprag's settings; null: none):
+        # rag_lab/policies/stoprag/transfer.py
+        stopper: Any = None,
         # the rollout: policy=agent's keys (k, max_turns, exclude_seen, max_new_tokens, temperature)
         **rollout: Any,
     ):
@@ -95,6 +99,7 @@ class R3RAG(Agent):
         self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
         self.train_retriever, self.launch = train_retriever, launch
         self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
+        self.stoprag = stopper
         self.scorer = getattr(train_data, "scorer", "squad")
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
@@ -121,6 +126,12 @@ class R3RAG(Agent):
         return problems
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
+        self.fit_ppo(env, train, dev, out_dir, logger)
+        self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
+
+    def fit_ppo(
+        self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None
+    ) -> None:
         trains = self.ppo.iterations > 0
         if trains and not isinstance(self.reward, R3RAGReward):
             raise RagLabError("reward: policy=r3rag needs reward=r3rag (its step rewards and judges)")
@@ -204,6 +215,8 @@ class R3RAG(Agent):
         content = [[q.id, q.question, list(q.answers)] for q in questions]
         config = {k: v for k, v in dict(self.run_config or {}).items() if k not in UNRELATED}
         config["policy"] = dict(config.get("policy") or {})
+        # the stopping rule acts at evaluation only: one PPO model with or without it
+        config["policy"].pop("stopper", None)
         searched = config["policy"].pop("train_retriever", None)
         if searched is not None:
             config["retriever"] = {k: v for k, v in dict(searched).items() if k != "_partial_"}

@@ -32,13 +32,17 @@ on is either written or a pure function of the config:
   function of the step. Training starts from torch's RNG state right after the heads are
   initialised, whatever the generator did to it meanwhile (``generator=hf`` reseeds torch on every
   call, and a cached offline set makes no calls); numpy and python's global RNGs are not used;
-- τ: a function of the trained network and the dev trajectories.
+- τ: a function of the trained network and the dev trajectories;
+- the finished fit (Q-network, τ, its curve): cached under ``cache_dir/stoprag_fit/`` (the policy's config,
+  the run's generator, retriever and seed, the questions, the code), so that another run with the same
+  Stop-RAG (a stopper on R3-RAG's or APEX's loop: transfer.py) trains nothing.
 
 Not results but costs, the generator-call counts of ``stoprag.json`` count the calls made: a kill
 during data collection or τ tuning loses the killed process's count of those stages.
 """
 
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,8 @@ class StopRAG:
         # τ: tuned on the validation split over this grid, unless given
         tau: float | None = None,
         tau_grid: list[float] | None = None,
+        # the first dev_limit validation questions tune τ (null: all)
+        dev_limit: int | None = None,
         seed: int = 0,
         batch_questions: int = 64,
         # the run's resolved config (the offline data's cache key): filled by the runner
@@ -142,7 +148,7 @@ class StopRAG:
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
         self.batch_size, self.epochs, self.bf16 = batch_size, epochs, bf16
         self.checkpoint_every = checkpoint_every
-        self.tau = tau
+        self.tau, self.dev_limit = tau, dev_limit
         # the margin is a difference of values in [0, 1], or of logits for the binary classifier
         default = (
             [round(-0.5 + 0.02 * i, 2) for i in range(51)]
@@ -162,6 +168,11 @@ class StopRAG:
         self.qnet = QNetwork(**self.qnet_args).to("cuda" if torch.cuda.is_available() else "cpu")
         rng = rng_state()  # where training's dropout starts (module doc)
         final = out_dir / "qnet.pt"
+        done = self.result_dir(env, train, dev)
+        if done is not None and (done / "qnet.pt").exists() and not final.exists():
+            log.info("Stop-RAG: the same fit ran before: %s", done)
+            for f in done.iterdir():
+                shutil.copy2(f, out_dir / f.name)
         saved = load_torch(final, weights_only=False, map_location=self.device)  # damaged: trained again
         if saved is not None:
             self.qnet.load_state_dict(saved["model"], strict=False)
@@ -193,12 +204,34 @@ class StopRAG:
         self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{encoding}.pt"), rng)
         calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
         if self.tau is None:
-            self.tune_tau(env, dev, out_dir)
+            self.tune_tau(env, dev[: self.dev_limit], out_dir)
         self.qnet.clear_cache()  # the evaluation encodes as a reused fit does (module doc)
         self.stats["generator_calls"] = self.stats["offline"]["generator_calls"] + counting.calls - calls
         # stoprag.json first: a kill between the two leaves no qnet.pt, and the rerun writes both
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
         save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
+        if done is not None and not done.exists():
+            with cache.publish(done) as tmp:
+                for name in ("qnet.pt", "stoprag.json", "tau_curve.csv", "tau_curve.png", "tau_curve.svg"):
+                    if (out_dir / name).exists():
+                        shutil.copy2(out_dir / name, tmp / name)
+
+    def result_dir(self, env: Env, train: list[QAExample], dev: list[QAExample]) -> Path | None:
+        """Where a finished fit is kept for another run with the same policy config, generator, retriever,
+        seed and questions (``cache_dir/stoprag_fit/<key>``; a stopper of another method's loop reuses the
+        stoprag row's: rag_lab/policies/stoprag/transfer.py); None outside the runner."""
+        if self.run_config is None:
+            return None
+        config = {k: self.run_config.get(k) for k in ("policy", "generator", "retriever", "seed")}
+        questions = [[ex.id for ex in train[: self.train_limit]], [ex.id for ex in dev[: self.dev_limit]]]
+        return cache.path(
+            self.cache_dir,
+            "stoprag_fit",
+            env.corpus.fingerprint,
+            questions,
+            config,
+            code="rag_lab.policies.stoprag.policy",
+        )
 
     def offline_path(self, env: Env, questions: list[QAExample], out_dir: Path) -> Path:
         """The offline data's file: ``cache_dir/stoprag/<key>.jsonl`` (module doc), or with no
