@@ -32,8 +32,11 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
-demo: install ## The showcase: every baseline and all five methods on the embedded world, one table + Pareto plot
-	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo
+# make demo's rows: the main baselines, the five methods, Stop-RAG's stopper on R3-RAG's and APEX's loops
+DEMO_ROWS ?= direct,standard_rag,fixed_iter,stoprag,dapo,evorag,r3rag,apex,r3rag_stop,apex_stop
+demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
+	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
+		'+experiment/compare_synth=$(DEMO_ROWS)'
 	@echo "table: outputs/demo/compare.md (.csv, .tex); plot: outputs/demo/pareto.png (.svg)"
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~1-2 h on 2 cores)

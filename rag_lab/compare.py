@@ -129,6 +129,13 @@ def _cell(mean, low, high, digits: int) -> str | None:
     return f"{mean:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
 
 
+def _p(p: float) -> str | None:
+    """A p-value as a string the table keeps as written (``<0.001``: below the bootstrap's resolution)."""
+    if p != p:
+        return None
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
     """The table people read: ``mean [low, high]`` per metric (columns nobody measured dropped) and the
     difference to the reference as ``+d [low, high]`` with its p-value."""
@@ -145,7 +152,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             None if r["d"] != r["d"] else f"{r['d']:+.1f} [{r['d_low']:+.1f}, {r['d_high']:+.1f}]"
             for _, r in table.iterrows()
         ]
-        out["p"] = [None if r["p"] != r["p"] else f"{r['p']:.3f}" for _, r in table.iterrows()]
+        out["p"] = [_p(r["p"]) for _, r in table.iterrows()]
         if table["seeds"].max() > 1:
             out["seed sd"] = [
                 None if r["seed_sd"] != r["seed_sd"] else f"{r['seed_sd']:.1f}" for _, r in table.iterrows()

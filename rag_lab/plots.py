@@ -49,6 +49,9 @@ def pareto(table: pd.DataFrame, stem: Path, title: str, x: str = "retrieval_coun
     plt = _pyplot()
     rows = table.dropna(subset=[x, y]).reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    names: dict[tuple[float, float], list[str]] = {}  # rows at one point share one label
+    for _, r in rows.iterrows():
+        names.setdefault((round(r[x], 6), round(r[y], 6)), []).append(r["method"])
     for _, r in rows.iterrows():
         ax.errorbar(
             r[x],
@@ -58,7 +61,8 @@ def pareto(table: pd.DataFrame, stem: Path, title: str, x: str = "retrieval_coun
             fmt="o",
             capsize=3,
         )
-        ax.annotate(r["method"], (r[x], r[y]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    for (px, py), members in names.items():
+        ax.annotate(" = ".join(members), (px, py), textcoords="offset points", xytext=(5, 5), fontsize=8)
     front = pareto_front(list(zip(rows[x], rows[y], strict=True)))
     if len(front) > 1:
         ax.step(

@@ -63,7 +63,8 @@ def test_the_hash_ignores_what_cannot_change_results_and_sees_what_can():
 
 def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_path):
     sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
-    env = os.environ | {"RAG_LAB_REUSE": "true"}
+    # its own cache dir: the registry of finished runs holds no other test's runs
+    env = os.environ | {"RAG_LAB_REUSE": "true", "RAG_LAB_CACHE": str(tmp_path / "cache")}
 
     def sweep(name: str, *extra: str) -> list:
         cmd = [
