@@ -21,7 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.metrics import ANSWER_METRICS
-from rag_lab.eval.runs import find_runs, left_out, overrides_of, read_metrics, records_of, unfinished_runs
+from rag_lab.eval.runs import (
+    distinct,
+    find_runs,
+    left_out,
+    overrides_of,
+    read_metrics,
+    records_of,
+    row_labels,
+    unfinished_runs,
+)
 from rag_lab.eval.stats import paired_bootstrap
 from rag_lab.eval.table import DESCRIPTIONS, format_metrics, legend, to_markdown
 from rag_lab.records import atomic_write_text
@@ -210,11 +219,16 @@ def seed_tables(
     takes a question with all its seeds, :func:`rag_lab.eval.stats.paired_bootstrap`), with the
     difference within each seed beside it. A sweep without ``method``'s row (a partial ablation) is compared
     against its last row instead; the table's caption says so (``tests.attrs["method"]``)."""
-    groups = groups_by(runs, by)
+    runs = distinct(runs)
+    groups: dict[str, list[Path]] = {}
+    for run, label in zip(runs, row_labels(runs, by), strict=True):
+        groups.setdefault(label, []).append(run)
     if not groups:
         raise RagLabError(f"no runs to tabulate by {by}")
-    if method not in groups:
-        method = list(groups)[-1]
+    methods = [g for g in groups if g == method or g.startswith(f"{method} (")]
+    if not methods:
+        methods = [list(groups)[-1]]
+        method = methods[0]
     out = {}
     for name, columns in tables.items():
         rows = []
@@ -229,12 +243,12 @@ def seed_tables(
             rows.append(row)
         out[name] = pd.DataFrame(rows)
 
-    mine, tests = scores_of(groups[method]), []
-    for value, members in groups.items():
-        if value != method:
-            tests += [
-                {"A": method, "B": value} | row for row in bootstrap_rows(mine, scores_of(members), metrics)
-            ]
+    tests = []
+    for mine in methods:  # each of the method's rows (a swept setting of it) against every other row
+        for value, members in groups.items():
+            if value not in methods:
+                scores = bootstrap_rows(scores_of(groups[mine]), scores_of(members), metrics)
+                tests += [{"A": mine, "B": value} | row for row in scores]
     tests = pd.DataFrame(tests)
     tests.attrs["method"] = method
     return out, tests

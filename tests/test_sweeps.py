@@ -91,3 +91,30 @@ def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_
     # eval.reuse=false runs it again
     third = sweep("c", "policy.k=5", "eval.reuse=false")
     assert not (third[0] / "reused.json").exists()
+
+
+def test_a_swept_method_setting_names_the_methods_rows_and_a_reused_run_counts_once(tmp_path):
+    from rag_lab.report import seed_tables
+
+    def make(name, policy, lam, reused_from=None):
+        run = tmp_path / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- policy={policy}\n- ++policy.lambda_end={lam}\n")
+        config = {"policy": {"k": 1} | ({"lambda_end": lam} if policy == "stoprag" else {}), "seed": 0}
+        (run / "config.yaml").write_text(json.dumps(config))
+        accs = [float(i % (3 if policy == "stoprag" else 2) == 0) for i in range(20)]
+        lines = [json.dumps({"id": f"q{i}", "em": a, "f1": a, "acc": a}) + "\n" for i, a in enumerate(accs)]
+        (run / "records.jsonl").write_text("".join(lines))
+        (run / "metrics.json").write_text(json.dumps({"all": {"n": 20, "em": sum(accs) / 20}}))
+        if reused_from:
+            (run / "reused.json").write_text(json.dumps({"from": str((tmp_path / reused_from).resolve())}))
+        return run
+
+    runs = [make("0", "fixed_iter", 0.1), make("1", "stoprag", 0.1)]
+    runs += [make("2", "fixed_iter", 0.3, reused_from="0"), make("3", "stoprag", 0.3)]
+    tables, tests = seed_tables(runs, "policy", "stoprag", {"t": ["EM"]})
+    assert list(tables["t"]["policy"]) == ["fixed_iter", "stoprag (policy.lambda_end=0.1)",
+                                           "stoprag (policy.lambda_end=0.3)"]  # fmt: skip
+    assert list(tables["t"]["seeds"]) == [1, 1, 1]  # the reused fixed_iter is not a second seed
+    pairs = sorted(set(zip(tests["A"], tests["B"], strict=True)))
+    assert pairs == [(f"stoprag (policy.lambda_end={lam})", "fixed_iter") for lam in (0.1, 0.3)]

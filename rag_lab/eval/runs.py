@@ -68,3 +68,45 @@ def overrides_of(run: Path) -> dict[str, str]:
         raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
     # a component's setting in a multirun is recorded as ++key=value (rag_lab/sweeps.py: soften)
     return dict(item.removeprefix("++").split("=", 1) for item in items or [] if "=" in item)
+
+
+def _config_keys(run: Path) -> set[str]:
+    """The dotted keys of a run's resolved ``config.yaml`` (empty when it has none)."""
+    path = run / "config.yaml"
+    config = yaml.safe_load(path.read_text()) if path.exists() else None
+
+    def walk(node, prefix: str) -> set[str]:
+        if not isinstance(node, dict):
+            return {prefix}
+        return {prefix} | {
+            k for key, value in node.items() for k in walk(value, f"{prefix}.{key}" if prefix else str(key))
+        }
+
+    return walk(config or {}, "")
+
+
+def distinct(runs: list[Path]) -> list[Path]:
+    """``runs`` less those whose results were copied from another of them (``reused.json``: the same
+    config ran before; :mod:`rag_lab.sweeps`), which would count one run twice."""
+    here = {str(r.resolve()) for r in runs}
+    out = []
+    for run in runs:
+        reused = run / "reused.json"
+        if not (reused.exists() and json.loads(reused.read_text()).get("from") in here):
+            out.append(run)
+    return out
+
+
+def row_labels(runs: list[Path], by: str) -> list[str]:
+    """Each run's row name in a sweep whose rows are the values of ``by``: the value, and the other
+    overrides that vary over the sweep (not the seed) where the run's config has that key (a swept
+    ``policy.lambda_end`` names Stop-RAG's rows, not the rows of policies without it)."""
+    overrides = [overrides_of(r) for r in runs]
+    varying = [k for k in dict.fromkeys(k for o in overrides for k in o)
+               if k not in (by, "seed") and len({o.get(k) for o in overrides}) > 1]  # fmt: skip
+    labels = []
+    for run, over in zip(runs, overrides, strict=True):
+        keys = _config_keys(run) if varying else set()
+        extra = [f"{k}={over[k]}" for k in varying if k in over and k.lstrip("+") in keys]
+        labels.append(over.get(by, "?") + (f" ({', '.join(extra)})" if extra else ""))
+    return labels
