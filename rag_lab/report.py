@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.runs import (
+    applies,
     distinct,
     find_runs,
     left_out,
@@ -50,7 +51,8 @@ def build_table(
         metrics = read_metrics(run)
         if subset not in metrics:
             raise RagLabError(f"{run}/metrics.json has no subset '{subset}' (has: {', '.join(metrics)})")
-        rows.append({k: over.get(k) for k in varying} | format_metrics(metrics[subset]) | {"run": str(run)})
+        named = {k: over.get(k) if applies(run, k) else None for k in varying}  # λ on fixed T's row: —
+        rows.append(named | format_metrics(metrics[subset]) | {"run": str(run)})
     table = pd.DataFrame(rows)
     if not columns:  # every metric that some run has
         return table.dropna(axis=1, how="all"), common

@@ -30,13 +30,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import rag_lab
 from rag_lab import CONF_DIR
+from rag_lab.eval.runs import results_config
 from rag_lab.records import atomic_write_json
 
 log = logging.getLogger("rag_lab.run")
 
 SOFT_GROUPS = ("policy.", "reward.", "generator.", "retriever.", "judge.")
-# Config keys that cannot change a run's results (also rag_lab.rundir.RESUMABLE_CHANGES).
-NOT_RESULTS = ("logger", "eval.batch_size", "eval.resume", "eval.reuse", "cache_dir")
 # Files a reused run gets from the run it reuses.
 RESULT_FILES = ("records.jsonl", "metrics.json", "table.md", "table.csv")
 
@@ -112,15 +111,9 @@ def _package_digest() -> str:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """16 hex digits: the resolved config less :data:`NOT_RESULTS`, and the package's files."""
-    kept = json.loads(json.dumps(config, default=str))
-    for key in NOT_RESULTS:
-        *parents, leaf = key.split(".")
-        node = kept
-        for p in parents:
-            node = node.get(p) or {}
-        node.pop(leaf, None)
-    text = json.dumps(kept, sort_keys=True) + _package_digest()
+    """16 hex digits: the resolved config less what cannot change results (``results_config``), and the
+    package's files."""
+    text = json.dumps(results_config(config), sort_keys=True) + _package_digest()
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

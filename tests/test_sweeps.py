@@ -118,3 +118,15 @@ def test_a_swept_method_setting_names_the_methods_rows_and_a_reused_run_counts_o
     assert list(tables["t"]["seeds"]) == [1, 1, 1]  # the reused fixed_iter is not a second seed
     pairs = sorted(set(zip(tests["A"], tests["B"], strict=True)))
     assert pairs == [(f"stoprag (policy.lambda_end={lam})", "fixed_iter") for lam in (0.1, 0.3)]
+
+
+def test_the_same_config_run_twice_beside_itself_counts_once(tmp_path):
+    from rag_lab.eval.runs import distinct
+
+    runs = []
+    for name, batch, k in [("0", 64, 1), ("1", 8, 1), ("2", 64, 5)]:  # 0 and 1 differ in batch size alone
+        (tmp_path / name).mkdir()
+        config = {"policy": {"k": k}, "eval": {"batch_size": batch}, "seed": 0}
+        (tmp_path / name / "config.yaml").write_text(json.dumps(config))
+        runs.append(tmp_path / name)
+    assert distinct(runs) == [runs[0], runs[2]]

@@ -85,15 +85,47 @@ def _config_keys(run: Path) -> set[str]:
     return walk(config or {}, "")
 
 
+# Config keys that cannot change a run's results (rag_lab.sweeps hashes the config without them).
+NOT_RESULTS = ("logger", "eval.batch_size", "eval.resume", "eval.reuse", "cache_dir")
+
+
+def results_config(config: dict) -> dict:
+    """A resolved config less :data:`NOT_RESULTS` (a copy)."""
+    kept = json.loads(json.dumps(config, default=str))
+    for key in NOT_RESULTS:
+        *parents, leaf = key.split(".")
+        node = kept
+        for part in parents:
+            node = node.get(part) or {}
+        node.pop(leaf, None)
+    return kept
+
+
+def applies(run: Path, key: str) -> bool:
+    """Whether override ``key`` is a setting of ``run``'s config (a component's setting swept over rows of
+    several policies reaches only those that have it: rag_lab.sweeps); True without a config.yaml."""
+    if not key.startswith(("policy.", "reward.", "generator.", "retriever.", "judge.")):
+        return True
+    keys = _config_keys(run)
+    return not keys - {""} or key in keys
+
+
 def distinct(runs: list[Path]) -> list[Path]:
-    """``runs`` less those whose results were copied from another of them (``reused.json``: the same
-    config ran before; :mod:`rag_lab.sweeps`), which would count one run twice."""
-    here = {str(r.resolve()) for r in runs}
-    out = []
+    """``runs`` less those that repeat an earlier one of them: results copied from it (``reused.json``:
+    :mod:`rag_lab.sweeps`), or the same config run again beside it (two jobs of a parallel sweep) —
+    counting them would count one run twice."""
+    here, seen, out = {str(r.resolve()) for r in runs}, set(), []
     for run in runs:
         reused = run / "reused.json"
-        if not (reused.exists() and json.loads(reused.read_text()).get("from") in here):
-            out.append(run)
+        if reused.exists() and json.loads(reused.read_text()).get("from") in here:
+            continue
+        path = run / "config.yaml"
+        if path.exists():
+            key = json.dumps(results_config(yaml.safe_load(path.read_text()) or {}), sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(run)
     return out
 
 
@@ -106,7 +138,6 @@ def row_labels(runs: list[Path], by: str) -> list[str]:
                if k not in (by, "seed") and len({o.get(k) for o in overrides}) > 1]  # fmt: skip
     labels = []
     for run, over in zip(runs, overrides, strict=True):
-        keys = _config_keys(run) if varying else set()
-        extra = [f"{k}={over[k]}" for k in varying if k in over and k.lstrip("+") in keys]
+        extra = [f"{k}={over[k]}" for k in varying if k in over and applies(run, k)]
         labels.append(over.get(by, "?") + (f" ({', '.join(extra)})" if extra else ""))
     return labels
