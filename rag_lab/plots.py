@@ -87,17 +87,25 @@ def curves_side_by_side(logs: dict[str, Path], stem: Path, title: str) -> list[s
     """One panel per method: its training log (``train_log.jsonl`` rows), by the first of
     :data:`CURVE_KEYS` it has, against the step; returns the methods drawn."""
     plt = _pyplot()
-    series = {}
+    series, texts = {}, set()
     for method, path in logs.items():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        if text in texts:  # the same training as a row before (a stopper row reuses its method's model)
+            continue
+        texts.add(text)
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         key = next((k for k in CURVE_KEYS if any(k in r for r in rows)), None)
         points = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if key and key in r]
         if points:
             series[method] = (key, points)
     if not series:
         return []
-    fig, axes = plt.subplots(1, len(series), figsize=(3.4 * len(series), 3.0), squeeze=False)
-    for ax, (method, (key, points)) in zip(axes[0], series.items(), strict=True):
+    columns = min(len(series), 3)
+    lines = -(-len(series) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.6 * columns, 3.0 * lines), squeeze=False)
+    for ax in axes.flat[len(series) :]:
+        ax.axis("off")
+    for ax, (method, (key, points)) in zip(axes.flat, series.items(), strict=False):
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 20 else None)
         ax.set_title(method, fontsize=10)
         ax.set_xlabel("step")
