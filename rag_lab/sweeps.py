@@ -94,7 +94,8 @@ def drop_inapplicable(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
                 schema = schema_for(owner._target_)
                 if schema is dict or parts[depth] in {f.name for f in dataclasses.fields(schema)}:
                     continue
-                del owner[parts[depth]]
+                if parts[depth] in owner:  # (an earlier override's node may have gone already)
+                    del owner[parts[depth]]
         dropped.append(override[2:])
     return dropped
 

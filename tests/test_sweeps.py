@@ -40,9 +40,10 @@ def test_a_setting_is_left_out_where_the_component_has_no_such_field():
     )
     validate(fixed)  # what is left is a valid config
     # a nested setting: the node it made where the policy has none goes, and stays where it has one
-    nested = "++policy.ppo.batch_size=2"
-    fixed = composed("generator=teacher", "policy=fixed_iter", nested)
-    assert drop_inapplicable(fixed, [nested]) == ["policy.ppo.batch_size=2"] and "ppo" not in fixed.policy
+    nested, sibling = "++policy.ppo.batch_size=2", "++policy.ppo.clip=0.3"
+    fixed = composed("generator=teacher", "policy=fixed_iter", nested, sibling)
+    assert drop_inapplicable(fixed, [nested, sibling]) == ["policy.ppo.batch_size=2", "policy.ppo.clip=0.3"]
+    assert "ppo" not in fixed.policy
     validate(fixed)
     r3 = composed("generator=teacher", "policy=r3rag", nested)
     assert drop_inapplicable(r3, [nested]) == [] and r3.policy.ppo.batch_size == 2
