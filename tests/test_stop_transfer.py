@@ -3,6 +3,7 @@ on the tiny world, the world teacher acting in both loops (untrained: it speaks 
 trained on it. τ far beyond any margin makes the rule's decision certain: -100 stops every question at its
 first chance, +100 never."""
 
+import pytest
 from hydra.utils import instantiate
 
 from rag_lab.config import build
@@ -46,17 +47,6 @@ def test_a_stopped_r3rag_episode_answers_from_the_prefix(tiny_cfg):
         assert ep.steps[1].text.startswith(R3RAGStep.answer_prefix)
 
 
-def test_r3rag_trains_its_stopper_and_acts_with_it(tiny_cfg, tmp_path):
-    row = ["+experiment=compare_synth", "+experiment/compare_synth=r3rag_stop", "policy.ppo.iterations=0"]
-    cfg = tiny_cfg(*row, "experiment.cold_start=null", *SHORT[2:], "policy.stopper.tau=-100")
-    data = instantiate(cfg.data)
-    env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), build(cfg.generator, data=data))
-    policy = build(cfg.policy, train_data=data, reward=build(cfg.reward), run_config={})
-    policy.fit(env, data.split("train"), data.split("dev"), tmp_path)
-    assert isinstance(policy.stopper, QStopper) and policy.stopper.tau == -100
-    assert (tmp_path / "stopper" / "qnet.pt").exists()
-
-
 def test_a_stopped_apex_question_goes_to_synthesis(tiny_cfg):
     cfg = tiny_cfg("generator=teacher")
     data = instantiate(cfg.data)
@@ -76,14 +66,22 @@ def test_a_stopped_apex_question_goes_to_synthesis(tiny_cfg):
     assert any(b.stop_reason == "stopper" for b in stopped)
 
 
-def test_apex_trains_its_stopper(tiny_cfg, tmp_path):
-    row = ["+experiment=compare_synth", "+experiment/compare_synth=apex_stop", "policy.plan_rl=false"]
-    cfg = tiny_cfg(*row, "experiment.apex_executor_sft=false", *SHORT[2:], "policy.stopper.tau=-100")
+@pytest.mark.parametrize(
+    "row",
+    [
+        ["+experiment/compare_synth=r3rag_stop", "policy.ppo.iterations=0", "experiment.cold_start=null"],
+        ["+experiment/compare_synth=apex_stop", "policy.plan_rl=false", "experiment.apex_executor_sft=false"],
+    ],
+    ids=["r3rag", "apex"],
+)
+def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tmp_path):
+    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100")
     data = instantiate(cfg.data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), build(cfg.generator, data=data))
     policy = build(cfg.policy, train_data=data, reward=build(cfg.reward), run_config={})
     policy.fit(env, data.split("train"), data.split("dev"), tmp_path)
     assert isinstance(policy.stopper, QStopper) and policy.stopper.tau == -100
+    assert (tmp_path / "stopper" / "qnet.pt").exists()
 
 
 def test_a_stopper_reuses_the_stoprag_rows_fit(tiny_cfg, tmp_path):
