@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab.errors import RagLabError, one_line_errors
-from rag_lab.eval.runs import find_runs, left_out, overrides_of, records_of, unfinished_runs
+from rag_lab.eval.runs import distinct, find_runs, left_out, overrides_of, records_of, unfinished_runs
 from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
 from rag_lab.eval.table import DESCRIPTIONS, to_markdown
 from rag_lab.records import atomic_write_text
@@ -96,7 +96,7 @@ def compare_table(runs: list[Path], by: str, reference: str, delta: str = "acc")
     """One row per value of override ``by`` (sweep order): seeds, N, per metric mean / low / high, and
     ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd)."""
     groups: dict[str, list[Path]] = {}
-    for run in runs:
+    for run in distinct(runs):  # a run that repeats another (copied, or the same config again) counts once
         groups.setdefault(_label(overrides_of(run).get(by, "?")), []).append(run)
     if list(groups) == ["?"]:
         raise RagLabError(f"--by {by}: no run has that override (see a run's .hydra/overrides.yaml)")

@@ -6,8 +6,9 @@ policy.lambda_end=0.1,0.3,0.5`` sweeps Stop-RAG's λ over an experiment whose ro
 (a key not in the config). In a multirun, :func:`soften` turns each ``group.key=value`` override of a
 component (``policy.``, ``reward.``, ``generator.``, ``retriever.``, ``judge.``) into Hydra's
 ``++group.key=value`` (set or add); in the job, :func:`drop_inapplicable` removes such a key again where the
-component's schema has no such setting, and logs it. A key that no component of the whole sweep takes (a
-typo) is named by the sweep's callbacks' log lines; a single run keeps Hydra's strict behaviour.
+component's schema has no such setting, and the job's log names it (``...: not a setting of this job's
+component, left out``): a key that no row takes, a typo, is left out of every job, so read those lines; a
+single run keeps Hydra's strict behaviour (an unknown key is an error).
 
 **Runs keyed by the config's hash.** :func:`config_hash` hashes the resolved config without what cannot
 change results (logger, batch size, resume / reuse flags, cache dir) together with the code and files of the
@@ -17,6 +18,7 @@ instead of running again (:func:`reuse`), unless ``eval.reuse=false``.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -100,8 +102,11 @@ def drop_inapplicable(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
     return dropped
 
 
+@functools.cache
 def _package_digest() -> str:
-    """The digest of every file of the ``rag_lab`` package (code, shipped checkpoint), caches left out."""
+    """The digest of every file of the ``rag_lab`` package (code, shipped checkpoint), read once per process
+    (a sweep's jobs share it). Not :func:`rag_lab.cache.files_digest`: that one counts ``__pycache__``,
+    which Python writes as modules are first imported, so the same code would hash differently."""
     digest = hashlib.sha256()
     root = Path(rag_lab.__file__).parent
     for path in sorted(root.rglob("*")):

@@ -100,3 +100,13 @@ def test_an_unknown_row_key_is_one_line(sweep, repo_root):
     out = subprocess.run([sys.executable, "-m", "rag_lab.compare", str(root), "--by", "policy"],
                          cwd=repo_root, capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 1 and out.stderr.strip().count("\n") == 0 and "--by policy" in out.stderr
+
+
+def test_a_copied_run_is_not_another_seed(sweep):
+    root, base, _ = sweep
+    copy = make_run(root, "refcopy", "fixed_iter", 0, base.tolist(), 4)  # seed 0's results, copied
+    (copy / "reused.json").write_text(json.dumps({"from": str((root / "ref0").resolve())}))
+    table = compare_table(sorted(p for p in root.iterdir() if p.is_dir()), BY, "fixed_iter").set_index(
+        "method"
+    )
+    assert table.loc["fixed_iter", "seeds"] == 2
