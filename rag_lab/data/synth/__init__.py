@@ -3,8 +3,16 @@
 The world is generated once per config (cached under ``cache_dir/synth/<key>``, :mod:`rag_lab.cache`: the
 settings and the generator's code) and read back through :class:`~rag_lab.data.flashrag.FlashRAGDataset`,
 the same loader a real FlashRAG-format dataset goes through.
+
+The difficulty knob (``data=synth_easy``): ``question_types`` and ``question_max_hops`` keep a selection of
+the generated questions in every split; the world (corpus, every generated question, the cache entry) stays
+the same, so the shipped tiny LM, trained on the whole world (:attr:`SynthDataset.world`), still fits. The
+other knobs of how hard a question is to answer are the run's: passages per search (``retriever.top_k``,
+the distractors a reader sees) and the search budget. Passage length is fixed by the world: a shorter page
+is a different corpus, and the tiny LM would be retrained for it (130 min on 2 cores).
 """
 
+import copy
 import json
 import random
 from functools import cached_property
@@ -19,6 +27,10 @@ from rag_lab.data.synth.world import build_world
 from rag_lab.records import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "dev", "test")
+QUESTION_TYPES = (
+    "single_hop", "compositional", "comparison", "inference", "bridge_comparison", "3hop", "4hop"
+)
+ALL_QUESTIONS = {"types": None, "max_hops": None}
 
 
 class SynthDataset:
@@ -41,8 +53,20 @@ class SynthDataset:
         dev_size: int = 300,
         test_size: int = 500,
         name: str = "synth",
+        question_types: list[str] | None = None,
+        question_max_hops: int | None = None,
     ):
+        """``question_types`` (null: all of :data:`QUESTION_TYPES`) and ``question_max_hops`` (null: any)
+        select the questions every split holds, from the same generated world."""
         self.name = name
+        unknown = sorted(set(question_types or ()) - set(QUESTION_TYPES))
+        if unknown:
+            raise DataError(
+                f"data.question_types: unknown type '{unknown[0]}' (known: {', '.join(QUESTION_TYPES)})"
+            )
+        if question_max_hops is not None and question_max_hops < 1:
+            raise DataError(f"data.question_max_hops: {question_max_hops} keeps no question (at least 1)")
+        self.selection = {"types": question_types, "max_hops": question_max_hops}
         sizes = {
             "people": n_people,
             "cities": n_cities,
@@ -104,7 +128,28 @@ class SynthDataset:
     def split(self, name: str) -> list[QAExample]:
         if name not in SPLITS:
             raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(SPLITS)})")
-        return self._flashrag.split(name)
+        types, max_hops = self.selection["types"], self.selection["max_hops"]
+        kept = [
+            ex
+            for ex in self._flashrag.split(name)
+            if (types is None or ex.type in types) and (max_hops is None or ex.hops <= max_hops)
+        ]
+        if not kept:
+            raise DataError(
+                f"data.question_types / data.question_max_hops: no question of the {name} split is kept "
+                f"(types {types}, at most {max_hops} hops)"
+            )
+        return kept
+
+    @cached_property
+    def world(self) -> "SynthDataset":
+        """The whole world, every question kept: what the tiny LM's recipe reads (its fingerprint, its
+        training data), whatever the selection."""
+        if self.selection == ALL_QUESTIONS:
+            return self
+        whole = copy.copy(self)  # shares the read files
+        whole.selection = ALL_QUESTIONS
+        return whole
 
     @property
     def skipped(self) -> dict[str, int]:

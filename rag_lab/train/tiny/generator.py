@@ -94,6 +94,7 @@ def tiny_lm(
     ``generator.*`` key). ``device``: HFGenerator's (``auto``: the CPU, where a model this small runs
     fastest even beside a GPU)."""
     settings = recipe_settings(recipe)
+    data = getattr(data, "world", data)  # data=synth_easy: the whole world, not its selection of questions
     path = shipped_for(data, settings) or train(data, cache_dir, **settings)
     return HFGenerator(
         str(path),
