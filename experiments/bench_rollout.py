@@ -1,6 +1,12 @@
 """Rollout speed: episodes/s at batch 64 vs one question at a time (the way FlashRAG's pipelines
 run), same tiny LM, same BM25, same questions, same policy, in the same run; and where the time
-goes (generate / retrieve / the rest: rendering, parsing, bookkeeping).
+goes (generate / retrieve / the rest: rendering, parsing, bookkeeping), and inside generate the model's
+forward passes that read prompts (prefill) and those that extend completions by a token (decode).
+
+The speed-up of the batched loop is bounded by what batching cannot share: the prefill. On a CPU the
+prefill is compute-bound (the same floating-point work at batch 1 or 64), so batched seconds >= the
+prefill seconds of either loop, and the ratio <= sequential seconds / batched prefill seconds (the
+"bound" line).
 
     python experiments/bench_rollout.py      # writes experiments/results/bench_rollout.md
 
@@ -18,6 +24,31 @@ from rag_lab.env import Env
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
 N_QUESTIONS, BATCH, ITERATIONS = 64, 64, 4
+
+
+class ForwardClock:
+    """Seconds in the model's forward passes, split into prefill (more than one new token per row) and
+    decode (one), through forward hooks."""
+
+    def __init__(self, model):
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self._start = 0.0
+        self._handles = [
+            model.register_forward_pre_hook(self._begin, with_kwargs=True),
+            model.register_forward_hook(self._end, with_kwargs=True),
+        ]
+
+    def _begin(self, module, args, kwargs):
+        self._start = time.perf_counter()
+
+    def _end(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        kind = "prefill" if ids is not None and ids.shape[1] > 1 else "decode"
+        self.seconds[kind] += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 class Timed:
@@ -44,6 +75,7 @@ class Timed:
 def measure(env_parts, examples, batch: int) -> dict:
     corpus, retriever, generator = env_parts
     gen, ret = Timed(generator, "generate"), Timed(retriever, "search")
+    clock = ForwardClock(generator.model)
     env = Env(corpus, ret, gen)
     start = time.perf_counter()
     episodes = []
@@ -53,12 +85,15 @@ def measure(env_parts, examples, batch: int) -> dict:
     for i in range(0, len(examples), batch):
         episodes += policy.rollout(env, examples[i : i + batch])
     total = time.perf_counter() - start
+    clock.close()
     right = sum(ep.prediction in ex.answers for ep, ex in zip(episodes, examples, strict=True))
     return {
         "loop": f"batch {batch}" if batch > 1 else "one question at a time",
         "episodes/s": len(examples) / total,
         "seconds": total,
         "generate s": gen.seconds,
+        "prefill s": clock.seconds["prefill"],
+        "decode s": clock.seconds["decode"],
         "retrieve s": ret.seconds,
         "rest s": total - gen.seconds - ret.seconds,
         "generated steps": sum(len(ep.steps) for ep in episodes),
@@ -78,6 +113,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(rows[0].pop("_predictions"), rows[1].pop("_predictions"), strict=True))
     table = pd.DataFrame(rows).round(2).to_markdown(index=False)
     speedup = rows[0]["episodes/s"] / rows[1]["episodes/s"]
+    bound = rows[1]["seconds"] / rows[0]["prefill s"]
     publish(
         "bench_rollout",
         f"{N_QUESTIONS} synth dev questions, Stop-RAG's pipeline (`fixed_iter`) at T = {ITERATIONS}: per "
@@ -85,7 +121,9 @@ def main() -> None:
         f"generate calls per episode); greedy, the tiny LM (generator=tiny)\n\n{table}\n\n"
         f"batched engine vs one question at a time: **{speedup:.1f}x** episodes/s (same episodes: "
         f"{same}/{len(examples)} final answers identical, EM {rows[0]['EM']:.1f} vs {rows[1]['EM']:.1f}); "
-        f"peak RSS {peak_rss_mb():.0f} MB",
+        f"peak RSS {peak_rss_mb():.0f} MB\n\nbound: one question at a time {rows[1]['seconds']:.2f} s / "
+        f"the batched loop's prefill {rows[0]['prefill s']:.2f} s = **{bound:.1f}x** (prefill at batch 1: "
+        f"{rows[1]['prefill s']:.2f} s)",
     )
 
 

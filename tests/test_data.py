@@ -96,6 +96,27 @@ def test_synth_splits_are_disjoint_and_supports_exist(tmp_path):
             assert any(step.support_id is None for step in ex.decomposition)
 
 
+def test_synth_difficulty_knob_selects_questions_of_the_same_world(tmp_path):
+    """question_types / question_max_hops keep a selection of every split; the world (cache entry, corpus,
+    every question: what the tiny LM reads) is the same."""
+    whole = small_world(tmp_path)
+    easy = SynthDataset(str(tmp_path), seed=0, n_people=60, n_cities=12, n_countries=4, n_films=20,
+                        dev_size=20, test_size=40, question_max_hops=2)  # fmt: skip
+    assert easy.root == whole.root and easy.corpus.fingerprint == whole.corpus.fingerprint
+    for split in ["train", "dev", "test"]:
+        assert easy.split(split) == [ex for ex in whole.split(split) if ex.hops <= 2]
+        assert easy.world.split(split) == whole.split(split)
+    assert {ex.hops for ex in whole.split("test")} - {1, 2}  # the selection dropped something
+    one = SynthDataset(str(tmp_path), seed=0, n_people=60, n_cities=12, n_countries=4, n_films=20,
+                       dev_size=20, test_size=40, question_types=["single_hop", "comparison"])  # fmt: skip
+    assert {ex.type for ex in one.split("train")} == {"single_hop", "comparison"}
+    assert whole.world is whole
+    with pytest.raises(DataError, match=r"data.question_types: unknown type 'two_hop' \(known: single_hop"):
+        SynthDataset(str(tmp_path), question_types=["two_hop"])
+    with pytest.raises(DataError, match=r"data.question_max_hops: 0 keeps no question"):
+        SynthDataset(str(tmp_path), question_max_hops=0)
+
+
 def test_synth_sizes_larger_than_the_world_are_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"data.dev_size \+ data.test_size = 600, but this world has only"):
         SynthDataset(str(tmp_path), n_people=30, n_films=10, dev_size=300, test_size=300)

@@ -85,6 +85,10 @@ def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_pa
     with caplog.at_level("INFO"):
         generator = build(cfg.generator, data=data)
     assert Path(generator.model.name_or_path) == tiny.SHIPPED and "shipped checkpoint" in caplog.text
+    # data=synth_easy keeps a selection of the same world's questions: the same shipped model
+    easy = instantiate(compose(["generator=tiny", "data=synth_easy", f"cache_dir={tmp_path}"]).data)
+    assert len(easy.split("train")) < len(data.split("train"))
+    assert Path(build(cfg.generator, data=easy).model.name_or_path) == tiny.SHIPPED
     assert not (tmp_path / "tiny_lm").exists()
 
 
