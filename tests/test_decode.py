@@ -57,7 +57,9 @@ def test_finished_rows_leave_the_batch(model_and_ids):
     # row i stops after i + 2 tokens (a stop rule seeing its own tokens), so rows leave one by one
     ends = {tuple(row.tokens[: i + 2]) for i, row in enumerate(free)}
     counter = RowCounter(model)
-    out = decode(counter, prompts, greedy, pad_id=0, end_ids={1}, stopped=lambda t: tuple(t) in ends)
+    out = decode(
+        counter, prompts, greedy, pad_id=0, end_ids={1}, stopped=lambda rows: [tuple(t) in ends for t in rows]
+    )
     lengths = [len(r.tokens) for r in out]
     assert len(set(lengths)) > 2 and max(lengths) <= 5  # (rows whose prefixes coincide stop together)
     decoding = counter.rows[len(prefill_groups([len(p) for p in prompts])) :]
@@ -90,7 +92,12 @@ def test_logprobs_of_every_row_equal_a_forward_pass_over_it_alone(model_and_ids)
     torch.manual_seed(0)
     sampling = Sampling(n=2, temperature=1.0, max_new_tokens=8)
     out = decode(
-        model, prompts, sampling, pad_id=0, end_ids={1}, stopped=lambda t: len(t) >= 3 and t[-1] % 3 == 0
+        model,
+        prompts,
+        sampling,
+        pad_id=0,
+        end_ids={1},
+        stopped=lambda rows: [len(t) >= 3 and t[-1] % 3 == 0 for t in rows],
     )
     assert len({len(r.tokens) for r in out}) > 1
     for k, row in enumerate(out):

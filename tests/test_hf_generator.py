@@ -82,3 +82,26 @@ def test_a_trailing_assistant_message_is_continued(gen):
 def test_length_finish_reason(gen):
     (c,) = gen.generate(["Q : paris"], Sampling(max_new_tokens=3))[0]
     assert c.finish_reason in ("length", "stop") and len(c.token_ids) <= 3
+
+
+def test_decoding_ends_at_the_token_that_completes_a_stop_string(gen):
+    """The stop check reads each row's last tokens only: a stop string of two words (several tokens) still
+    ends decoding at the token completing it (one forward pass per token after the prefill)."""
+    for seed in range(50):
+        sampling = Sampling(temperature=1.0, seed=seed, max_new_tokens=12)
+        (full,) = gen.generate(["Q : paris"], sampling)[0]
+        words = full.text.split()
+        pairs = [" ".join(words[i : i + 2]) for i in range(2, len(words) - 2)]
+        stop = next((p for p in pairs if full.text.count(p) == 1), None)
+        if stop:
+            break
+    calls = []
+    hook = gen.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        (kept,) = gen.generate(
+            ["Q : paris"], Sampling(**{**sampling.__dict__, "stop": (stop,), "include_stop": True})
+        )[0]
+    finally:
+        hook.remove()
+    assert kept.text.endswith(stop) and len(kept.token_ids) < len(full.token_ids)
+    assert len(calls) == len(kept.token_ids)

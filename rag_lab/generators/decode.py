@@ -131,12 +131,12 @@ def decode(
     sampling: Sampling,
     pad_id: int,
     end_ids: set[int],
-    stopped: Callable[[list[int]], bool] | None = None,
+    stopped: Callable[[list[list[int]]], list[bool]] | None = None,
     logprobs: bool = True,
 ) -> list[Decoded]:
     """``sampling.n`` completions of each prompt (token ids), rows ordered prompt by prompt; a row ends at a
-    token of ``end_ids`` (kept), when ``stopped(tokens)`` says so (a stop string), or at
-    ``sampling.max_new_tokens``."""
+    token of ``end_ids`` (kept), when ``stopped`` says so of its tokens (a stop string; one call per step
+    for every active row), or at ``sampling.max_new_tokens``."""
     device = model.device
     cache, mask, logits = _prefill(model, prompts, pad_id, device)
     positions = mask.sum(-1)
@@ -149,14 +149,16 @@ def decode(
     end = torch.tensor(sorted(end_ids), device=device)
     for step in range(sampling.max_new_tokens):
         chosen = _choose(logits, sampling)
-        lp = torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1) if logprobs else None
-        for j, (row, token) in enumerate(zip(active.tolist(), chosen.tolist(), strict=True)):
+        rows_now = active.tolist()
+        for row, token in zip(rows_now, chosen.tolist(), strict=True):
             out[row].tokens.append(token)
-            if lp is not None:
-                out[row].logprobs.append(lp[j].item())
+        if logprobs:
+            lp = torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1)
+            for row, value in zip(rows_now, lp.tolist(), strict=True):
+                out[row].logprobs.append(value)
         done = torch.isin(chosen, end)
         if stopped is not None:
-            done |= torch.tensor([stopped(out[r].tokens) for r in active.tolist()], device=device)
+            done |= torch.tensor(stopped([out[r].tokens for r in rows_now]), device=device)
         if step + 1 == sampling.max_new_tokens or bool(done.all()):
             break
         keep = (~done).nonzero().squeeze(-1)

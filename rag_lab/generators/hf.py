@@ -31,6 +31,8 @@ from rag_lab.retrievers.dense import resolve_model
 # Below this many parameters a causal LM is launch-bound on a GPU: the tiny LM (0.3M) generates and trains
 # faster on the CPU, SmolLM2 (135M) far faster on a GPU (experiments/results/bench_device.md).
 GPU_MIN_PARAMETERS = 20_000_000
+# Tokens beyond a stop string's length decoded when looking for it (tokens that decode to nothing).
+STOP_MARGIN = 8
 
 
 def default_device(model) -> str:
@@ -121,10 +123,14 @@ class HFGenerator:
     @torch.inference_mode()
     def _decode(self, prompts: list[list[int]], sampling: Sampling) -> list[Decoded]:
         stops = tuple(sampling.stop)
+        # A stop string first appears with the token that completes it, so it lies within the last
+        # len(stop) tokens (each decodes to at least a character; the margin covers empty ones): only
+        # that tail is decoded, all rows in one call.
+        tail = max((len(s) for s in stops), default=0) + STOP_MARGIN
 
-        def stopped(tokens: list[int]) -> bool:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            return any(s in text for s in stops)
+        def stopped(rows: list[list[int]]) -> list[bool]:
+            texts = self.tokenizer.batch_decode([r[-tail:] for r in rows], skip_special_tokens=True)
+            return [any(s in text for s in stops) for text in texts]
 
         return decode(
             self.model,
