@@ -28,7 +28,13 @@ from rag_lab.records import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = (
-    "single_hop", "compositional", "comparison", "inference", "bridge_comparison", "3hop", "4hop"
+    "single_hop",
+    "compositional",
+    "comparison",
+    "inference",
+    "bridge_comparison",
+    "3hop",
+    "4hop",
 )
 ALL_QUESTIONS = {"types": None, "max_hops": None}
 
