@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo tiny-lm test test-slow test-gpu mutate lint format docs bench clean \
+.PHONY: help install install-gpu demo tiny-lm test test-slow test-gpu mutate lint format docs bench bench-peers clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -67,7 +67,26 @@ docs: install ## Regenerate README's config-group table from conf/ (a test fails
 	$(PY) -m rag_lab.docs
 
 bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/
-	@for f in experiments/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@for f in experiments/bench_*.py; do [ $$f = experiments/bench_vs_flashrag.py ] && continue; \
+		echo "== $$f"; $(PY) $$f || exit 1; done
+
+# FlashRAG beside rag_lab, in its own environment so that the main install stays lean.
+PEERS ?= .venv-peers
+PEERS_PY := $(PEERS)/bin/python
+PEERS_STAMP := $(PEERS)/.flashrag-installed
+FLASHRAG_VERSION := 0.1.2
+$(PEERS_STAMP): experiments/peers/requirements-flashrag.txt $(STAMP)
+	@test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS)
+	@# every package both sides use at the main environment's version (torch first, the CPU build, as in install)
+	$(PY) -m pip freeze --exclude-editable | grep -v -e ' @ ' -e '^torch==' > $(PEERS)/constraints.txt
+	@$(PEERS_PY) -c "import torch" 2>/dev/null || $(PEERS_PY) -m pip install "torch==$(TORCH_VERSION)"
+	$(PEERS_PY) -m pip install -c $(PEERS)/constraints.txt -r experiments/peers/requirements-flashrag.txt
+	@# --no-deps: its declared bm25s[full] needs a download at build time (experiments/peers/requirements-flashrag.txt)
+	$(PEERS_PY) -m pip install --no-deps "flashrag-dev==$(FLASHRAG_VERSION)"
+	@touch $(PEERS_STAMP)
+
+bench-peers: install $(PEERS_STAMP) ## rag_lab vs FlashRAG: same pipelines, questions, index, LM -> experiments/results/
+	$(PY) experiments/bench_vs_flashrag.py --peer-python $(PEERS_PY)
 
 clean: ## Remove run outputs and caches (not the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
