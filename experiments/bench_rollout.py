@@ -16,7 +16,7 @@ Uses the embedded default LM (generator=tiny; trained on first use, then cached)
 import time
 
 import pandas as pd
-from benchlib import peak_rss_mb, publish
+from benchlib import ForwardClock, peak_rss_mb, publish
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -24,31 +24,6 @@ from rag_lab.env import Env
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 
 N_QUESTIONS, BATCH, ITERATIONS = 64, 64, 4
-
-
-class ForwardClock:
-    """Seconds in the model's forward passes, split into prefill (more than one new token per row) and
-    decode (one), through forward hooks."""
-
-    def __init__(self, model):
-        self.seconds = {"prefill": 0.0, "decode": 0.0}
-        self._start = 0.0
-        self._handles = [
-            model.register_forward_pre_hook(self._begin, with_kwargs=True),
-            model.register_forward_hook(self._end, with_kwargs=True),
-        ]
-
-    def _begin(self, module, args, kwargs):
-        self._start = time.perf_counter()
-
-    def _end(self, module, args, kwargs, output):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        kind = "prefill" if ids is not None and ids.shape[1] > 1 else "decode"
-        self.seconds[kind] += time.perf_counter() - self._start
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 class Timed:

@@ -1,7 +1,10 @@
-"""What every benchmark script shares: peak memory and writing its result page."""
+"""What every benchmark script shares: peak memory, the model's forward time, writing its result page.
+
+No rag_lab imports: ``experiments/peers/flashrag_side.py`` uses it from FlashRAG's environment."""
 
 import os
 import resource
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -18,3 +21,28 @@ def publish(name: str, body: str) -> None:
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text)
+
+
+class ForwardClock:
+    """Seconds in the model's forward passes, split into prefill (more than one new token per row) and
+    decode (one), through forward hooks."""
+
+    def __init__(self, model):
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self._start = 0.0
+        self._handles = [
+            model.register_forward_pre_hook(self._begin, with_kwargs=True),
+            model.register_forward_hook(self._end, with_kwargs=True),
+        ]
+
+    def _begin(self, module, args, kwargs):
+        self._start = time.perf_counter()
+
+    def _end(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        kind = "prefill" if ids is not None and ids.shape[1] > 1 else "decode"
+        self.seconds[kind] += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()

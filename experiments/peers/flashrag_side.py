@@ -21,10 +21,12 @@ own (left padding; the end-of-sequence token pads unless the model's name holds 
 """
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchlib import ForwardClock, peak_rss_mb  # noqa: E402
 
 DEFAULTS = {
     # every key FlashRAG 0.1.2 reads on this path; the bench's spec overrides the run's own
@@ -72,10 +74,6 @@ DEFAULTS = {
 }
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def bench_config(settings: dict):
     from flashrag.config import Config
 
@@ -92,10 +90,15 @@ def list_bm25(config):
     from flashrag.retriever import BM25Retriever
 
     class ListBM25(BM25Retriever):
-        """Rows as lists of plain dicts, each with its score (FlashRAG's bm25s path returns numpy arrays)."""
+        """Rows as lists of plain dicts, each with its score (FlashRAG's bm25s path returns numpy arrays);
+        ``seconds`` adds up the time spent searching."""
+
+        seconds = 0.0
 
         def _batch_search(self, query_list, num=None, return_score=False):
+            start = time.perf_counter()
             docs, scores = super()._batch_search(query_list, num, True)
+            self.seconds += time.perf_counter() - start
             scores = [[float(s) for s in row] for row in scores]
             docs = [
                 [dict(d, score=s) for d, s in zip(row, sc, strict=True)]
@@ -133,10 +136,14 @@ def run(spec: dict) -> dict:
     if spec.get("tokenizer_path"):
         use_tokenizer(spec["tokenizer_path"], pipe.generator, template)
     dataset = get_dataset(config)["test"]
+    pipe.retriever.batch_search(["warm up"])  # bm25s's numba top-k compiles on its first call
+    pipe.retriever.seconds = 0.0
     load = time.perf_counter() - start
+    clock = ForwardClock(pipe.generator.model)
     start = time.perf_counter()
     dataset = pipe.run(dataset, do_eval=False)
     seconds = time.perf_counter() - start
+    clock.close()
     rounds = spec.get("iterations", 1) if spec["pipeline"] == "iterative" else 1
     out = []
     for item in dataset:
@@ -160,7 +167,14 @@ def run(spec: dict) -> dict:
                 "answers": answers,
             }
         )
-    return {"seconds": seconds, "load_seconds": load, "peak_rss_mb": peak_rss_mb(), "items": out}
+    return {
+        "seconds": seconds,
+        "load_seconds": load,
+        "peak_rss_mb": peak_rss_mb(),
+        **clock.seconds,
+        "retrieve": pipe.retriever.seconds,
+        "items": out,
+    }
 
 
 def score(preds: dict) -> dict:
