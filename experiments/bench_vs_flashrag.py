@@ -11,9 +11,11 @@ at a newline, batch 64) and the same prompt text (our ``qa`` protocol's, given t
     python experiments/bench_vs_flashrag.py [--generators tiny,smollm2] [--questions 256] [--peer-python PY]
 
 Each pipeline runs in its own process per side (peak RSS is that process's); the clock covers answering the
-questions (retrieval, prompts, generation), not loading the model or the index. Both sides' predictions are
-scored by our scorer and by FlashRAG's evaluator; where answers differ, examples say why (retrieval, prompt
-or decoding). Writes experiments/results/bench_vs_flashrag.md.
+questions (retrieval, prompts, generation), not loading the model or the index. Each side's result is kept in
+``--work`` (default outputs/bench_vs_flashrag/) and reused while its spec is the same: a killed bench
+resumes; delete the folder to measure again. Both sides' predictions are scored by our scorer and by
+FlashRAG's evaluator; where answers differ, examples say why (retrieval, prompt or decoding). Writes
+experiments/results/bench_vs_flashrag.md.
 """
 
 import argparse
@@ -204,9 +206,15 @@ def run_ours(spec: dict) -> dict:
 
 
 def side(command: list[str], spec: dict, out: Path) -> dict:
-    """One side's process: writes the spec, runs, reads the result (stderr shown on failure)."""
-    spec_path = out.with_suffix(".spec.json")
-    spec_path.write_text(json.dumps(spec))
+    """One side's process: writes the spec, runs, reads the result (stderr shown on failure). A result
+    already there for the same spec is reused (a killed bench resumes; delete the work folder to measure
+    again)."""
+    spec_path, text = out.with_suffix(".spec.json"), json.dumps(spec)
+    if out.exists() and spec_path.exists() and spec_path.read_text() == text:
+        print(f"reusing {out} (same spec)", file=sys.stderr)
+        return json.loads(out.read_text())
+    out.unlink(missing_ok=True)
+    spec_path.write_text(text)
     done = subprocess.run([*command, str(spec_path), str(out)], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command[:3])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -231,12 +239,17 @@ def why(ours: dict, theirs: dict) -> tuple[str, str]:
                 "prompts differ",
                 f"round {r + 1}, character {at}: ours {x[at : at + 40]!r}, FlashRAG {y[at : at + 40]!r}",
             )
-    return "same passages and prompts: decoding differs", "batch padding or the stop rule"
+    if ours["prediction"].startswith(theirs["prediction"]):
+        return (
+            "same prompts, FlashRAG's answer cut short",
+            "its batch stopped early (see the stop rule above)",
+        )
+    return "same passages and prompts: decoding differs", "batch padding (float rounding) or the stop rule"
 
 
 def compare(ours: dict, theirs: dict, golds: dict, flashrag_scored: tuple[dict, dict]) -> dict:
     """Both sides' EM / F1 by our scorer and FlashRAG's, how often the two agree, and each difference."""
-    from rag_lab.eval.metrics import exact_match, f1_score
+    from rag_lab.eval.metrics import accuracy, exact_match, f1_score
 
     pairs = list(zip(ours["items"], theirs["items"], strict=True))
     assert all(a["id"] == b["id"] for a, b in pairs), "the two sides answered different questions"
@@ -254,6 +267,16 @@ def compare(ours: dict, theirs: dict, golds: dict, flashrag_scored: tuple[dict, 
         "same answers": f"{sum(a['prediction'] == b['prediction'] for a, b in pairs)}/{n}",
         "same answers where prompts are the same": f"{sum(alike)}/{len(alike)}",
     }
+    # per item, our scorer against FlashRAG's on the same predictions (both sides')
+    apart = {}
+    for metric, ours_metric in (("em", exact_match), ("f1", f1_score), ("acc", accuracy)):
+        apart[metric] = [
+            (r["prediction"], golds[r["id"]], mine, theirs_score)
+            for result, fr in zip((ours, theirs), flashrag_scored, strict=True)
+            for r, theirs_score in zip(result["items"], fr[f"{metric}_per_item"], strict=True)
+            if abs((mine := ours_metric(r["prediction"], golds[r["id"]])) - theirs_score) > 1e-9
+        ]
+    row["_scorers_apart"] = apart
     row["_examples"] = [
         {"id": a["id"], "ours": a["prediction"], "flashrag": b["prediction"], "why": why(a, b)}
         for a, b in pairs
@@ -300,6 +323,45 @@ def bench(generator: str, n: int, peer: str, work: Path) -> list[dict]:
     return rows
 
 
+NOTES = """## How FlashRAG was run
+
+- Installed from PyPI into `.venv-peers` by `make bench-peers` (requirements:
+  `experiments/peers/requirements-flashrag.txt`), every package both sides use at the main environment's
+  version (torch, transformers, tokenizers, bm25s, numpy). `pip install flashrag-dev` itself **fails
+  offline**: its `bm25s[full]` pulls `pytrec_eval`, whose build downloads trec_eval from GitHub; so
+  `flashrag-dev` goes in with `--no-deps` beside the packages it imports on this path. `pip check` then
+  lists fschat, rank-bm25, spacy and streamlit as missing: none is imported by the
+  two pipelines with `framework: hf` and bm25s.
+- Four workarounds, all in `experiments/peers/flashrag_side.py`, none in FlashRAG's code: (1) the 0.1.2 wheel
+  leaves out `flashrag/config/basic_config.yaml`, so `Config()` raises FileNotFoundError: a `Config` subclass
+  supplies the defaults (every key these pipelines read); (2) its bm25s retriever returns numpy arrays that
+  `Dataset.save` cannot write: a subclass returns lists; (3) its BM25 index builder in 0.1.2 indexes
+  characters, not words: the index is ours, built with FlashRAG's query tokenization and saved with the
+  corpus in bm25s's format (a test checks that bm25s queried FlashRAG's way ranks and scores as our retriever
+  does); (4) for the tiny LM, transformers 5 builds Qwen2's byte-level tokenizer from any folder whose config
+  is `qwen2`, not the word-level one saved there: FlashRAG's generator and prompt template get the tokenizer
+  from its own folder, padded as FlashRAG pads.
+- Settings: `framework: hf`, `gpu_id: null` (CPU), `generation_params: {max_tokens: 32, do_sample: false,
+  stop: ["\\n"]}`, `generator_batch_size: 64`, `retrieval_topk: 5`, `IterativePipeline(iter_num=3)`, the
+  prompt as `PromptTemplate(system_prompt, user_prompt, reference_template="{title}: {text}\\n")` so that
+  its text equals our `qa` protocol's (plain for the tiny LM, chat messages through SmolLM2's template, which
+  FlashRAG applies because the model folder's name holds "Instruct").
+- What differs by design: FlashRAG's stop rule halts a batch only when every row holds the stop string (rows
+  that finished keep decoding) and cuts the text afterwards; FlashRAG pads each batch of 64 to its longest
+  prompt and always computes the softmax of every step's scores; our engine reads prompts in length groups
+  and drops each row when it ends. BM25 ties: ours are ordered by corpus position, bm25s's numba top-k orders
+  them its own way, so on this templated corpus (many equal scores) a tie at the cut-off changes the passages.
+- FlashRAG's stop rule has a bug that cuts answers short: `StopWordCriteria` is built with the prompts of
+  the whole question list, and at each step reads row i's prompt length from prompt i of that list, not of
+  the current batch (and ignores left padding); from the second batch of 64 on, a row's window can hold the
+  end of its prompt, whose last character is the stop string (a newline), and when every row seems stopped
+  the batch halts. Every answer that this cuts is counted below as "FlashRAG's answer cut short" (ours
+  starts with FlashRAG's, same passages, same prompt).
+- Scorers: EM and Acc agree item by item. FlashRAG's F1 applies HotpotQA's yes / no / noanswer rule (0 when
+  either side normalises to one of them and the two differ) to every dataset; ours applies each dataset's
+  official rules, for synth (a FlashRAG-format set) SQuAD v1.1's, which has no such rule.
+"""
+
 SPEED = ["generator", "pipeline", "questions", "rag_lab q/s", "FlashRAG q/s", "speed-up", "rag_lab peak MB"]
 SPEED += ["FlashRAG peak MB", "prefill s (rag_lab / FlashRAG)", "decode s (rag_lab / FlashRAG)"]
 SPEED += ["retrieve s (rag_lab / FlashRAG)", "load s (rag_lab / FlashRAG)"]
@@ -323,6 +385,7 @@ def page(rows: list[dict], elapsed: float) -> str:
         f"Whole bench {elapsed / 60:.1f} min. Reproduce: `make bench-peers` (or, with .venv-peers built, "
         "`python experiments/bench_vs_flashrag.py --generators tiny`).",
     ]
+    lines += ["", NOTES.rstrip()]
     for r in rows:
         lines += ["", f"## Differing answers: {r['generator']}, {r['pipeline']} ({len(r['_examples'])})", ""]
         causes = pd.Series([ex["why"][0] for ex in r["_examples"]], dtype=object).value_counts()
@@ -331,6 +394,15 @@ def page(rows: list[dict], elapsed: float) -> str:
                 "By cause: " + ", ".join(f"{cause} {count}" for cause, count in causes.items()) + ".",
                 "",
             ]
+        apart = r["_scorers_apart"]
+        counts = ", ".join(f"{m.upper() if m != 'acc' else 'Acc'} {len(v)}" for m, v in apart.items())
+        lines += [
+            f"Our scorer and FlashRAG's on the same {2 * r['questions']} predictions differ on: {counts}."
+        ]
+        for metric, items in apart.items():
+            for pred, golds, mine, theirs in items[:1]:
+                lines.append(f"- {metric}: {pred!r} for {golds}: ours {mine:.2f}, FlashRAG's {theirs:.2f}")
+        lines.append("")
         for cause in causes.index:  # up to two examples of each cause
             for ex in [ex for ex in r["_examples"] if ex["why"][0] == cause][:2]:
                 lines.append(f"- `{ex['id']}` ({cause}): rag_lab {ex['ours']!r}, FlashRAG {ex['flashrag']!r}")
@@ -350,7 +422,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.ours:
         spec, out = (Path(p) for p in args.ours)
-        out.write_text(json.dumps(run_ours(json.loads(spec.read_text()))))
+        result = run_ours(json.loads(spec.read_text()))
+        out.with_suffix(".part").write_text(json.dumps(result))
+        out.with_suffix(".part").rename(out)  # whole or absent: a killed side leaves no result to reuse
         return
     if not os.access(args.peer_python, os.X_OK):
         sys.exit(f"--peer-python: {args.peer_python} is missing; `make bench-peers` builds FlashRAG's venv")

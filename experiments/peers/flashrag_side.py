@@ -199,7 +199,8 @@ def main() -> None:
         sys.exit("usage: flashrag_side.py run SPEC.json OUT.json | score PREDS.json OUT.json")
     task, source, target = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     result = (run if task == "run" else score)(json.loads(source.read_text()))
-    target.write_text(json.dumps(result))
+    target.with_suffix(".part").write_text(json.dumps(result))
+    target.with_suffix(".part").rename(target)  # whole or absent: the bench reuses a result it finds
 
 
 if __name__ == "__main__":

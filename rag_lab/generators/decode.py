@@ -102,8 +102,11 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Dyna
     merged = caches[0]
     back = torch.argsort(torch.tensor(order)).to(device)
     for layer, *parts in zip(merged.layers, *(c.layers for c in caches), strict=True):
-        layer.keys = torch.cat([_pad_left(p.keys, width) for p in parts])[back]
-        layer.values = torch.cat([_pad_left(p.values, width) for p in parts])[back]
+        keys = torch.cat([_pad_left(p.keys, width) for p in parts])[back]
+        values = torch.cat([_pad_left(p.values, width) for p in parts])[back]
+        for p in parts:  # each group's layer goes once merged: the cache is never held twice over
+            p.keys = p.values = None
+        layer.keys, layer.values = keys, values
     mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for m in masks])[back]
     return merged, mask, torch.cat(logits)[back]
 
