@@ -205,6 +205,9 @@ def run_ours(spec: dict) -> dict:
     }
 
 
+REUSED: list[str] = []  # the side results this run found in --work instead of measuring
+
+
 def side(command: list[str], spec: dict, out: Path) -> dict:
     """One side's process: writes the spec, runs, reads the result (stderr shown on failure). A result
     already there for the same spec is reused (a killed bench resumes; delete the work folder to measure
@@ -212,6 +215,7 @@ def side(command: list[str], spec: dict, out: Path) -> dict:
     spec_path, text = out.with_suffix(".spec.json"), json.dumps(spec)
     if out.exists() and spec_path.exists() and spec_path.read_text() == text:
         print(f"reusing {out} (same spec)", file=sys.stderr)
+        REUSED.append(out.name)
         return json.loads(out.read_text())
     out.unlink(missing_ok=True)
     spec_path.write_text(text)
@@ -414,7 +418,9 @@ def page(rows: list[dict], elapsed: float) -> str:
         "",
         frame[answers].to_markdown(index=False),
         "",
-        f"Whole bench {elapsed / 60:.1f} min. Reproduce: `make bench-peers` (or, with .venv-peers built, "
+        f"Whole bench {elapsed / 60:.1f} min"
+        + (f" ({len(REUSED)} results reused from an earlier run in --work)" if REUSED else "")
+        + ". Reproduce: `make bench-peers` (or, with .venv-peers built, "
         "`python experiments/bench_vs_flashrag.py --generators tiny`).",
     ]
     lines += ["", NOTES.rstrip()]
