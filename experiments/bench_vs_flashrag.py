@@ -226,13 +226,12 @@ def side(command: list[str], spec: dict, out: Path) -> dict:
 
 
 def why(ours: dict, theirs: dict) -> tuple[str, str]:
-    """Why one question's answers differ: (cause, detail) for the first round whose inputs differ."""
+    """Why one question's answers differ: (cause, detail) at the first round where the two sides part (a
+    later round's query holds the earlier answer, so the first difference is the cause of the rest)."""
     for r in range(len(ours["prompts"])):
-        if r and ours["answers"][r - 1] != theirs["answers"][r - 1]:
-            return "an earlier round's answer differs", f"round {r + 1}'s query holds round {r}'s answer"
         if ours["retrieved"][r] != theirs["retrieved"][r]:
-            a, b = (sorted(round(x, 4) for x in side["scores"][r]) for side in (ours, theirs))
             detail = f"round {r + 1}: ours {ours['retrieved'][r]}, FlashRAG {theirs['retrieved'][r]}"
+            a, b = (sorted(round(x, 4) for x in side["scores"][r]) for side in (ours, theirs))
             if a == b:
                 return "BM25 ties ordered differently (same scores)", detail
             return "different passages (different scores)", detail + f"; scores {a} vs {b}"
@@ -243,12 +242,12 @@ def why(ours: dict, theirs: dict) -> tuple[str, str]:
                 "prompts differ",
                 f"round {r + 1}, character {at}: ours {x[at : at + 40]!r}, FlashRAG {y[at : at + 40]!r}",
             )
-    if ours["prediction"].startswith(theirs["prediction"]):
-        return (
-            "same prompts, FlashRAG's answer cut short",
-            "its batch stopped early (see the stop rule above)",
-        )
-    return "same passages and prompts: decoding differs", "batch padding (float rounding) or the stop rule"
+        mine, flash = ours["answers"][r], theirs["answers"][r]
+        if mine != flash:
+            if mine.startswith(flash):
+                return "same prompts, FlashRAG's answer cut short", f"round {r + 1}: its batch stopped early"
+            return "same prompts, decoding differs", f"round {r + 1}: batch padding (float rounding)"
+    return "same prompts, decoding differs", "the final answers' parsing"
 
 
 def compare(ours: dict, theirs: dict, golds: dict, flashrag_scored: tuple[dict, dict]) -> dict:
@@ -390,7 +389,7 @@ NOTES = """## How FlashRAG was run
   the current batch (and ignores left padding); from the second batch of 64 on, a row's window can hold the
   end of its prompt, whose last character is the stop string (a newline), and when every row seems stopped
   the batch halts. Every answer that this cuts is counted below as "FlashRAG's answer cut short" (ours
-  starts with FlashRAG's, same passages, same prompt).
+  starts with FlashRAG's, same passages, same prompt, in that round).
 - Scorers: EM and Acc agree item by item. FlashRAG's F1 applies HotpotQA's yes / no / noanswer rule (0 when
   either side normalises to one of them and the two differ) to every dataset; ours applies each dataset's
   official rules, for synth (a FlashRAG-format set) SQuAD v1.1's, which has no such rule.

@@ -42,7 +42,13 @@ def test_flashrag_reads_our_exported_index_with_our_ranking_and_scores(tmp_path)
 
 
 def item(ids, scores, prompt="p", answer="x"):
-    return {"retrieved": [ids], "scores": [scores], "prompts": [prompt], "answers": [answer]}
+    return {
+        "retrieved": [ids],
+        "scores": [scores],
+        "prompts": [prompt],
+        "answers": [answer],
+        "prediction": answer,
+    }
 
 
 @pytest.mark.parametrize(
@@ -51,19 +57,31 @@ def item(ids, scores, prompt="p", answer="x"):
         (item(["a", "b"], [2.0, 1.0]), item(["a", "c"], [2.0, 1.0]), "BM25 ties ordered differently"),
         (item(["a", "b"], [2.0, 1.0]), item(["a", "c"], [2.0, 0.5]), "different passages (different scores)"),
         (item(["a"], [1.0], prompt="Q: x"), item(["a"], [1.0], prompt="Q: y"), "prompts differ"),
-        (item(["a"], [1.0]), item(["a"], [1.0]), "same passages and prompts: decoding differs"),
+        (
+            item(["a"], [1.0], answer="Theo Zistad"),
+            item(["a"], [1.0], answer="Theo"),
+            "same prompts, FlashRAG's",
+        ),
+        (
+            item(["a"], [1.0], answer="Theo"),
+            item(["a"], [1.0], answer="Rao"),
+            "same prompts, decoding differs",
+        ),
     ],
 )
 def test_each_difference_gets_its_cause(ours, theirs, cause):
     assert bench.why(ours, theirs)[0].startswith(cause)
 
 
-def test_a_later_round_blames_the_earlier_answer():
-    ours = {
-        "retrieved": [["a"], ["b"]],
-        "scores": [[1.0], [1.0]],
-        "prompts": ["p", "q"],
-        "answers": ["x", "y"],
-    }
-    theirs = {**ours, "retrieved": [["a"], ["c"]], "answers": ["z", "y"]}
-    assert bench.why(ours, theirs)[0] == "an earlier round's answer differs"
+def rounds(retrieved, answers):
+    return {"retrieved": retrieved, "scores": [[1.0]] * 2, "prompts": ["p", "q"], "answers": answers}
+
+
+def test_a_difference_is_traced_to_the_first_round_where_the_sides_part():
+    ours = rounds([["a"], ["b"]], ["Theo Zistad", "y"])
+    # round 2 retrieved other passages because round 1's answer (in its query) was cut short
+    assert (
+        bench.why(ours, rounds([["a"], ["c"]], ["Theo", "w"]))[0]
+        == "same prompts, FlashRAG's answer cut short"
+    )
+    assert bench.why(ours, rounds([["a"], ["c"]], ["Theo Zistad", "w"]))[0].startswith("BM25 ties")
