@@ -85,3 +85,10 @@ def test_a_difference_is_traced_to_the_first_round_where_the_sides_part():
         == "same prompts, FlashRAG's answer cut short"
     )
     assert bench.why(ours, rounds([["a"], ["c"]], ["Theo Zistad", "w"]))[0].startswith("BM25 ties")
+
+
+def test_prefill_padding_per_side():
+    """FlashRAG pads a batch to its longest prompt; our engine reads a 1-token and a 3-token prompt apart."""
+    tokenizer = str(Path(__file__).parent.parent / "rag_lab" / "checkpoints" / "tiny_lm" / "tokenizer")
+    items = {"items": [{"prompts": ["Ada"]}, {"prompts": ["Ada Ada Ada"]}]}
+    assert bench.padding(items, items, tokenizer) == "1.00 / 1.50"
