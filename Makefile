@@ -33,7 +33,7 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
 # make demo's rows: the main baselines, the five methods, Stop-RAG's stopper on R3-RAG's and APEX's loops
-DEMO_ROWS ?= direct,standard_rag,fixed_iter,stoprag,dapo,evorag,r3rag,apex,r3rag_stop,apex_stop
+DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo,evorag,r3rag,apex,r3rag_stop,apex_stop
 demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
 	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
 		'+experiment/compare_synth=$(DEMO_ROWS)'

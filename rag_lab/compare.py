@@ -160,8 +160,11 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def render(title: str, shown: pd.DataFrame, table: pd.DataFrame, summary: str) -> str:
-    """compare.md: title, table, the summary line and what each column means."""
+def render(
+    title: str, shown: pd.DataFrame, table: pd.DataFrame, summary: str, ceiling: str | None = None
+) -> str:
+    """compare.md: title, table, the summary line and what each column means (and the ceiling row, when
+    the table has it)."""
     reference, delta = table.attrs.get("reference"), table.attrs.get("delta", "acc")
     notes = {
         "method": f"the row: the value of `{table.attrs.get('by')}`",
@@ -178,14 +181,23 @@ def render(title: str, shown: pd.DataFrame, table: pd.DataFrame, summary: str) -
         notes["seed sd"] = "the difference's standard deviation over seeds (each seed's own difference)"
     described = {c: DESCRIPTIONS[c] for c in shown.columns if c in DESCRIPTIONS} | notes
     lines = "".join(f"- **{c}**: {described[c]}\n" for c in shown.columns if c in described)
+    if ceiling is not None and ceiling in set(table["method"]):
+        lines += (
+            f"\nRow **{ceiling}**: the gold supporting passages in the prompt and no search, what the reader "
+            "does when search is perfect: the ceiling of the rows that learn to search (a line on the Pareto "
+            "plot, not a point of its front).\n"
+        )
     return (
         f"# {title}\n\n{to_markdown(shown)}\n{summary}\n\n"
         f"Cells: the mean over questions [95% CI, a bootstrap over questions]. Columns:\n\n{lines}"
     )
 
 
-def write_compare(dirs: list[Path], by: str, reference: str, title: str, out: Path) -> str:
-    """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown."""
+def write_compare(
+    dirs: list[Path], by: str, reference: str, title: str, out: Path, ceiling: str | None = "oracle_rag"
+) -> str:
+    """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown. ``ceiling``: the
+    row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no search)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
@@ -193,7 +205,7 @@ def write_compare(dirs: list[Path], by: str, reference: str, title: str, out: Pa
     shown = display_table(table)
     out.mkdir(parents=True, exist_ok=True)
     summary = f"{len(runs)} runs{left_out(missing)} under {', '.join(map(str, dirs))}"
-    text = render(title, shown, table, summary)
+    text = render(title, shown, table, summary, ceiling)
     atomic_write_text(out / "compare.md", text)
     atomic_write_text(out / "compare.csv", table.to_csv(index=False))
     cells = shown.astype(object).where(shown.notna(), "--")
@@ -201,7 +213,7 @@ def write_compare(dirs: list[Path], by: str, reference: str, title: str, out: Pa
     atomic_write_text(out / "compare.tex", latex.replace("Δ", r"$\Delta$"))
     from rag_lab.plots import curves_side_by_side, pareto
 
-    pareto(table, out / "pareto", title)
+    pareto(table, out / "pareto", title, ceiling=ceiling)
     curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training")
     return text
 
@@ -219,13 +231,16 @@ def training_logs(runs: list[Path], by: str) -> dict[str, Path]:
 class CompareCallback(Callback):
     """A Hydra callback: when the comparison multirun ends, write its table and plot into the sweep dir."""
 
-    def __init__(self, by: str, reference: str = "fixed_iter", title: str = ""):
-        self.by, self.reference, self.title = by, reference, title
+    def __init__(
+        self, by: str, reference: str = "fixed_iter", title: str = "", ceiling: str | None = "oracle_rag"
+    ):
+        self.by, self.reference, self.title, self.ceiling = by, reference, title, ceiling
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
         try:
-            text = write_compare([sweep], self.by, self.reference, self.title or sweep.name, sweep)
+            title = self.title or sweep.name
+            text = write_compare([sweep], self.by, self.reference, title, sweep, self.ceiling)
         except RagLabError as e:  # the jobs' outputs are written; only the table is not
             print(f"error: no comparison table for {sweep}: {e}", file=sys.stderr)
             return
@@ -254,10 +269,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--by", default="+experiment/compare_synth", help="the override naming the rows")
     parser.add_argument("--reference", default="fixed_iter", help="the row the others are tested against")
     parser.add_argument("--title", default="All methods")
+    parser.add_argument(
+        "--ceiling", default="oracle_rag", help="the row drawn as a line, not a point (the oracle)"
+    )
     parser.add_argument("--out", type=Path, help="where the files go (default: the first DIR)")
     args = parser.parse_args(argv)
     with one_line_errors():
-        text = write_compare(args.dirs, args.by, args.reference, args.title, args.out or args.dirs[0])
+        out = args.out or args.dirs[0]
+        text = write_compare(args.dirs, args.by, args.reference, args.title, out, args.ceiling)
         sys.stdout.write(text)
 
 

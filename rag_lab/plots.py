@@ -43,12 +43,25 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
-def pareto(table: pd.DataFrame, stem: Path, title: str, x: str = "retrieval_count", y: str = "acc") -> None:
+def pareto(
+    table: pd.DataFrame,
+    stem: Path,
+    title: str,
+    x: str = "retrieval_count",
+    y: str = "acc",
+    ceiling: str | None = None,
+) -> None:
     """Each row of a :func:`rag_lab.compare.compare_table` at (mean ``x``, mean ``y``) with its 95%
-    intervals, named, and the Pareto front as a dashed step line."""
+    intervals, named, and the Pareto front as a dashed step line. The ``ceiling`` row (the oracle: gold
+    passages, no search) is a horizontal line with its interval as a band, not a point: its retrieval count
+    of 0 is not a cost it saved, so it stays off the front."""
     plt = _pyplot()
     rows = table.dropna(subset=[x, y]).reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for _, r in rows[rows["method"] == ceiling].iterrows():
+        ax.axhline(r[y], color="tab:green", linestyle=":", label=f"{ceiling}: gold passages, no search")
+        ax.axhspan(r[f"{y}_low"], r[f"{y}_high"], color="tab:green", alpha=0.1)
+    rows = rows[rows["method"] != ceiling].reset_index(drop=True)
     names: dict[tuple[float, float], list[str]] = {}  # rows at one point share one label
     for _, r in rows.iterrows():
         names.setdefault((round(r[x], 6), round(r[y], 6)), []).append(r["method"])
@@ -68,6 +81,7 @@ def pareto(table: pd.DataFrame, stem: Path, title: str, x: str = "retrieval_coun
         ax.step(
             rows[x][front], rows[y][front], where="post", linestyle="--", color="grey", label="Pareto front"
         )
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.set_xlabel("retrieval count (searches per question)")
     ax.set_ylabel("accuracy (%)")

@@ -63,6 +63,19 @@ def build_table(
     return table[[*varying, *columns, "run"]], common
 
 
+def type_table(runs: list[Path], column: str) -> pd.DataFrame:
+    """One row per run (named as in :func:`build_table`): ``column`` (a metric column, e.g. Acc) over all
+    its questions, then over each question type's (the ``type=`` subsets of metrics.json)."""
+    table, _ = build_table(runs, "all", [column])
+    table = table.rename(columns={column: "all"})
+    types = sorted({s for r in runs for s in read_metrics(r) if s.startswith("type=")})
+    for subset in types:
+        table[subset.removeprefix("type=")] = [
+            format_metrics(m[subset]).get(column) if subset in (m := read_metrics(r)) else None for r in runs
+        ]
+    return table[[c for c in table.columns if c != "run"] + ["run"]]
+
+
 def in_subset(record: dict, subset: str) -> bool:
     """Whether a record belongs to a metrics.json subset: 'all', 'type=<question type>' or
     'answerable=true|false'."""
@@ -325,6 +338,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--columns", nargs="+", help="only these metric columns (e.g. EM F1 'R@10')")
     parser.add_argument(
+        "--by-type",
+        metavar="COLUMN",
+        help="one metric column (e.g. Acc) over all questions and per question type",
+    )
+    parser.add_argument(
         "--compare",
         nargs="*",
         metavar="VALUE",
@@ -343,9 +361,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     with one_line_errors():
+        if args.by_type:
+            print_types(args.dirs, args.by_type, args.out)
+            return
         print_report(
             args.dirs, args.subset, args.columns, args.compare, args.out, args.by, tuple(args.metrics)
         )
+
+
+def print_types(dirs: list[Path], column: str, out: Path | None) -> None:
+    """``--by-type COLUMN``: the csv and the table of :func:`type_table`."""
+    runs, missing = find_runs(dirs), unfinished_runs(dirs)
+    if not runs:
+        raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
+    table = type_table(runs, column)
+    out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / "report.csv"
+    atomic_write_text(out, table.to_csv(index=False))
+    sys.stdout.write(to_markdown(table))
+    print(f"\n{len(runs)} runs{left_out(missing)}; {column} by question type; csv: {out}")
 
 
 def print_report(

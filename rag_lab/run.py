@@ -67,7 +67,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     generator = build(cfg.generator, data=data)
     env = Env(data.corpus, retriever, generator)
     reward = build(cfg.reward)
-    policy = build(cfg.policy, train_data=train_data, reward=reward, run_config=config)
+    policy = build(cfg.policy, data=data, train_data=train_data, reward=reward, run_config=config)
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:

@@ -260,6 +260,10 @@ CASES = [
     Case("corpus line without contents", "run", DATA, 1, r"corpus\.jsonl:2: missing field 'contents'",
          lambda t: flashrag(t, corpus=[{"id": "p1", "contents": "A\nB"}, {"id": "p2"}]),
          run_dir="fresh"),
+    Case("oracle row without gold supports", "run", [*DATA, "policy=oracle_rag", "generator=teacher"], 1,
+         r"policy=oracle_rag: data=flashrag \(\S*data, split test\) names no gold supporting passages",
+         lambda t: flashrag(t, test=[question(f"q{i}", meta_supporting_ids=[]) for i in range(3)]),
+         run_dir="fresh"),
     Case("dataset not downloaded", "run", ["data=flashrag", "data.path={tmp}/none"], 1,
          r"none/test\.jsonl.*make data-flashrag"),
     # ---- score ----------------------------------------------------------------------------------

@@ -95,6 +95,25 @@ def test_pareto_front():
     assert pareto_front(points) == [2, 1]
 
 
+def test_the_oracle_row_is_a_ceiling_line_off_the_pareto_front(sweep, monkeypatch):
+    """oracle_rag (gold passages, no search: RC 0, the best Acc) would be the whole front as a point; it is
+    a row of the table and a line on the plot, and the front is the methods'."""
+    root, _, _ = sweep
+    make_run(root, "oracle0", "oracle_rag", 0, [1.0] * 60, 0)
+    import rag_lab.plots as plots
+
+    fronts = []
+    monkeypatch.setattr(
+        plots, "pareto_front", lambda points: fronts.append(points) or list(range(len(points)))
+    )
+    text = write_compare([root], BY, "fixed_iter", "All methods", root / "out")
+    assert "| oracle_rag " in text and "Row **oracle_rag**: the gold supporting passages" in text
+    assert (0.0, 100.0) not in fronts[0] and len(fronts[0]) == 3  # direct, stoprag, fixed_iter
+    fronts.clear()
+    text = write_compare([root], BY, "fixed_iter", "All methods", root / "out", ceiling=None)
+    assert (0.0, 100.0) in fronts[0] and "Row **oracle_rag**" not in text
+
+
 def test_an_unknown_row_key_is_one_line(sweep, repo_root):
     root, _, _ = sweep
     out = subprocess.run([sys.executable, "-m", "rag_lab.compare", str(root), "--by", "policy"],

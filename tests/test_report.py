@@ -340,3 +340,22 @@ def test_refusals_are_scored_against_the_unanswerable_questions(tmp_path, capsys
     b = write_run(tmp_path / "b", ["seed=0"], [r | {"refused": 0.0} for r in records])
     delta = compare(a, b, "answerable=false", metrics=("refused",)).set_index("metric").loc["refused"]
     assert delta["n"] == 2 and delta["delta"] == pytest.approx(1 / 2)
+
+
+def test_by_type_gives_one_column_per_question_type(tmp_path, capsys):
+    """--by-type Acc: each run's accuracy over all its questions and over each type's, hand-counted."""
+    write_run(
+        tmp_path / "s" / "0",
+        ["policy.reader=qa"],
+        [record("q1", "single_hop", 1.0), record("q2", "single_hop", 0.0), record("q3", "3hop", 0.0)],
+    )
+    write_run(
+        tmp_path / "s" / "1",
+        ["policy.reader=cot"],
+        [record("q1", "single_hop", 1.0), record("q2", "single_hop", 1.0), record("q3", "3hop", 1.0)],
+    )
+    rc, out, _ = report(capsys, str(tmp_path / "s"), "--by-type", "Acc")  # fmt: skip
+    assert rc == 0
+    rows = {r[0]: [float(c) for c in r[1:4]] for r in cells(out) if r[0] in ("qa", "cot")}
+    assert rows["qa"] == [33.3, 0.0, 50.0]  # all, 3hop, single_hop
+    assert rows["cot"] == [100.0, 100.0, 100.0]

@@ -141,7 +141,13 @@ class ChainOfThought(Prompting):
         seen: list[set[str]] = [set() for _ in batch]
         if self.retrieve_each:
             self.retrieve(env, states, episodes, [s.question for s in states], seen)
-        live = list(range(len(batch)))
+        self.reason(env, states, episodes, seen)
+        return episodes
+
+    def reason(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:
+        """Reasoning sentences until each state answers (IRCoT: a search after each sentence); the ``qa``
+        reader answers those still reasoning after ``max_steps``."""
+        live = list(range(len(states)))
         for _ in range(self.max_steps):
             if not live:
                 break
@@ -165,4 +171,3 @@ class ChainOfThought(Prompting):
                 self.ask(env, QA(), [states[i] for i in live], [episodes[i] for i in live]),
                 reason="max_steps",
             )
-        return episodes

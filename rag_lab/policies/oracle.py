@@ -1,0 +1,82 @@
+"""``oracle_rag``: the reader given each question's gold supporting passages and no search — what the LM
+can do when search is perfect, the ceiling that every method learning to search is read against.
+
+Two readers over the same passages: ``qa`` answers at once (standard RAG with perfect retrieval: a
+multi-hop question must then be composed inside one answer) and ``cot`` reasons one sentence at a time
+(chain-of-thought over the gold passages, one hop a sentence, then ``So the answer is:``).
+
+The passages are shuffled per question (seeded by the question's id, the same order in every run) so that
+their order does not give the chain away; ``order=gold`` keeps the decomposition's order. A question whose
+evidence is withheld (synth's unanswerable questions) gets the supports that exist, as a perfect search
+would. A dataset whose questions name no gold supports cannot have this row: the policy says so, naming
+the dataset, before anything runs.
+"""
+
+import random
+from typing import Any
+
+from rag_lab.config import ConfigError, PositiveInt
+from rag_lab.data.base import QAExample
+from rag_lab.env import Env, Episode
+from rag_lab.env.protocols.base import SEARCH, Action, Turn
+from rag_lab.env.protocols.simple import QA
+from rag_lab.policies.prompting import ChainOfThought
+
+READERS = ("qa", "cot")
+ORDERS = ("shuffled", "gold")
+
+
+class OracleRAG(ChainOfThought):
+    """The gold supporting passages in the prompt, read by ``reader`` (``qa`` or ``cot``); no retrieval."""
+
+    def __init__(
+        self,
+        data: Any = None,
+        run_config: dict | None = None,
+        reader: str = "qa",
+        order: str = "shuffled",
+        max_steps: PositiveInt = 6,
+        max_new_tokens: PositiveInt = 32,
+        temperature: float = 0.0,
+    ):
+        for key, value, allowed in (("reader", reader, READERS), ("order", order, ORDERS)):
+            if value not in allowed:
+                raise ConfigError(f"policy.{key}: {value!r} is not one of {', '.join(allowed)}")
+        super().__init__(
+            retrieve=False, max_steps=max_steps, max_new_tokens=max_new_tokens, temperature=temperature
+        )
+        self.reader, self.order = reader, order
+        if data is not None:  # the runner hands its dataset over; a caller without one checks nothing
+            check_supports(data, ((run_config or {}).get("eval") or {}).get("split", "test"))
+
+    def gold(self, env: Env, ex: QAExample) -> list:
+        """The question's supporting passages that the corpus holds, in this policy's order."""
+        passages = [env.corpus.get(pid) for pid in dict.fromkeys(ex.supporting_ids) if pid in env.corpus]
+        if self.order == "shuffled":
+            random.Random(ex.id).shuffle(passages)
+        return passages
+
+    def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
+        states, episodes = self.start(batch)
+        for state, ex in zip(states, batch, strict=True):
+            state.turns.append(Turn(Action(SEARCH), self.gold(env, ex)))
+        if self.reader == "qa":
+            self.finish(episodes, self.ask(env, QA(), states, episodes))
+        else:
+            self.reason(env, states, episodes, [set() for _ in batch])
+        return episodes
+
+
+def check_supports(data: Any, split: str) -> None:
+    """A one-line error naming the dataset (and its file) when no question of ``split`` names a gold
+    supporting passage."""
+    examples = data.split(split)
+    if any(ex.supporting_ids for ex in examples):
+        return
+    where = getattr(data, "path", None)
+    source = f" ({where}, split {split})" if where is not None else f" (split {split})"
+    raise ConfigError(
+        f"policy=oracle_rag: data={getattr(data, 'name', type(data).__name__)}{source} names no gold "
+        "supporting passages, so there is nothing to put in the prompt; use a dataset with supports "
+        "(synth, hotpotqa, 2wiki, musique)"
+    )
