@@ -32,8 +32,9 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 
-# make demo's rows: the main baselines, the five methods, Stop-RAG's stopper on R3-RAG's and APEX's loops
-DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo,evorag,r3rag,apex,r3rag_stop,apex_stop
+# make demo's rows: the main baselines, the oracle (gold passages, no search), the five methods each beside
+# its start (the same loop before training; Stop-RAG's is fixed_iter). compare_synth has every row.
+DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo_start,dapo,evorag_start,evorag,r3rag_start,r3rag,apex_start,apex
 demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
 	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
 		'+experiment/compare_synth=$(DEMO_ROWS)'

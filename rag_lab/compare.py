@@ -92,9 +92,13 @@ def _label(value: str) -> str:
     return value.strip("'\"")
 
 
-def compare_table(runs: list[Path], by: str, reference: str, delta: str = "acc") -> pd.DataFrame:
-    """One row per value of override ``by`` (sweep order): seeds, N, per metric mean / low / high, and
-    ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd)."""
+def compare_table(
+    runs: list[Path], by: str, reference: str, delta: str = "acc", starts: dict[str, str] | None = None
+) -> pd.DataFrame:
+    """One row per value of override ``by`` (sweep order): seeds, N, per metric mean / low / high,
+    ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd) and, for a trained row
+    that ``starts`` maps to the row of its start (the same loop before training), the paired difference to
+    that row (s, s_low, s_high, s_p: trained − start)."""
     groups: dict[str, list[Path]] = {}
     for run in distinct(runs):  # a run that repeats another (copied, or the same config again) counts once
         groups.setdefault(_label(overrides_of(run).get(by, "?")), []).append(run)
@@ -115,9 +119,16 @@ def compare_table(runs: list[Path], by: str, reference: str, delta: str = "acc")
             scale = 100.0 if delta in PERCENT else 1.0
             row |= {"d": scale * res.delta, "d_low": scale * res.ci_low, "d_high": scale * res.ci_high}
             row |= {"p": res.p_value, "seed_sd": None if res.seed_sd is None else scale * res.seed_sd}
+        start = data.get((starts or {}).get(name, ""))
+        res = paired_delta(questions, start, delta) if start is not None else None
+        if res is not None:
+            scale = 100.0 if delta in PERCENT else 1.0
+            row |= {"s": scale * res.delta, "s_low": scale * res.ci_low, "s_high": scale * res.ci_high}
+            row["s_p"] = res.p_value
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs.update(by=by, reference=reference if ref is not None else None, delta=delta)
+    shown = {k: v for k, v in (starts or {}).items() if k in data and v in data}
+    table.attrs.update(by=by, reference=reference if ref is not None else None, delta=delta, starts=shown)
     return table
 
 
@@ -157,6 +168,12 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             out["seed sd"] = [
                 None if r["seed_sd"] != r["seed_sd"] else f"{r['seed_sd']:.1f}" for _, r in table.iterrows()
             ]
+    if "s" in table:
+        out[f"trained − start ({METRICS.get(delta, delta)})"] = [
+            None if r["s"] != r["s"] else f"{r['s']:+.1f} [{r['s_low']:+.1f}, {r['s_high']:+.1f}]"
+            for _, r in table.iterrows()
+        ]
+        out["p (start)"] = [_p(r["s_p"]) for _, r in table.iterrows()]
     return out
 
 
@@ -179,6 +196,13 @@ def render(
             "two-sided p-value of that difference (twice the share of resamples on the other side of 0)"
         )
         notes["seed sd"] = "the difference's standard deviation over seeds (each seed's own difference)"
+    if starts := table.attrs.get("starts"):
+        pairs = ", ".join(f"{row} − {start}" for row, start in starts.items())
+        notes[f"trained − start ({METRICS.get(delta, delta)})"] = (
+            f"each trained row against its own start, the same loop before training ({pairs}): the paired "
+            "bootstrap over questions, 95% CI"
+        )
+        notes["p (start)"] = "two-sided p-value of that difference"
     described = {c: DESCRIPTIONS[c] for c in shown.columns if c in DESCRIPTIONS} | notes
     lines = "".join(f"- **{c}**: {described[c]}\n" for c in shown.columns if c in described)
     if ceiling is not None and ceiling in set(table["method"]):
@@ -194,14 +218,21 @@ def render(
 
 
 def write_compare(
-    dirs: list[Path], by: str, reference: str, title: str, out: Path, ceiling: str | None = "oracle_rag"
+    dirs: list[Path],
+    by: str,
+    reference: str,
+    title: str,
+    out: Path,
+    ceiling: str | None = "oracle_rag",
+    starts: dict[str, str] | None = None,
 ) -> str:
     """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown. ``ceiling``: the
-    row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no search)."""
+    row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no search);
+    ``starts``: trained row -> the row of its start (:func:`compare_table`)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
-    table = compare_table(runs, by, reference)
+    table = compare_table(runs, by, reference, starts=starts)
     shown = display_table(table)
     out.mkdir(parents=True, exist_ok=True)
     summary = f"{len(runs)} runs{left_out(missing)} under {', '.join(map(str, dirs))}"
@@ -232,15 +263,21 @@ class CompareCallback(Callback):
     """A Hydra callback: when the comparison multirun ends, write its table and plot into the sweep dir."""
 
     def __init__(
-        self, by: str, reference: str = "fixed_iter", title: str = "", ceiling: str | None = "oracle_rag"
+        self,
+        by: str,
+        reference: str = "fixed_iter",
+        title: str = "",
+        ceiling: str | None = "oracle_rag",
+        starts: dict[str, str] | None = None,
     ):
         self.by, self.reference, self.title, self.ceiling = by, reference, title, ceiling
+        self.starts = dict(starts or {})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
         try:
             title = self.title or sweep.name
-            text = write_compare([sweep], self.by, self.reference, title, sweep, self.ceiling)
+            text = write_compare([sweep], self.by, self.reference, title, sweep, self.ceiling, self.starts)
         except RagLabError as e:  # the jobs' outputs are written; only the table is not
             print(f"error: no comparison table for {sweep}: {e}", file=sys.stderr)
             return
@@ -272,11 +309,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ceiling", default="oracle_rag", help="the row drawn as a line, not a point (the oracle)"
     )
+    parser.add_argument(
+        "--start",
+        action="append",
+        default=[],
+        metavar="ROW=START",
+        help="a trained row and the row of its start (repeatable): the 'trained − start' column",
+    )
     parser.add_argument("--out", type=Path, help="where the files go (default: the first DIR)")
     args = parser.parse_args(argv)
     with one_line_errors():
+        bad = [pair for pair in args.start if "=" not in pair]
+        if bad:
+            raise RagLabError(
+                f"--start {bad[0]}: expected ROW=START (a trained row and the row of its start)"
+            )
+        starts = dict(pair.split("=", 1) for pair in args.start)
         out = args.out or args.dirs[0]
-        text = write_compare(args.dirs, args.by, args.reference, args.title, out, args.ceiling)
+        text = write_compare(args.dirs, args.by, args.reference, args.title, out, args.ceiling, starts)
         sys.stdout.write(text)
 
 

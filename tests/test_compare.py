@@ -84,6 +84,30 @@ def test_files_the_table_the_legend_latex_and_the_plot(sweep):
         assert (root / "out" / f"pareto.{ext}").stat().st_size > 1000
 
 
+def test_trained_minus_start_pairs_each_row_with_its_own_start(sweep):
+    """starts {stoprag: direct}: stoprag's "trained − start" is its paired bootstrap against direct, over
+    the (question, seed) pairs both answered (direct: seed 0, the first 35 questions); other rows get none."""
+    root, _, better = sweep
+    runs = sorted(p for p in root.iterdir() if p.is_dir())
+    table = compare_table(runs, BY, "fixed_iter", starts={"stoprag": "direct", "nope": "direct"})
+    expected = paired_bootstrap(list(better[:35]), [0.0] * 30 + [1.0] * 5)
+    row = table.set_index("method").loc["stoprag"]
+    assert (row["s"], row["s_low"], row["s_high"], row["s_p"]) == pytest.approx(
+        (100 * expected.delta, 100 * expected.ci_low, 100 * expected.ci_high, expected.p_value)
+    )
+    assert (
+        table.set_index("method").loc["fixed_iter", "s"] != table.set_index("method").loc["fixed_iter", "s"]
+    )
+    assert table.attrs["starts"] == {"stoprag": "direct"}  # a row the sweep lacks is not listed
+    shown = display_table(table).set_index("method")
+    assert shown.loc["stoprag", "trained − start (Acc)"].startswith(f"{100 * expected.delta:+.1f} [")
+    text = write_compare([root], BY, "fixed_iter", "t", root / "out", starts={"stoprag": "direct"})
+    assert (
+        "**trained − start (Acc)**: each trained row against its own start" in text
+        and "stoprag − direct" in text
+    )
+
+
 def test_display_drops_columns_nobody_measured(sweep):
     root, _, _ = sweep
     shown = display_table(compare_table(sorted(p for p in root.iterdir() if p.is_dir()), BY, "fixed_iter"))
