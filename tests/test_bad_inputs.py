@@ -132,6 +132,25 @@ def two_runs(tmp: Path) -> None:
         (d / "metrics.json").write_text(json.dumps({"all": summary, "type=x": summary | {"n": 2}}))
 
 
+def shipped_copy(tmp: Path, change: Callable[[Path], None]) -> None:
+    """The shipped tiny LM copied to tmp/ckpt, then ``change``d."""
+    from rag_lab.train.tiny.generator import SHIPPED
+
+    shutil.copytree(SHIPPED, tmp / "ckpt")
+    change(tmp / "ckpt")
+
+
+def touch_weights(ckpt: Path) -> None:
+    with open(ckpt / "model.safetensors", "ab") as f:
+        f.write(b"\0")
+
+
+def card_says_hidden_48(ckpt: Path) -> None:
+    card = json.loads((ckpt / "recipe.json").read_text())
+    card["recipe"]["hidden"] = 48
+    (ckpt / "recipe.json").write_text(json.dumps(card))
+
+
 def busy_port(tmp: Path) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -216,6 +235,17 @@ CASES = [
          1, r"holds no model: none of config\.json", run_dir="fresh"),
     Case("hf folder with a model but no tokenizer", "run", ["policy=direct", "generator=hf",
          "generator.model={tiny_lm}"], 1, r"generator\.model: \S*tiny-lm\S* holds no tokenizer",
+         run_dir="fresh"),
+    Case("tiny LM weights changed after shipping", "run", ["policy=direct", "generator=tiny",
+         "generator.checkpoint={tmp}/ckpt"], 1, r"ckpt/model\.safetensors: sha256 \w+… is not the card's",
+         lambda t: shipped_copy(t, touch_weights), run_dir="fresh"),
+    Case("tiny LM card unlike its config", "run", ["policy=direct", "generator=tiny",
+         "generator.checkpoint={tmp}/ckpt"], 1,
+         r"ckpt/config\.json: hidden_size is 64, but the card \S+ says hidden 48",
+         lambda t: shipped_copy(t, card_says_hidden_48), run_dir="fresh"),
+    Case("tiny LM checkpoint unknown", "run", ["policy=direct", "generator=tiny",
+         "generator.checkpoint=nope"], 1,
+         r"generator\.checkpoint: \S+/checkpoints/nope holds no shipped checkpoint \(recipe\.json\)",
          run_dir="fresh"),
     Case("policy needs a generator", "run", ["policy=direct"], 1, r"generator: this policy needs a generator",
          run_dir="fresh"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rag_lab import cache
 from rag_lab.config import ConfigError, takes
+from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.train.tiny.recipe import Recipe, train
 
@@ -58,6 +59,52 @@ def recipe_settings(recipe: dict) -> dict:
     return dict(sorted(settings.items()))
 
 
+# The card's files (recipe.json, README.md) aside, what a shipped checkpoint holds: each with its sha256 in
+# recipe.json ("files"), checked on every load.
+CARD_FILES = ("recipe.json", "README.md")
+# recipe.json's model sizes -> config.json's fields
+SIZES = {
+    "hidden": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "intermediate": "intermediate_size",
+    "max_length": "max_position_embeddings",
+}
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """Every file of a checkpoint folder but its card (relative path -> sha256), in path order."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in CARD_FILES)
+    return {str(p.relative_to(folder)): cache.text_digest(p.read_bytes()) for p in files}
+
+
+def check_checkpoint(folder: Path, card: dict) -> None:
+    """A one-line error naming the file when a shipped checkpoint's files are not the ones its card
+    (``recipe.json``) fingerprints, or its config.json's sizes are not the card's recipe's."""
+    where = Path(folder) / "recipe.json"
+    recorded = card.get("files")
+    if not isinstance(recorded, dict) or not recorded:
+        raise RagLabError(f"{where}: no 'files' fingerprints (sha256 per file); `make tiny-lm` writes them")
+    found = file_digests(folder)
+    for name, digest in recorded.items():
+        if name not in found:
+            raise RagLabError(f"{Path(folder) / name}: missing, but the card {where} lists it")
+        if found[name] != digest:
+            raise RagLabError(
+                f"{Path(folder) / name}: sha256 {found[name][:16]}… is not the card's ({digest[:16]}…, "
+                f"{where}): the file changed after the checkpoint was shipped (`git checkout` it, or "
+                "`make tiny-lm`)"
+            )
+    config = json.loads((Path(folder) / "config.json").read_text())
+    for key, field in SIZES.items():
+        if key in card.get("recipe", {}) and config.get(field) != card["recipe"][key]:
+            raise RagLabError(
+                f"{Path(folder) / 'config.json'}: {field} is {config.get(field)}, but the card {where} says "
+                f"{key} {card['recipe'][key]}"
+            )
+
+
 def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     """The shipped checkpoint when it was trained with ``settings`` on ``data``'s world, else None
     (logged: which fingerprint differs)."""
@@ -66,6 +113,7 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
         log.info("tiny LM: no shipped checkpoint at %s; training with the recipe", shipped)
         return None
     recorded = json.loads(card.read_text())
+    check_checkpoint(shipped, recorded)
     keys = settings.keys() | recorded["recipe"].keys()
     changed = sorted(k for k in keys if settings.get(k) != recorded["recipe"].get(k))
     world = world_fingerprint(data)
@@ -84,18 +132,40 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     return shipped
 
 
+def checkpoint_dir(name: str | None) -> Path:
+    """A shipped checkpoint's folder: ``name`` under rag_lab/checkpoints/ (or a path); None: the default's."""
+    if name is None:
+        return SHIPPED
+    path = Path(name).expanduser()
+    return path if path.is_absolute() or len(path.parts) > 1 else SHIPPED.parent / path
+
+
 @takes(train)
 def tiny_lm(
-    data, cache_dir: str, generate_batch_size: int = 64, seed: int = 0, device: str = "auto", **recipe
+    data,
+    cache_dir: str,
+    generate_batch_size: int = 64,
+    seed: int = 0,
+    device: str = "auto",
+    checkpoint: str | None = None,
+    **recipe,
 ) -> HFGenerator:
     """The tiny LM for ``data`` (the run's dataset, handed over by the runner): the shipped checkpoint
     when it fits, else the recipe's (cached). ``recipe``: the settings of :func:`train` (:class:`Recipe`;
     :func:`rag_lab.config.takes` lists them in this signature, so the config schema checks every
     ``generator.*`` key). ``device``: HFGenerator's (``auto``: the CPU, where a model this small runs
-    fastest even beside a GPU)."""
+    fastest even beside a GPU). ``checkpoint``: which shipped checkpoint (a folder name under
+    rag_lab/checkpoints/, or a path; null: ``tiny_lm``, the default's)."""
     settings = recipe_settings(recipe)
     data = getattr(data, "world", data)  # data=synth_easy: the whole world, not its selection of questions
-    path = shipped_for(data, settings) or train(data, cache_dir, **settings)
+    folder = checkpoint_dir(checkpoint)
+    if checkpoint is not None and not (folder / "recipe.json").exists():
+        shipped = sorted(p.parent.name for p in SHIPPED.parent.glob("*/recipe.json"))
+        raise ConfigError(
+            f"generator.checkpoint: {folder} holds no shipped checkpoint (recipe.json); "
+            f"shipped: {', '.join(shipped)}"
+        )
+    path = shipped_for(data, settings, folder) or train(data, cache_dir, **settings)
     return HFGenerator(
         str(path),
         str(path / "tokenizer"),

@@ -11,7 +11,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_lab.train.tiny.generator import SHIPPED, recipe_part, recipe_settings, world_fingerprint
+from rag_lab.train.tiny.generator import (
+    SHIPPED,
+    file_digests,
+    recipe_part,
+    recipe_settings,
+    world_fingerprint,
+)
 from rag_lab.train.tiny.recipe import train
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,7 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
     for name in SHIPPED_FILES:
         source = path / name
         (shutil.copytree if source.is_dir() else shutil.copy2)(source, tmp / name)
+    card["files"] = file_digests(tmp)
     (tmp / "recipe.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (tmp / "README.md").write_text(model_card(card, stats, scores.read_text() if scores else None))
     old = out.with_name(f".{out.name}.old")
