@@ -20,6 +20,7 @@ from rag_lab.policies.dapo.rollout import SearchRollouts
 from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.dapo import format_reward
+from rag_lab.train.heldout import HeldOut
 
 from conftest import Killed, kill_at, untrained_tiny_lm
 
@@ -359,3 +360,37 @@ def test_a_damaged_stage_is_named_not_loaded_and_a_damaged_checkpoint_is_skipped
     assert last_good_checkpoint(work) == str(work / "checkpoint-2")
     (work / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": ')
     assert last_good_checkpoint(work) == str(work / "checkpoint-1")
+
+
+def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight(
+    data, base, tmp_path, monkeypatch
+):
+    """policy.heldout (n 3, every step): a row at steps 0, 1, 2 whose episodes are the greedy policy's with
+    the model of that step (step 0: the start's, step 2: the published stage's), and the same weights as
+    training without it (the measurement keeps every random stream)."""
+    import rag_lab.train.heldout as heldout
+
+    texts = []  # (step, every episode's generated text): the untrained model's answers are all empty
+    row = heldout.heldout_row
+    monkeypatch.setattr(heldout, "heldout_row", lambda s, q, eps, sc: texts.append(
+        (s, said(eps))) or row(s, q, eps, sc))  # fmt: skip
+    dev = data.split("dev")[:3]
+    plain, measured = tmp_path / "plain", tmp_path / "measured"
+    fast = {"lr": 0.5}  # two steps that change what the toy model writes
+    policy(cache_dir=str(plain), **fast).fit(env_for(data, base), data.split("train"), dev, tmp_path / "a")
+    trained = policy(cache_dir=str(measured), heldout=HeldOut(n=3, every=1), **fast)
+    trained.fit(env_for(data, base), data.split("train"), dev, tmp_path / "b")
+    [a], [b] = stage_dirs(plain), stage_dirs(measured)
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+    rows = read_records(tmp_path / "b" / "train_log.jsonl")
+    assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    assert [s for s, _ in texts] == [0, 1, 2] and texts[0][1] != texts[2][1]
+    env = env_for(data, base)  # the toy LM that searches first, around the start's and the trained weights
+    start = trained.rollout(env, dev)
+    greedy = trained.rollout(env.with_generator(env.generator.with_model(trained.generator.model)), dev)
+    assert texts[0][1] == said(start) and texts[2][1] == said(greedy)
+
+
+def said(episodes) -> list[str]:
+    return ["".join(step.text for step in ep.steps) for ep in episodes]

@@ -48,6 +48,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
+from rag_lab.train.heldout import HeldOut
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model, readable
 from rag_lab.train.start import starting_model
@@ -91,6 +92,8 @@ class DAPO(Agent):
         cold_start: ColdStartConfig | None = None,
         save_steps: PositiveInt = 10,
         bf16: bool | None = None,
+        # the held-out curve: greedy Acc on the dev split's first n questions every `every` steps
+        heldout: HeldOut | None = None,
         cache_dir: str = "~/.cache/rag_lab",
         seed: int = 0,
         # the dataset trained on (the cold start's world) and the run's resolved config (the stages' cache
@@ -115,7 +118,7 @@ class DAPO(Agent):
         self.dynamic_sampling, self.max_rounds, self.train_limit = dynamic_sampling, max_rounds, train_limit
         self.lora, self.cold_start, self.train_data = lora, cold_start, train_data
         self.save_steps, self.bf16, self.cache_dir, self.seed = save_steps, bf16, cache_dir, seed
-        self.run_config = run_config
+        self.run_config, self.heldout = run_config, heldout or HeldOut(n=0)
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
 
@@ -170,7 +173,7 @@ class DAPO(Agent):
             if (done / "train.json").exists():
                 log.info("DAPO stage %s: reusing %s", stage, done)
             else:
-                train_stage(self, generator, env, stage, questions, done)
+                train_stage(self, generator, env, stage, questions, done, self.heldout.questions(dev))
             generator = generator.with_model(
                 load_model(readable(done, f"DAPO stage {stage}"), like=generator.model)
             )

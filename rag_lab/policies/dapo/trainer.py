@@ -23,6 +23,7 @@ from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
 from rag_lab.rewards.dapo import answer_correct, retrieval_count
 from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
+from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.lora import peft_config
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # TRL's log keys -> the curves' (the rest keep TRL's names)
 RENAME = {"rewards/rc/mean": "rc", "rewards/acc/mean": "acc", "frac_reward_zero_std": "flat_groups"}
 PANELS = [
+    ("held-out questions (greedy)", ["heldout/acc", "heldout/format_failures"]),
     ("reward", ["reward", "rewards/answer/mean", "rewards/search/mean", "rewards/format/mean"]),
     ("retrieval count (RC)", ["rc"]),
     ("accuracy / format rate", ["acc", "format_rate"]),
@@ -80,10 +82,17 @@ def curve_row(rollouts: SearchRollouts):
 
 
 def train_stage(
-    policy, generator: HFGenerator, env: Env, stage, questions: list[QAExample], done: Path
+    policy,
+    generator: HFGenerator,
+    env: Env,
+    stage,
+    questions: list[QAExample],
+    done: Path,
+    heldout: list[QAExample] = (),
 ) -> None:
     """One stage of GRPO-with-DAPO on ``generator.model`` (in place), published to ``done``, with the
-    settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`)."""
+    settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`); the held-out curve's rows
+    (:mod:`rag_lab.train.heldout`: the policy's greedy episodes of ``heldout``) join its log."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -112,6 +121,14 @@ def train_stage(
     last = last_good_checkpoint(work)
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
     curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
+    measured = HeldOutCallback(
+        policy.heldout,
+        heldout,
+        lambda model: policy.rollout(env.with_generator(generator.with_model(model)), list(heldout)),
+        lambda row: curve.writer.write([row]),
+        getattr(policy.train_data, "scorer", "squad"),
+        resumed_at,
+    )
     peft = peft_config(policy.lora)
     trainer = GRPOTrainer(
         model=generator.model,
@@ -121,7 +138,7 @@ def train_stage(
         processing_class=generator.tokenizer,
         peft_config=peft,
         rollout_func=rollouts,
-        callbacks=[curve],
+        callbacks=[curve, measured],
     )
     resuming = f", resuming from {last}" if last else ""
     log.info(

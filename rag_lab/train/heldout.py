@@ -1,0 +1,115 @@
+"""Held-out curves: how a method's policy answers questions it never trains on, measured while it trains.
+
+A trainer's own curve (a batch's reward) is measured on what it trains on and is noisy; the held-out curve
+is the policy's accuracy (Acc, the dataset's scorer) on fixed held-out questions (the dev split's first
+``n``), greedy, in the method's own loop, at the start and every ``every`` steps (and at the last). Its rows,
+``{"step", "heldout/acc", "heldout/format_failures"}``, join the training log, so ``train_log.jsonl``, the
+method's curves and the comparison's ``curves.png`` draw it.
+
+Hand-written: TRL's ``eval_strategy`` evaluates a loss on a dataset, not a multi-turn policy's answers.
+"""
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from rag_lab.config import AtLeast
+from rag_lab.data.base import QAExample
+from rag_lab.env import Episode
+from rag_lab.eval.metrics import SCORERS
+
+HELDOUT_KEY = "heldout/acc"
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """``policy.heldout``: held-out questions (the dev split's first ``n``; 0: no curve) and the training
+    steps between two measurements."""
+
+    n: Annotated[int, AtLeast(0)] = 64
+    every: Annotated[int, AtLeast(1)] = 2
+
+    def questions(self, dev: Sequence[QAExample]) -> list[QAExample]:
+        return list(dev[: self.n])
+
+    def due(self, step: int, last: int) -> bool:
+        """Whether ``step`` (of ``last``) is measured: the start, every ``every``-th, the last."""
+        return step == 0 or step % self.every == 0 or step == last
+
+
+def heldout_row(step: int, questions: Sequence[QAExample], episodes: Sequence[Episode], scorer: str) -> dict:
+    """The curve's row: Acc and the format-failure rate of ``episodes`` against their ``questions``.
+
+    >>> from rag_lab.env import Episode
+    >>> qs = [QAExample("a", "?", ("Paris",)), QAExample("b", "?", ("Rome",))]
+    >>> eps = [Episode("a", "?", prediction="paris"), Episode("b", "?", prediction="", format_failure=True)]
+    >>> row = heldout_row(4, qs, eps, "squad")
+    >>> row["step"], row["heldout/acc"], row["heldout/format_failures"]
+    (4, 0.5, 0.5)
+    """
+    acc = SCORERS[scorer]["acc"]
+    right = [acc(ep.prediction, list(q.answers)) for q, ep in zip(questions, episodes, strict=True)]
+    return {
+        "step": step,
+        "time": time.time(),
+        HELDOUT_KEY: sum(right) / len(right),
+        "heldout/format_failures": sum(ep.format_failure for ep in episodes) / len(episodes),
+    }
+
+
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """Every random stream (Python's, numpy's, torch's CPU and CUDA ones) as it was before the block: a
+    measurement (the generator seeds torch for each call) leaves training's draws as they would have been."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+class HeldOutCallback(TrainerCallback):
+    """For TRL's trainers: ``rollout(model)`` (the method's greedy episodes of ``questions`` with the model as
+    it is) at the steps :meth:`HeldOut.due` picks, each row handed to ``write``. A run resumed at step
+    ``resumed_at`` measures from there on (the rows before are in the log already; the Trainer calls
+    ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number)."""
+
+    def __init__(
+        self,
+        settings: HeldOut,
+        questions: Sequence[QAExample],
+        rollout: Callable[[Any], list[Episode]],
+        write: Callable[[dict], None],
+        scorer: str = "squad",
+        resumed_at: int = 0,
+    ):
+        self.settings, self.questions, self.rollout, self.write = settings, list(questions), rollout, write
+        self.scorer, self.resumed_at = scorer, resumed_at
+
+    def measure(self, step: int, model: Any) -> None:
+        was_training = model.training
+        model.eval()
+        with rng_kept():
+            episodes = self.rollout(model)
+        model.train(was_training)
+        self.write(heldout_row(step, self.questions, episodes, self.scorer))
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.resumed_at == 0 and self.questions:
+            self.measure(0, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.questions and self.settings.due(state.global_step, state.max_steps):
+            self.measure(state.global_step, model)
