@@ -92,9 +92,9 @@ def pareto(
     plt.close(fig)
 
 
-# What each training log is plotted by, the first of these it has: the held-out curve (rag_lab/train/heldout.py:
-# the policy's Acc on held-out questions as it trains), EVO-RAG's dev EM per cycle, else the training signal
-# (the reward: DAPO, R3-RAG's per step, APEX's SEPR; Stop-RAG's Q-network loss).
+# What each training log is plotted by, the first of these it has: the held-out curve (the policy's Acc on
+# held-out questions as it trains: rag_lab/train/heldout.py), EVO-RAG's dev EM per cycle, else the training
+# signal (the reward: DAPO, R3-RAG's per step, APEX's SEPR; Stop-RAG's Q-network loss).
 CURVE_KEYS = ("heldout/acc", "dev_em", "reward", "reward/step", "rewards/sepr/mean", "val_loss", "loss")
 
 

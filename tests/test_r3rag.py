@@ -3,12 +3,14 @@ documents); two iterations move the actor and the value head with finite losses;
 weights of an uninterrupted one; the policy caches its result; the configs compose and bad settings are one
 line."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from rag_lab.config import ConfigError, compose
+from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols.r3rag import R3RAGStep
 from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.generators.base import Sampling
@@ -20,6 +22,7 @@ from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples,
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.r3rag_judges import R3RAGReward
+from rag_lab.train.heldout import HeldOut
 
 from conftest import Killed, untrained_tiny_lm
 
@@ -148,6 +151,60 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base,
     assert [r["step"] for r in rows] == [1, 2]
     for key, value in weights(whole).items():
         torch.testing.assert_close(weights(resumed)[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_the_heldout_curve_measures_the_policy_as_it_trains_and_survives_a_kill(
+    data, base, tmp_path, monkeypatch
+):
+    """heldout (n 3, every iteration): rows at steps 0, 1, 2 whose greedy episodes are the model's of that
+    step (0: the start's, 2: the trained one's), weights equal to training without it, and after a kill at
+    iteration 1 each row once."""
+
+    texts = []
+    row = trainer_module.heldout_row
+    monkeypatch.setattr(trainer_module, "heldout_row", lambda s, q, eps, sc: texts.append(
+        (s, ["".join(x.text for x in e.steps) for e in eps])) or row(s, q, eps, sc))  # fmt: skip
+    fast = replace(TOY, actor_lr=0.05)  # two iterations that change what the toy model writes
+    dev = data.split("dev")[:3]
+
+    def measured() -> PPOTrainer:
+        t = trainer(data, base, fast)
+        t.heldout, t.heldout_questions = HeldOut(n=3, every=1), dev
+        return t
+
+    plain = trainer(data, base, fast)
+    plain.run(tmp_path / "plain", tmp_path / "plain_out")
+    t = measured()
+    start = greedy(t, dev)
+    rows = t.run(tmp_path / "m", tmp_path / "m_out")
+    assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    assert [s for s, _ in texts] == [0, 1, 2] and texts[0][1] == start and texts[2][1] == greedy(t, dev)
+    assert texts[0][1] != texts[2][1]
+    for key, value in weights(plain).items():
+        torch.testing.assert_close(weights(t)[key], value, rtol=0, atol=1e-6, msg=key)
+    save = PPOTrainer.checkpoint
+
+    def killed_after_first(self, work, iteration, rows):
+        save(self, work, iteration, rows)
+        if iteration == 1:
+            raise Killed
+
+    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", killed_after_first)
+    with pytest.raises(Killed):
+        measured().run(tmp_path / "k", tmp_path / "k_out")
+    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", save)
+    resumed = measured().run(tmp_path / "k", tmp_path / "k_out")
+    assert [(r["step"], "heldout/acc" in r) for r in resumed] == [(s, h) for s, h in [
+        (0, True), (1, False), (1, True), (2, False), (2, True)]]  # fmt: skip
+
+
+def greedy(t: PPOTrainer, questions) -> list[str]:
+    """Every episode's generated text, greedy, with ``t``'s model as it is now."""
+    r = t.rollout
+    episodes = run_agent(
+        r.protocol, questions, t.acting(), Sampling(max_new_tokens=r.max_new_tokens), r.k, r.max_turns
+    )
+    return ["".join(x.text for x in e.steps) for e in episodes]
 
 
 def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ def main(job_file: str) -> None:
         generator = base.with_model(load_model(job["start"], like=base.model))
     env = policy.training_env(Env(data.corpus, build(cfg.retriever, corpus=data.corpus), base))
     questions = train_data.split(cfg.train_split)[: policy.train_limit]
-    policy.train(generator, env, questions, Path(job["done"]))
+    policy.train(generator, env, questions, Path(job["done"]), data.split("dev"))
 
 
 if __name__ == "__main__":

@@ -45,11 +45,13 @@ from rag_lab.records import atomic_write_text, read_records
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
+from rag_lab.train.heldout import HeldOut
 from rag_lab.train.resume import load_model, readable
 from rag_lab.train.start import starting_model
 
 log = logging.getLogger(__name__)
 PANELS = [
+    ("held-out questions (greedy)", ["heldout/acc", "heldout/format_failures"]),
     ("reward parts (per step, mean)", ["reward/process", "reward/outcome", "reward/step"]),
     ("rollouts (sampled)", ["rollout/acc", "rollout/format_failure", "rollout/no_answer"]),
     ("losses", ["loss/policy", "loss/value"]),
@@ -87,6 +89,8 @@ class R3RAG(Agent):
         # Stop-RAG's stopping rule on R3-RAG's turns (policy=stoprag's settings; null: none):
         # rag_lab/policies/stoprag/transfer.py
         stopper: Any = None,
+        # the held-out curve: greedy Acc on the dev split's first n questions every `every` PPO iterations
+        heldout: HeldOut | None = None,
         # the rollout: policy=agent's keys (k, max_turns, exclude_seen, max_new_tokens, temperature)
         **rollout: Any,
     ):
@@ -99,7 +103,7 @@ class R3RAG(Agent):
         self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
         self.train_retriever, self.launch = train_retriever, launch
         self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
-        self.stoprag = stopper
+        self.stoprag, self.heldout = stopper, heldout or HeldOut(n=0)
         self.scorer = getattr(train_data, "scorer", "squad")
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
@@ -148,7 +152,7 @@ class R3RAG(Agent):
             if self.launch:
                 self.launched(start, done)
             else:
-                self.train(generator, env, questions, done)
+                self.train(generator, env, questions, done, dev)
         self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
         rows = list(read_records(done / "log.jsonl"))
         out = Path(out_dir)
@@ -167,12 +171,18 @@ class R3RAG(Agent):
             env = Env(env.corpus, self.train_retriever(corpus=env.corpus), env.generator)
         return env
 
-    def train(self, generator, env: Env, questions: list[QAExample], done: Path) -> None:
+    def train(
+        self, generator, env: Env, questions: list[QAExample], done: Path, dev: list[QAExample] = ()
+    ) -> None:
         """PPO from ``generator``'s model, published to ``done`` by the main process (resumed from
-        ``<done>.work``); in every process of a launched job (:mod:`.job`)."""
+        ``<done>.work``); in every process of a launched job (:mod:`.job`). ``dev``: where the held-out
+        curve's questions come from."""
         work = done.with_name(f"{done.name}.work")
         rollout = Rollout(self.protocol, self.k, self.max_turns, self.sampling.max_new_tokens)
-        trainer = PPOTrainer(generator, env, self.reward, questions, self.ppo, rollout, self.seed)
+        trainer = PPOTrainer(
+            generator, env, self.reward, questions, self.ppo, rollout, self.seed,
+            heldout=self.heldout, heldout_questions=self.heldout.questions(dev), scorer=self.scorer,
+        )  # fmt: skip
         if not trainer.accelerator.is_main_process:
             trainer.run(work, None)
             return
@@ -183,7 +193,7 @@ class R3RAG(Agent):
             info = {
                 "iterations": self.ppo.iterations,
                 "questions": len(questions),
-                "wall_s": sum(r["wall_s"] for r in rows),
+                "wall_s": sum(r.get("wall_s", 0.0) for r in rows),
                 "device": str(weights.device),
                 "dtype": str(weights.dtype),
                 "processes": trainer.accelerator.num_processes,

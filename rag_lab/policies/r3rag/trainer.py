@@ -25,11 +25,13 @@ from tqdm.auto import tqdm
 
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
+from rag_lab.env.engine import run_agent
 from rag_lab.generators.base import Sampling
 from rag_lab.policies.r3rag.losses import explained_variance
 from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.records import RecordWriter, atomic_write_text
+from rag_lab.train.heldout import HeldOut, heldout_row, rng_kept
 from rag_lab.train.resume import last_good_checkpoint, load_model
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class PPOTrainer:
         rollout: Rollout,
         seed: int = 0,
         accelerator=None,
+        heldout: HeldOut | None = None,
+        heldout_questions: Sequence[QAExample] = (),
+        scorer: str = "squad",
     ):
         from rag_lab.policies.r3rag.ppo import make_accelerator
 
@@ -75,6 +80,8 @@ class PPOTrainer:
             )
         self.model, self.reference, self.optimizer = build(generator.model, settings, self.accelerator)
         self.env = CutDocuments(env.corpus, env.retriever, None, max_chars=settings.max_doc_chars)
+        self.heldout, self.heldout_questions = heldout or HeldOut(n=0), list(heldout_questions)
+        self.scorer = scorer
 
     @property
     def unwrapped(self):
@@ -99,18 +106,41 @@ class PPOTrainer:
             initial=start,
             total=self.settings.iterations,
         )
+        if start == 0:
+            rows += self.measure(0, writer)
         for it in bar:
             row = self.iteration(it)
             rows.append(row)
             if writer is not None:
                 writer.write([row])
             bar.set_postfix(acc=f"{row['rollout/acc']:.2f}", kl=f"{row['kl']:.3f}")
+            if self.heldout.due(it + 1, self.settings.iterations):
+                rows += self.measure(it + 1, writer)
             if (it + 1) % self.settings.save_steps == 0 or it + 1 == self.settings.iterations:
                 self.checkpoint(work, it + 1, rows)
         if self.accelerator.is_main_process:
             self.unwrapped.save(out)
         self.accelerator.wait_for_everyone()
         return rows
+
+    def measure(self, step: int, writer: RecordWriter | None) -> list[dict]:
+        """The held-out curve's row at ``step`` (:mod:`rag_lab.train.heldout`: the greedy policy on the
+        held-out questions), measured by the main process; [] on the others and without held-out questions."""
+        if not self.heldout_questions or not self.accelerator.is_main_process:
+            return []
+        r, model = self.rollout, self.unwrapped
+        was_training = model.training
+        model.eval()
+        with rng_kept():
+            episodes = run_agent(
+                r.protocol, self.heldout_questions, self.acting(), Sampling(max_new_tokens=r.max_new_tokens),
+                r.k, r.max_turns,
+            )  # fmt: skip
+        model.train(was_training)
+        row = heldout_row(step, self.heldout_questions, episodes, self.scorer) | {"stage": "ppo"}
+        if writer is not None:
+            writer.write([row])
+        return [row]
 
     def iteration(self, it: int) -> dict:
         """One PPO iteration (:mod:`.ppo`); its log row."""
