@@ -10,10 +10,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+from rag_lab.env import Episode
 from rag_lab.errors import RagLabError
+from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.planner import PlannerRL, plan_steps, train_planner
 from rag_lab.rewards.sepr import gold_plan
+from rag_lab.train.heldout import HeldOut, HeldOutCallback
 
 from conftest import untrained_tiny_lm
 
@@ -103,3 +106,33 @@ def test_the_planner_loss_is_a_token_mean_as_verls():
     assert planner_config(PlannerRL(loss_type="grpo"), Path("unused"), "cpu").loss_type == "grpo"
     with pytest.raises(RagLabError, match="policy.planner.loss_type"):
         PlannerRL(loss_type="mean")
+
+
+def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base, tmp_path):
+    """A held-out callback (every step): the planner's log holds its rows at steps 0, 1, 2 beside the
+    training rows, each once after a kill at step 1; each row measured with the planner of that step."""
+    questions = [q for q in data.split("train") if q.decomposition][:4]
+    held = data.split("dev")[:2]
+    seen = []
+
+    def rollout(model):  # the greedy plans of the held-out questions with the planner as it is now
+        generator = planner(base).with_model(model)
+        plans = generator.generate([q.question for q in held], Sampling(max_new_tokens=8))
+        seen.append([c[0].text for c in plans])
+        return [Episode(q.id, q.question, prediction=c[0].text) for q, c in zip(held, plans, strict=True)]
+
+    def callback():
+        return HeldOutCallback(HeldOut(n=2, every=1), held, rollout)
+
+    with pytest.raises(RagLabError, match="stopped at step 1 of 2"):
+        train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "p", callbacks=[StopAt(1)],
+                      heldout=callback())  # fmt: skip
+    train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "p", heldout=callback())
+    rows = [json.loads(line) for line in (tmp_path / "p" / "log.jsonl").read_text().splitlines() if line]
+    assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert seen[0] != seen[-1]  # the plans changed as the planner trained
+    final = HFGenerator(str(tmp_path / "p"), str(base / "tokenizer"), chat=False, dtype="float32")
+    assert seen[-1] == [
+        c[0].text for c in final.generate([q.question for q in held], Sampling(max_new_tokens=8))
+    ]

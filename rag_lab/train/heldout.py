@@ -84,14 +84,15 @@ class HeldOutCallback(TrainerCallback):
     """For TRL's trainers: ``rollout(model)`` (the method's greedy episodes of ``questions`` with the model as
     it is) at the steps :meth:`HeldOut.due` picks, each row handed to ``write``. A run resumed at step
     ``resumed_at`` measures from there on (the rows before are in the log already; the Trainer calls
-    ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number)."""
+    ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number). A
+    trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains."""
 
     def __init__(
         self,
         settings: HeldOut,
         questions: Sequence[QAExample],
         rollout: Callable[[Any], list[Episode]],
-        write: Callable[[dict], None],
+        write: Callable[[dict], None] | None = None,
         scorer: str = "squad",
         resumed_at: int = 0,
     ):

@@ -30,9 +30,12 @@ from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN, State
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import render
+from rag_lab.records import read_records
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
+from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
+from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
@@ -135,14 +138,21 @@ def train_planner(
     out: Path,
     chat: bool = False,
     callbacks: Sequence[Any] = (),
+    heldout: HeldOutCallback | None = None,
 ) -> dict:
     """GRPO with SEPR on ``generator.model`` (in place), the result published to ``out``; its stats.
-    ``callbacks``: extra ``transformers`` trainer callbacks."""
+    ``callbacks``: extra ``transformers`` trainer callbacks; ``heldout``: the held-out curve's
+    (:mod:`rag_lab.train.heldout`), whose rows join the log (kept in the work dir across a kill)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     rows = planner_rows(generator, questions, config, chat)
     work = out.with_name(f"{out.name}.work")
+    last = last_good_checkpoint(work)
+    if heldout is not None:
+        measured = CurveLog(work / "heldout.jsonl", resumed_at=int(last.rsplit("-", 1)[-1]) if last else 0)
+        heldout.write, heldout.resumed_at = (lambda row: measured.writer.write([row])), measured.resumed_at
+        callbacks = [*callbacks, heldout]
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[sepr, plan_steps],
@@ -151,7 +161,6 @@ def train_planner(
         processing_class=generator.tokenizer,
         callbacks=list(callbacks),
     )
-    last = last_good_checkpoint(work)
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < trainer.state.max_steps:
@@ -161,6 +170,8 @@ def train_planner(
         for r in trainer.state.log_history
         if "loss" in r
     ]
+    if heldout is not None:
+        curve = sorted(curve + read_records(work / "heldout.jsonl"), key=lambda r: r["step"])
     stats = {
         "questions": len(rows),
         "steps": trainer.state.global_step,

@@ -38,11 +38,13 @@ from rag_lab.records import read_records
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
+from rag_lab.train.heldout import HeldOut, HeldOutCallback
 from rag_lab.train.resume import readable
 
 log = logging.getLogger(__name__)
 
 PANELS = [
+    ("held-out questions (greedy)", ["heldout/acc", "heldout/format_failures"]),
     ("plan reward (SEPR)", ["rewards/sepr/mean"]),
     ("plan steps", ["rewards/plan_steps/mean"]),
     ("KL to the reference / entropy", ["kl", "entropy"]),
@@ -76,6 +78,9 @@ class APEX(APEXPipeline):
         # Stop-RAG's stopping rule before each further sub-question (policy=stoprag's settings; null: none):
         # rag_lab/policies/stoprag/transfer.py
         stopper: Any = None,
+        # the held-out curve while the planner trains: the whole pipeline's greedy Acc on the dev split's
+        # first n questions every `every` steps
+        heldout: HeldOut | None = None,
         # the loop: policy=apex_prompt's keys (plan, hops, k, max_new_tokens, temperature)
         **pipeline: Any,
     ):
@@ -83,7 +88,7 @@ class APEX(APEXPipeline):
         self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, reward
         self.planner_config, self.executor_config = planner or PlannerRL(), executor
         self.teacher, self.train_data, self.cache_dir = teacher, train_data, cache_dir
-        self.run_config, self.stoprag = run_config, stopper
+        self.run_config, self.stoprag, self.heldout = run_config, stopper, heldout or HeldOut(n=0)
         # what fit trains: the planner and the executor (None: the run's generator)
         self.planner: HFGenerator | None = None
         self.generator: HFGenerator | None = None
@@ -106,11 +111,8 @@ class APEX(APEXPipeline):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)
         rows: list[dict] = []
-        if self.plan and self.plan_rl:
-            if self.sepr is None:
-                raise RagLabError("reward: plan RL needs the plan reward (set reward=sepr)")
-            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir))
-            rows += [r | {"stage": "planner"} for r in read_records(planner_dir / "log.jsonl")]
+        if self.plan and self.plan_rl and self.sepr is None:
+            raise RagLabError("reward: plan RL needs the plan reward (set reward=sepr)")
         if self.executor_sft:
             if self.train_data is None or self.executor_config is None:
                 raise RagLabError("policy.executor: the executor's SFT needs its config and training data")
@@ -129,12 +131,47 @@ class APEX(APEXPipeline):
             offset = rows[-1]["step"] if rows else 0
             losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
+        if self.plan and self.plan_rl:
+            # after the executor: the held-out curve runs the whole pipeline, with the executor it will have
+            heldout = self._heldout(env.with_generator(self.generator or base), dev)
+            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir), heldout)
+            offset = rows[-1]["step"] if rows else 0
+            rows += [
+                r | {"stage": "planner", "step": offset + r["step"]}
+                for r in read_records(planner_dir / "log.jsonl")
+            ]
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "APEX-Searcher training", sharex=False)
         self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
 
+    def _heldout(self, env: Env, dev: list[QAExample]) -> HeldOutCallback | None:
+        """The planner's held-out curve: the whole pipeline (the planner as it trains, ``env``'s executor)
+        on the dev split's first ``heldout.n`` questions, greedy."""
+        questions = self.heldout.questions(dev)
+        if not questions:
+            return None
+
+        def rollout(model) -> list[Episode]:
+            kept = self.planner
+            self.planner = env.generator.with_model(model)
+            try:
+                return APEXPipeline.rollout(self, env, questions)
+            finally:
+                self.planner = kept
+
+        scorer = getattr(self.train_data, "scorer", "squad")
+        callback = HeldOutCallback(self.heldout, questions, rollout, scorer=scorer)
+        callback.executor = str(getattr(env.generator.model, "name_or_path", ""))
+        return callback
+
     def _planner(
-        self, base: HFGenerator, model_dir: Path, tokenizer_dir: Path, train: list[QAExample], out_dir: Path
+        self,
+        base: HFGenerator,
+        model_dir: Path,
+        tokenizer_dir: Path,
+        train: list[QAExample],
+        out_dir: Path,
+        heldout: HeldOutCallback | None = None,
     ) -> Path:
         """The planner trained by GRPO with SEPR (cached, see the module docstring), loaded as
         ``self.planner``; its dir."""
@@ -150,6 +187,8 @@ class APEX(APEXPipeline):
             plans,
             self.planner_config,
             reward,
+            # the held-out curve in its log: its questions and the executor it ran with
+            [self.heldout, [q.id for q in heldout.questions], heldout.executor] if heldout else None,
             code="rag_lab.policies.apex.planner",
         )
         settings = {"chat": base.chat, "batch_size": base.batch_size, "seed": base.seed, "dtype": "float32"}
@@ -157,7 +196,9 @@ class APEX(APEXPipeline):
             log.info("APEX planner: reusing %s", out)
         else:
             fresh = HFGenerator(str(model_dir), str(tokenizer_dir), **settings)
-            train_planner(fresh, questions, self.sepr, self.planner_config, out, chat=base.chat)
+            train_planner(
+                fresh, questions, self.sepr, self.planner_config, out, chat=base.chat, heldout=heldout
+            )
         self.planner = HFGenerator(str(readable(out, "APEX planner")), str(tokenizer_dir), **settings)
         return out
 
