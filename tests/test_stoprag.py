@@ -261,6 +261,10 @@ def test_a_killed_fit_resumes_to_the_uninterrupted_numbers(tiny_encoder, tmp_pat
     stats = json.loads((tmp_path / "whole" / "checkpoints" / "stoprag.json").read_text())
     per_epoch, total = math.ceil(stats["states"]["train"] / 8), stats["train"]["step"]
     assert per_epoch < kill_at < 2 * per_epoch < total  # the kill fell inside the second epoch
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "checkpoints" / "train_log.jsonl").open()]
+    # the held-out curve: fixed T at step 0, then every checkpoint's
+    assert rows[0]["step"] == 0 and rows[0]["heldout/steps"] == 3 and all("heldout/acc" in r for r in rows)
+    assert [r["step"] for r in rows[1:]] == list(range(10, total, 10)) + ([total] if total % 10 else [])
     for name in ["checkpoints/train_log.jsonl", "checkpoints/stoprag.json", "checkpoints/tau_curve.csv",
                  "records.jsonl", "metrics.json"]:  # fmt: skip
         assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
@@ -400,3 +404,38 @@ def test_targets_edges_the_unit_tests_left_open():
         ValueError, match=r"^target must be one of \('qlambda', 'mc', 'q0', 'binary'\), got 'td'$"
     ):
         targets("td", rewards, t)
+
+
+class Margins(torch.nn.Module):
+    """A stand-in Q-network: Q(s_t, STOP) − Q(s_t, CONT) = ``margins[question][t - 1]``, by the order
+    margins_of asks for the states (question by question, t = 1 .. T-1)."""
+
+    def __init__(self, margins: list[list[float]]):
+        super().__init__()
+        self.flat = [m for row in margins for m in row]
+
+    def forward(self, states):
+        stop = torch.tensor(self.flat[: len(states)])
+        self.flat = self.flat[len(states) :]
+        return stop, torch.zeros_like(stop)
+
+
+def test_the_heldout_curve_reads_the_dev_runs_stopped_where_q_stop_exceeds_q_cont():
+    """Hand-worked, T = 3: fixed T answers q1 'Paris' (right) and q2 'z' (wrong): Acc 0.5 in 3 steps. A
+    network whose margin first exceeds 0 at t = 2 for q1 and t = 1 for q2 answers 'Paris' and 'Rome':
+    Acc 1.0 in 1.5 steps; one that never exceeds 0 is fixed T again."""
+    from rag_lab.data.base import QAExample
+    from rag_lab.policies.stoprag.tau import heldout_at
+
+    trajs = [Trajectory("q1", "?", [["a"], ["b"], ["c"]], answers=["x", "Paris", "Paris"]),
+             Trajectory("q2", "?", [["d"], ["e"], ["f"]], answers=["Rome", "y", "z"])]  # fmt: skip
+    dev = [QAExample("q1", "?", ("Paris",)), QAExample("q2", "?", ("Rome",))]
+    assert heldout_at(None, trajs, dev, 3) == {"heldout/acc": 0.5, "heldout/steps": 3.0}
+    assert heldout_at(Margins([[-1.0, 2.0], [0.5, 0.1]]), trajs, dev, 3) == {
+        "heldout/acc": 1.0,
+        "heldout/steps": 1.5,
+    }
+    assert heldout_at(Margins([[-1.0, -2.0], [0.0, -0.1]]), trajs, dev, 3) == {
+        "heldout/acc": 0.5,
+        "heldout/steps": 3.0,
+    }

@@ -59,7 +59,7 @@ from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, coll
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import TARGETS, lambda_at
-from rag_lab.policies.stoprag.tau import tune_tau
+from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import rng_state, save_atomic, train_qnet
 from rag_lab.records import atomic_write_json
 from rag_lab.train.resume import load_torch
@@ -200,13 +200,22 @@ class StopRAG:
             "completions": counting.completions,
             "naive_calls": len(trajs) * self.pipeline.iterations * (2 + self.samples),
         }
-        encoding = cache.key({k: self.qnet_args[k] for k in ENCODING}, code="rag_lab.policies.stoprag.qnet")
-        self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{encoding}.pt"), rng)
         calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
+        # the dev questions run to the horizon once: the held-out curve while training, then τ's tuning
+        dev = dev[: self.dev_limit]
+        dev_trajs = self.dev_trajectories(env, dev, out_dir)
+        # a resumed training restores this too (the dev runs it read back from out_dir cost no call)
+        self.stats["dev"] = {"generator_calls": counting.calls - calls}
+        horizon = self.pipeline.iterations
+        heldout = (lambda qnet: heldout_at(qnet, dev_trajs, dev, horizon)) if dev_trajs else None
+        encoding = cache.key({k: self.qnet_args[k] for k in ENCODING}, code="rag_lab.policies.stoprag.qnet")
+        self.train(trajs, out_dir, offline.with_name(f"{offline.stem}.states-{encoding}.pt"), rng, heldout)
         if self.tau is None:
-            self.tune_tau(env, dev[: self.dev_limit], out_dir)
+            self.tune_tau(env, dev, out_dir, dev_trajs)
         self.qnet.clear_cache()  # the evaluation encodes as a reused fit does (module doc)
-        self.stats["generator_calls"] = self.stats["offline"]["generator_calls"] + counting.calls - calls
+        self.stats["generator_calls"] = (
+            self.stats["offline"]["generator_calls"] + self.stats["dev"]["generator_calls"]
+        )
         # stoprag.json first: a kill between the two leaves no qnet.pt, and the rerun writes both
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
         save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
@@ -278,14 +287,17 @@ class StopRAG:
         out_dir: Path,
         features_path: Path | None = None,
         rng: dict | None = None,
+        heldout=None,
     ) -> None:
-        """Q(λ) regression (Algorithm 1) on ``trajs``: :func:`rag_lab.policies.stoprag.trainer.train_qnet`."""
-        train_qnet(self, trajs, Path(out_dir), features_path, rng)
+        """Q(λ) regression (Algorithm 1) on ``trajs``: :func:`rag_lab.policies.stoprag.trainer.train_qnet`
+        (``heldout``: its held-out curve's values)."""
+        train_qnet(self, trajs, Path(out_dir), features_path, rng, heldout)
 
     # ---------------------------------------------------------------------------------------------
-    def tune_tau(self, env: Env, dev: list[QAExample], out_dir: Path) -> None:
-        """Every τ of the grid on the validation split, from one run to the horizon (see module doc)."""
-        trajs = collect(
+    def dev_trajectories(self, env: Env, dev: list[QAExample], out_dir: Path) -> list[Trajectory]:
+        """The validation questions run once to the horizon, a greedy final answer at every state (kept in
+        ``out_dir``: a second call reads them)."""
+        return collect(
             self.pipeline,
             env,
             dev,
@@ -295,6 +307,12 @@ class StopRAG:
             batch_size=self.batch_questions,
             desc="stoprag τ tuning (dev)",
         )
+
+    def tune_tau(
+        self, env: Env, dev: list[QAExample], out_dir: Path, trajs: list[Trajectory] | None = None
+    ) -> None:
+        """Every τ of the grid on the validation split, from one run to the horizon (see module doc)."""
+        trajs = self.dev_trajectories(env, dev, out_dir) if trajs is None else trajs
         horizon = self.pipeline.iterations
         self.tau, self.stats["tau"] = tune_tau(self.qnet, trajs, dev, horizon, self.tau_grid, out_dir)
 

@@ -47,6 +47,29 @@ def margins_of(qnet: QNetwork, trajs: Sequence[Trajectory], horizon: int) -> tor
     return margins
 
 
+def heldout_at(
+    qnet: QNetwork | None,
+    trajs: Sequence[Trajectory],
+    dev: Sequence[QAExample],
+    horizon: int,
+    tau: float = 0.0,
+) -> dict[str, float]:
+    """The held-out curve's values (:mod:`rag_lab.train.heldout`) from the dev trajectories: Acc and steps
+    of the pipeline stopped by ``qnet`` at ``tau`` (0: stop where Q(s, STOP) > Q(s, CONT), no τ tuned), or
+    with no ``qnet`` at the horizon (fixed T: Stop-RAG's start)."""
+    if qnet is None:
+        ts = [horizon] * len(trajs)
+    else:
+        was_training = qnet.training
+        qnet.eval()
+        ts = stop_times(margins_of(qnet, trajs, horizon), tau).tolist()
+        qnet.train(was_training)
+    acc = SCORERS["squad"]["acc"]
+    gold = {ex.id: list(ex.answers) for ex in dev}
+    right = [acc(t.answers[s - 1], gold[t.question_id]) for t, s in zip(trajs, ts, strict=True)]
+    return {"heldout/acc": sum(right) / len(right), "heldout/steps": sum(ts) / len(ts)}
+
+
 def tune_tau(
     qnet: QNetwork,
     trajs: Sequence[Trajectory],

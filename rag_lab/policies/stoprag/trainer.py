@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from rag_lab.policies.stoprag.offline import Trajectory, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.records import atomic_write_text
+from rag_lab.train.heldout import rng_kept
 from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,18 @@ def training_mode(qnet: QNetwork) -> None:
         qnet.encoder.eval()
 
 
-def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Path | None, rng: dict | None):
+def train_qnet(
+    policy,
+    trajs: list[Trajectory],
+    out_dir: Path,
+    features_path: Path | None,
+    rng: dict | None,
+    heldout: Callable[[QNetwork | None], dict] | None = None,
+):
     """Train ``policy.qnet`` (a :class:`~rag_lab.policies.stoprag.policy.StopRAG`'s) on ``trajs`` (module
     docstring). Starts from torch's RNG state ``rng`` (:func:`rng_state`; None: the current one), or
-    resumes exactly from ``out_dir/qnet_checkpoint.pt``."""
+    resumes exactly from ``out_dir/qnet_checkpoint.pt``. ``heldout(qnet)``: the held-out curve's values,
+    on the start's row (step 0, no network: fixed T) and on each checkpoint's row."""
     from transformers import get_cosine_schedule_with_warmup
 
     qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)
@@ -202,6 +211,8 @@ def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Pa
         log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
     if rng is not None:
         set_rng_state(rng)
+    if heldout is not None and not rows:
+        rows.append({"step": 0} | heldout(None))
     log_path = out_dir / "train_log.jsonl"  # the checkpoint's rows: none after it, none twice
     atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
     bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({policy.target})", unit="step")
@@ -223,6 +234,10 @@ def train_qnet(policy, trajs: list[Trajectory], out_dir: Path, features_path: Pa
             row = {"step": step, "loss": loss.item() / len(batch), "lambda": lam, "lr": lr}
             if loss_of.val_pairs:
                 row["val_loss"] = loss_of.validation(lam, policy.batch_size)
+            if heldout is not None:
+                with rng_kept():
+                    row |= heldout(qnet)
+                training_mode(qnet)
             rows.append(row)
             policy.stats["train"] = row
             save_atomic(
