@@ -81,10 +81,13 @@ def run_stage(
     return result
 
 
-def curve_rows(results: list[tuple[int, StageResult]]) -> list[dict]:
-    """The training curve: each cycle's DPO steps (numbered on across cycles and stages), and at each
-    cycle's last step its summary (dev EM, preference accuracy, branch counts, rollout monitors)."""
+def curve_rows(results: list[tuple[int, StageResult]], start_em: float | None = None) -> list[dict]:
+    """The training curve: the start's dev EM at step 0 (``start_em``: the held-out curve's first point),
+    each cycle's DPO steps (numbered on across cycles and stages), and at each cycle's last step its summary
+    (dev EM, preference accuracy, branch counts, rollout monitors)."""
     rows, offset = [], 0
+    if start_em is not None and results:
+        rows.append({"stage": str(results[0][0]), "step": 0, "dev_em": start_em})
     for stage, result in results:
         for done, summary in zip(result.cycles, result.summaries, strict=True):
             steps = [

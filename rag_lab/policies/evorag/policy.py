@@ -187,7 +187,7 @@ class EvoRAG(Agent):
         questions, dev = train[: self.train_limit], self.dev_questions(dev)
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "stages"
         previous = cache.files_digest(start)
-        start_em = self.start_em(generator, env, previous, dev, root)
+        start_em = first_em = self.start_em(generator, env, previous, dev, root)
         pm = PreferenceModel(self.preference.encoder, self.preference.heads, seed=self.seed)
         results, chosen = [], {}
         for stage in self.stages:
@@ -201,7 +201,7 @@ class EvoRAG(Agent):
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")
-        write_curves(curve_rows(results), out, logger, PANELS, "EVO-RAG training")
+        write_curves(curve_rows(results, first_em), out, logger, PANELS, "EVO-RAG training")
 
     def dev_questions(self, dev: list[QAExample]) -> list[QAExample]:
         """The stall rule's questions: the training data's dev split (the paper stops on its training set's
