@@ -132,6 +132,32 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     return shipped
 
 
+# The chain stage's settings: a recipe that differs from a shipped one only in these (and whose shipped one
+# has no chain stage) starts its chain stage from that checkpoint.
+CHAIN_KEYS = ("chain_steps", "chain_layout", "chain_lr")
+
+
+def before_chain_for(data, settings: dict, shipped_root: Path = SHIPPED.parent) -> Path | None:
+    """A shipped checkpoint of this recipe's stages before its chain stage (its recipe is ``settings`` but
+    the chain keys, with no chain stage, on ``data``'s world), checked against its card; None when the
+    recipe has no chain stage or none is shipped."""
+    if not settings.get("chain_steps"):
+        return None
+    wanted = {k: v for k, v in settings.items() if k not in CHAIN_KEYS}
+    world = None
+    for card in sorted(Path(shipped_root).glob("*/recipe.json")):
+        recorded = json.loads(card.read_text())
+        recipe = recorded.get("recipe", {})
+        if recipe.get("chain_steps") or {k: v for k, v in recipe.items() if k not in CHAIN_KEYS} != wanted:
+            continue
+        world = world or world_fingerprint(data)
+        if recorded.get("world") == world:
+            check_checkpoint(card.parent, recorded)
+            log.info("tiny LM: the chain stage starts from the shipped %s (its earlier stages)", card.parent)
+            return card.parent
+    return None
+
+
 def checkpoint_dir(name: str | None) -> Path:
     """A shipped checkpoint's folder: ``name`` under rag_lab/checkpoints/ (or a path); None: the default's."""
     if name is None:
@@ -165,7 +191,9 @@ def tiny_lm(
             f"generator.checkpoint: {folder} holds no shipped checkpoint (recipe.json); "
             f"shipped: {', '.join(shipped)}"
         )
-    path = shipped_for(data, settings, folder) or train(data, cache_dir, **settings)
+    path = shipped_for(data, settings, folder) or train(
+        data, cache_dir, before_chain=before_chain_for(data, settings), **settings
+    )
     return HFGenerator(
         str(path),
         str(path / "tokenizer"),

@@ -14,16 +14,17 @@ several seeds share one LM. The shipped one: :mod:`rag_lab.train.tiny.ship`; loa
 what the switches it no longer has measured).
 """
 
+import json
 import logging
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rag_lab import cache
 from rag_lab.config import takes
-from rag_lab.env.protocols.base import PROTOCOLS
+from rag_lab.env.protocols.base import PROTOCOLS, identify
 from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.bm25 import BM25Retriever
@@ -62,6 +63,17 @@ TUNE_LAYOUT = (
     "demos:apex_exec",
     "demos:apex_final",
 )
+# The chain stage's layouts (issue 48: experiments/results/tiny_lm.md, "The chain stage"): the teacher's
+# chain-of-thought over gold passages (demos:cot) beside the reading layouts, so that reading is kept.
+CHAIN_LAYOUT = (
+    "demos:cot",
+    "demos:cot",
+    "demos:cot",
+    "qa",
+    "qa",
+    "stoprag_intermediate",
+    "demos",
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,12 @@ class Recipe(TinySizes):
     tune_steps: int = 2000
     tune_layout: str | Sequence[str] = TUNE_LAYOUT
     tune_lr: float = 1e-3
+    # a chain stage after it, cached apart: chain_steps batches of reading_batch_size in chain_layout at
+    # chain_lr, where demos:cot draws the teacher's chain-of-thought over each training question's gold
+    # passages (policy=oracle_rag policy.reader=cot) as well as over retrieved ones (IRCoT's) (0: none)
+    chain_steps: int = 0
+    chain_layout: str | Sequence[str] = CHAIN_LAYOUT
+    chain_lr: float = 1e-3
     # the vocabulary (its token ids follow the counts) is counted over the corpus, the training items and
     # every demonstration of up to this many words (0: none); these texts train nothing
     vocab_demo_words: int = 80
@@ -146,22 +164,32 @@ class Reading:
 
 
 @takes(Recipe)
-def train(data, cache_dir: str, **settings) -> Path:
+def train(data, cache_dir: str, before_chain: Path | None = None, **settings) -> Path:
     """The recipe: the tiny LM trained on ``data`` (cached under ``cache_dir/tiny_lm/<key>``); its path.
-    ``settings``: :class:`Recipe`'s."""
+    ``settings``: :class:`Recipe`'s. ``before_chain``: a model of this recipe's stages before the chain
+    stage (a shipped checkpoint whose recipe is this one with ``chain_steps=0``): the chain stage starts
+    from it instead of training those stages again."""
     recipe = Recipe(**settings)
     layouts = _layouts(recipe.reading_layout, recipe.protocols, "reading_layout")
     tune_layouts = _layouts(recipe.tune_layout, recipe.protocols, "tune_layout") if recipe.tune_steps else []
+    chain_layouts = (
+        _layouts(recipe.chain_layout, recipe.protocols, "chain_layout") if recipe.chain_steps else []
+    )
     retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
     teacher = TeacherGenerator(data)
     by_protocol = collect(teacher, data.corpus, retriever, data.split("train"), recipe.k, recipe.iterations)
+    needs_facts = recipe.drills or recipe.rename_entities or recipe.reading_steps or recipe.tune_steps
+    facts = page_facts(data) if needs_facts or recipe.chain_steps else []
+    entities = sorted(set(data.corpus.titles))
+    # Renaming keeps each entity's kind (a country becomes another country), as the world does.
+    rename = renamer(entities, page_kinds(facts))
+    if before_chain is not None and recipe.chain_steps:
+        return _chain_stage(
+            before_chain, data, facts, retriever, by_protocol, rename, chain_layouts, cache_dir, recipe
+        )
     wanted = sorted(name for name in by_protocol if recipe.protocols is None or name in recipe.protocols)
     chosen = {name: by_protocol[name] for name in wanted}
-    needs_facts = recipe.drills or recipe.rename_entities or recipe.reading_steps or recipe.tune_steps
-    facts = page_facts(data) if needs_facts else []
-    # Renaming keeps each entity's kind (a country becomes another country), as the world does.
-    entities = sorted(set(data.corpus.titles))
-    rename, rng = renamer(entities, page_kinds(facts)), random.Random(recipe.train_seed)
+    rng = random.Random(recipe.train_seed)
     demos = sample(by_protocol, recipe.words_per_protocol, recipe.protocols, seed=recipe.train_seed)
     pairs, sft_steps = _sft_pairs(demos, facts, layouts, rename, rng, recipe)
     running = [*(layouts if recipe.reading_steps else []), *tune_layouts]
@@ -195,7 +223,71 @@ def train(data, cache_dir: str, **settings) -> Path:
     path = train_tiny_lm(texts, pairs, config, out, TAGS, reading, entities, pieces)
     if recipe.tune_steps:
         path = _protocol_stage(path, source, tune_layouts, config, entities, cache_dir, recipe)
+    if recipe.chain_steps:
+        path = _chain_stage(
+            path, data, facts, retriever, by_protocol, rename, chain_layouts, cache_dir, recipe
+        )
     return path
+
+
+def _chain_stage(
+    base: Path,
+    data,
+    facts: list,
+    retriever: BM25Retriever,
+    by_protocol: dict[str, dict[str, str]],
+    rename: Callable,
+    layouts: list[str],
+    cache_dir: str,
+    recipe: Recipe,
+) -> Path:
+    """The chain stage, cached apart: the ``base`` model trained on ``layouts`` (the protocol stage's loop),
+    its ``demos:cot`` pool the teacher's chain-of-thought over gold passages and IRCoT's over retrieved
+    ones. Its own random stream (seed + 2), so its items do not depend on the stages before."""
+    pools = dict(by_protocol)
+    pools["cot"] = {**pools.get("cot", {}), **oracle_chains(data, data.split("train"))}
+    source = _reading(facts, retriever, pools, rename, layouts, recipe)
+    rng, size = random.Random(recipe.train_seed + 2), recipe.reading_batch_size
+    items = source.items(layouts, recipe.chain_steps, size, rng, recipe.train_seed, stops=True)
+    base_info = json.loads((Path(base) / "config.json").read_text())
+    sizes = TinySizes(
+        hidden=base_info["hidden_size"],
+        layers=base_info["num_hidden_layers"],
+        heads=base_info["num_attention_heads"],
+        kv_heads=base_info["num_key_value_heads"],
+        intermediate=base_info["intermediate_size"],
+        max_length=base_info["max_position_embeddings"],
+    )
+    config = TinyConfig(
+        **asdict(sizes),
+        reading_steps=recipe.chain_steps,
+        reading_batch_size=size,
+        lr=recipe.chain_lr,
+        warmup_steps=recipe.warmup_steps,
+        seed=recipe.train_seed,
+    )
+    entities = sorted(set(data.corpus.titles))
+    chain_hash = fingerprint([], [], (), reading=items, entities=entities)
+    out = cache.path(cache_dir, "tiny_lm", cache.files_digest(base), config, chain_hash, code=__name__)
+    if not out.exists():
+        log.info("training the tiny LM's chain stage (%d steps) on %s into %s", recipe.chain_steps, base, out)
+    return tune_tiny_lm(base, items, config, out, chain_hash, entities)
+
+
+def oracle_chains(data, questions) -> dict[str, str]:
+    """The world teacher's chain-of-thought over each question's gold passages (``policy=oracle_rag
+    policy.reader=cot`` behind it): {cot prompt: the next sentence}."""
+    from rag_lab.env import Env
+    from rag_lab.policies.oracle import OracleRAG
+    from rag_lab.train.demonstrations import Recorder
+
+    recorder = Recorder(TeacherGenerator(data))
+    env, policy = Env(data.corpus, None, recorder), OracleRAG(reader="cot")
+    for start in range(0, len(questions), 256):
+        policy.rollout(env, list(questions[start : start + 256]))
+    return {
+        p: t for p, t in recorder.pairs if isinstance(p, str) and (f := identify(p)) and f[0].name == "cot"
+    }
 
 
 def _sft_pairs(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rag_lab.train.tiny.generator import (
     SHIPPED,
+    before_chain_for,
     file_digests,
     recipe_part,
     recipe_settings,
@@ -27,12 +28,20 @@ log = logging.getLogger(__name__)
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "train.json", "tokenizer")
 
 
-def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | None = None) -> Path:
+def ship(
+    overrides: Sequence[str] = (),
+    out: Path | None = None,
+    scores: Path | None = None,
+    from_scratch: bool = False,
+    model: Path | None = None,
+) -> Path:
     """``make tiny-lm``: train ``generator=tiny``'s recipe on the embedded world (``data=synth``; both
     with ``overrides``) and write the checkpoint that ``generator=tiny`` loads: the model, its tokenizer,
     ``recipe.json`` (the settings and the world's fingerprint) and a model card (``README.md``: recipe,
     hardware, time, and the table of ``scores``, a report.md, when given). The previous checkpoint is
-    replaced only once the new one is complete."""
+    replaced only once the new one is complete. A recipe with a chain stage starts it from the shipped
+    checkpoint of its earlier stages when there is one (``from_scratch``: every stage trains). ``model``:
+    a directory this recipe trained already (a recipe run's cache entry) to ship as it is."""
     import platform
     import subprocess
 
@@ -47,7 +56,8 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
     generator = OmegaConf.to_container(cfg.generator, resolve=True)
     settings = recipe_settings(recipe_part(generator))
     data = instantiate(cfg.data)
-    path = train(data, cfg.cache_dir, **settings)
+    before = None if from_scratch else before_chain_for(data, settings)
+    path = Path(model) if model is not None else train(data, cfg.cache_dir, before_chain=before, **settings)
     stats = json.loads((path / "train.json").read_text())
     seconds = stats.get("total_wall_s", stats["wall_s"])
     commit = subprocess.run(
@@ -63,6 +73,8 @@ def ship(overrides: Sequence[str] = (), out: Path | None = None, scores: Path | 
         f"{torch.__version__}",
         "commit": commit.stdout.strip() or None,
     }
+    if before is not None:
+        card["before_chain"] = before.name
     tmp = out.with_name(f".{out.name}.new")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -130,10 +142,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. generator.reading_steps=3000")
     parser.add_argument("--out", type=Path, default=None, help="where to write it (default: the shipped one)")
     parser.add_argument("--scores", type=Path, default=None, help="a report.md whose table goes on the card")
+    parser.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="train every stage (not the chain stage alone from the shipped one)",
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="ship this trained model dir (the recipe's) as it is"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
-        print(ship(args.overrides, args.out, args.scores))
+        print(ship(args.overrides, args.out, args.scores, args.from_scratch, args.model))
 
 
 if __name__ == "__main__":
