@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo tiny-lm test test-slow test-gpu mutate lint format docs bench bench-peers clean \
+.PHONY: help install install-gpu demo claims tiny-lm test test-slow test-gpu mutate lint format docs bench bench-peers clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -39,6 +39,14 @@ demo: install ## The showcase: the main baselines and all five methods on the em
 	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
 		'+experiment/compare_synth=$(DEMO_ROWS)'
 	@echo "table: outputs/demo/compare.md (.csv, .tex); plot: outputs/demo/pareto.png (.svg)"
+
+# make claims: each experiment conf/claims.yaml judges, over three seeds, then the claims table (hours on 2 cores)
+CLAIMS_DIR ?= outputs/claims
+CLAIMS_EXPERIMENTS ?= stoprag_synth dapo_synth evorag_ablation r3rag_synth r3rag_ablation apex_ablation
+claims: install ## The papers' headlines: their experiments over 3 seeds, then experiments/results/claims.md (hours)
+	@for e in $(CLAIMS_EXPERIMENTS); do echo "== $$e"; $(PY) -m rag_lab.run +experiment=$$e seed=0,1,2 \
+		hydra.sweep.dir=$(CLAIMS_DIR)/$$e || exit 1; done
+	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~1-2 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship $(if $(SCORES),--scores $(SCORES))
