@@ -24,10 +24,10 @@ import yaml
 
 from rag_lab import CONF_DIR
 from rag_lab.errors import RagLabError, one_line_errors
+from rag_lab.eval.paired import bootstrap_rows, groups_by, scores_of
 from rag_lab.eval.runs import distinct, find_runs, overrides_of
 from rag_lab.eval.table import to_markdown
 from rag_lab.records import atomic_write_text
-from rag_lab.report import bootstrap_rows, groups_by, scores_of
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
@@ -36,7 +36,7 @@ BEGIN, END = "<!-- claims: begin (python -m rag_lab.claims) -->", "<!-- claims: 
 
 
 @dataclass(frozen=True)
-class Test:
+class Check:
     metric: str
     sign: str = ">"
     # the side of which the CI must lie: 0 (a difference), or e.g. -1.0 with ">" (A loses at most 1 point)
@@ -50,7 +50,7 @@ class Claim:
     experiment: str
     by: str
     rows: tuple[str, str]
-    tests: tuple[Test, ...] = field(default_factory=tuple)
+    tests: tuple[Check, ...] = field(default_factory=tuple)
 
 
 def read_spec(path: Path = SPEC) -> list[Claim]:
@@ -71,7 +71,7 @@ def read_spec(path: Path = SPEC) -> list[Claim]:
         for t in entry["tests"]:
             if t.get("sign", ">") not in SIGNS:
                 raise RagLabError(f"{where}: tests: sign {t.get('sign')!r} is not one of {', '.join(SIGNS)}")
-            tests.append(Test(str(t["metric"]), t.get("sign", ">"), float(t.get("margin", 0.0))))
+            tests.append(Check(str(t["metric"]), t.get("sign", ">"), float(t.get("margin", 0.0))))
         rows = (str(entry["rows"][0]), str(entry["rows"][1]))
         claims.append(
             Claim(entry["paper"], entry["claim"], entry["experiment"], entry["by"], rows, tuple(tests))
@@ -86,12 +86,12 @@ def experiment_of(run: Path) -> str | None:
     return ((config or {}).get("experiment") or {}).get("name")
 
 
-def verdict(low: float, high: float, test: Test) -> str:
+def verdict(low: float, high: float, test: Check) -> str:
     """holds / reversed / not shown for a CI [low, high] of A − B (in the metric's unit).
 
-    >>> verdict(0.5, 3.0, Test("acc")), verdict(-3.0, -0.5, Test("acc")), verdict(-0.5, 3.0, Test("acc"))
+    >>> verdict(0.5, 3.0, Check("acc")), verdict(-3.0, -0.5, Check("acc")), verdict(-0.5, 3.0, Check("acc"))
     ('holds', 'reversed', 'not shown')
-    >>> verdict(-0.8, 0.4, Test("acc", ">", -1.0)), verdict(-2.0, -0.4, Test("rc", "<"))
+    >>> verdict(-0.8, 0.4, Check("acc", ">", -1.0)), verdict(-2.0, -0.4, Check("rc", "<"))
     ('holds', 'holds')
     """
     if test.sign == "<":

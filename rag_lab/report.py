@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.metrics import ANSWER_METRICS
+from rag_lab.eval.paired import bootstrap_rows, compare, compare_rows, scores_of
 from rag_lab.eval.runs import (
     applies,
     distinct,
@@ -28,11 +29,9 @@ from rag_lab.eval.runs import (
     left_out,
     overrides_of,
     read_metrics,
-    records_of,
     row_labels,
     unfinished_runs,
 )
-from rag_lab.eval.stats import paired_bootstrap
 from rag_lab.eval.table import DESCRIPTIONS, format_metrics, legend, to_markdown
 from rag_lab.records import atomic_write_text
 
@@ -63,126 +62,14 @@ def build_table(
     return table[[*varying, *columns, "run"]], common
 
 
-def type_table(runs: list[Path], column: str) -> pd.DataFrame:
-    """One row per run (named as in :func:`build_table`): ``column`` (a metric column, e.g. Acc) over all
-    its questions, then over each question type's (the ``type=`` subsets of metrics.json)."""
-    table, _ = build_table(runs, "all", [column])
+def type_table(runs: list[Path], column: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """:func:`build_table` with ``column`` (a metric column, e.g. Acc) over all questions, then one column
+    per question type (the ``type=`` subsets of metrics.json)."""
+    table, common = build_table(runs, "all", [column])
     table = table.rename(columns={column: "all"})
-    types = sorted({s for r in runs for s in read_metrics(r) if s.startswith("type=")})
-    for subset in types:
-        table[subset.removeprefix("type=")] = [
-            format_metrics(m[subset]).get(column) if subset in (m := read_metrics(r)) else None for r in runs
-        ]
-    return table[[c for c in table.columns if c != "run"] + ["run"]]
-
-
-def in_subset(record: dict, subset: str) -> bool:
-    """Whether a record belongs to a metrics.json subset: 'all', 'type=<question type>' or
-    'answerable=true|false'."""
-    if subset == "all":
-        return True
-    if subset in ("answerable=true", "answerable=false"):
-        return f"answerable={str(record.get('answerable', True)).lower()}" == subset
-    if not subset.startswith("type="):
-        raise RagLabError(
-            f"unknown subset '{subset}' (use 'all', 'type=<question type>' or 'answerable=true|false')"
-        )
-    return f"type={record.get('type')}" == subset
-
-
-def scores_of(runs: list[Path], seeded: bool = True) -> dict[tuple[str, str], dict]:
-    """Each run's records keyed by (seed, question id): the pairs a bootstrap matches (seed "" when
-    ``seeded`` is off: two single runs pair on the question id alone)."""
-    return {
-        (overrides_of(r).get("seed", "0") if seeded else "", rec["id"]): rec
-        for r in runs
-        for rec in records_of(r)
-    }
-
-
-def scored(value) -> bool:
-    """Whether a record's field holds a score (not None, not NaN: retrieval precision with no retrieval)."""
-    return value is not None and value == value
-
-
-def bootstrap_rows(
-    mine: dict[tuple[str, str], dict],
-    theirs: dict[tuple[str, str], dict],
-    metrics: tuple[str, ...],
-    subset: str = "all",
-) -> list[dict]:
-    """The paired bootstrap (each draw a question with all its seeds: :func:`paired_bootstrap`) of
-    ``mine`` − ``theirs`` per metric, over the pairs of ``subset`` both scored (APEX's SEPR: those with a
-    plan; retrieval precision: those with a retrieval); column ``n``: how many pairs."""
-    rows, fields = [], {f for rec in mine.values() for f in rec}
-    if unknown := [m for m in metrics if m not in fields]:
-        raise RagLabError(
-            f"--metrics: no record has {', '.join(unknown)} (fields: {', '.join(sorted(fields))})"
-        )
-    for m in metrics:
-        both = [k for k in mine if k in theirs and in_subset(mine[k], subset)]
-        shared = [k for k in both if scored(mine[k].get(m)) and scored(theirs[k].get(m))]
-        if shared:
-            res = paired_bootstrap(
-                [mine[k][m] for k in shared],
-                [theirs[k][m] for k in shared],
-                questions=[k[1] for k in shared],
-                seeds=[k[0] for k in shared],
-            )
-            rows.append({"metric": m} | result_row(res))
-    return rows
-
-
-def compare(
-    run_a: Path, run_b: Path, subset: str = "all", metrics: tuple[str, ...] = ANSWER_METRICS
-) -> pd.DataFrame:
-    """Paired bootstrap of run A vs run B on the question ids of ``subset`` that both answered
-    (column ``n``: how many)."""
-    rows = bootstrap_rows(scores_of([run_a], False), scores_of([run_b], False), metrics, subset)
-    if not rows:
-        raise RagLabError(f"{run_a} and {run_b} share no question id of subset '{subset}'")
-    return pd.DataFrame(rows)
-
-
-def compare_rows(
-    runs: list[Path],
-    by: str | None,
-    a: str,
-    b: str,
-    subset: str = "all",
-    metrics: tuple[str, ...] = ANSWER_METRICS,
-) -> pd.DataFrame:
-    """Row ``by=a`` vs row ``by=b`` over their seeds (pairs match on seed and question id); with ``by``
-    None, ``a`` and ``b`` are each ``KEY=VALUE``: rows named by different overrides (two sweeps)."""
-    picked = []
-    for side in (a, b):
-        key, value = (by, side) if by else side.split("=", 1)
-        side = f"{key}={value}"
-        groups = groups_by(runs, key)
-        if value not in groups:
-            have = ", ".join(v for v in groups if v != "?") or "none"
-            raise RagLabError(f"--compare: no run with {key}={value} (the runs have {key}: {have})")
-        picked.append((side, groups[value]))
-    (label_a, runs_a), (label_b, runs_b) = picked
-    rows = bootstrap_rows(scores_of(runs_a), scores_of(runs_b), metrics, subset)
-    if not rows:
-        raise RagLabError(f"{label_a} and {label_b} share no (seed, question id) of subset '{subset}'")
-    return pd.DataFrame([{"A": a, "B": b} | row for row in rows])
-
-
-def groups_by(runs: list[Path], by: str) -> dict[str, list[Path]]:
-    """Runs grouped by the value of override ``by`` (in sweep order)."""
-    groups: dict[str, list[Path]] = {}
-    for run in runs:
-        groups.setdefault(overrides_of(run).get(by, "?"), []).append(run)
-    return groups
-
-
-def result_row(res) -> dict:
-    """A paired bootstrap's result as a table row: floats to 4 places, the per-seed deltas as one cell."""
-    row = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.to_dict().items()}
-    row["seed_deltas"] = " / ".join(f"{d:+.4f}" for d in res.seed_deltas)
-    return row
+    for subset in sorted({s for r in runs for s in read_metrics(r) if s.startswith("type=")}):
+        table[subset[5:]] = [format_metrics(read_metrics(r).get(subset, {})).get(column) for r in runs]
+    return table[[c for c in table.columns if c != "run"] + ["run"]], common
 
 
 def render_report(title: str, table: pd.DataFrame, common: dict[str, str], summary: str) -> str:
@@ -361,24 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     with one_line_errors():
-        if args.by_type:
-            print_types(args.dirs, args.by_type, args.out)
-            return
         print_report(
-            args.dirs, args.subset, args.columns, args.compare, args.out, args.by, tuple(args.metrics)
-        )
-
-
-def print_types(dirs: list[Path], column: str, out: Path | None) -> None:
-    """``--by-type COLUMN``: the csv and the table of :func:`type_table`."""
-    runs, missing = find_runs(dirs), unfinished_runs(dirs)
-    if not runs:
-        raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
-    table = type_table(runs, column)
-    out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / "report.csv"
-    atomic_write_text(out, table.to_csv(index=False))
-    sys.stdout.write(to_markdown(table))
-    print(f"\n{len(runs)} runs{left_out(missing)}; {column} by question type; csv: {out}")
+            args.dirs, args.subset, args.columns, args.compare, args.out, args.by, tuple(args.metrics),
+            args.by_type,
+        )  # fmt: skip
 
 
 def print_report(
@@ -389,19 +262,22 @@ def print_report(
     out: Path | None,
     by: str | None = None,
     metrics: tuple[str, ...] = ANSWER_METRICS,
+    by_type: str | None = None,
 ) -> None:
-    """Write the csv and print the table (and the paired test) for ``main``'s arguments."""
+    """Write the csv and print the table (and the paired test) for ``main``'s arguments (``by_type``: one
+    column per question type instead, :func:`type_table`)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     note = left_out(missing)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}{note}")
-    table, common = build_table(runs, subset, columns)
+    table, common = type_table(runs, by_type) if by_type else build_table(runs, subset, columns)
     out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / "report.csv"
     atomic_write_text(out, table.to_csv(index=False))
     if common:
         print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
     sys.stdout.write(to_markdown(table))
-    print(f"\n{len(runs)} runs{note}; subset {subset}; csv: {out}")
+    what = f"{by_type} by question type" if by_type else f"subset {subset}"
+    print(f"\n{len(runs)} runs{note}; {what}; csv: {out}")
     if paired is None:
         return
     if by or paired:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.claims import BEGIN, END, Claim, Test, judge, read_spec, write_claims
+from rag_lab.claims import BEGIN, END, Check, Claim, judge, read_spec, write_claims
 from rag_lab.errors import RagLabError
 from rag_lab.eval.stats import paired_bootstrap
 
@@ -41,9 +41,9 @@ def test_each_test_is_the_paired_bootstrap_and_the_verdicts_follow_the_ci(runs):
     root, base, better = runs
     claims = [
         Claim("Stop-RAG", "better, fewer", "stop", "policy", ("stoprag", "fixed_iter"),
-              (Test("acc", ">"), Test("rc", "<"))),
-        Claim("Stop-RAG", "reversed", "stop", "policy", ("fixed_iter", "stoprag"), (Test("acc", ">"),)),
-        Claim("X", "no runs", "other", "policy", ("a", "b"), (Test("acc", ">"),)),
+              (Check("acc", ">"), Check("rc", "<"))),
+        Claim("Stop-RAG", "reversed", "stop", "policy", ("fixed_iter", "stoprag"), (Check("acc", ">"),)),
+        Claim("X", "no runs", "other", "policy", ("a", "b"), (Check("acc", ">"),)),
     ]  # fmt: skip
     table = judge(claims, sorted(p for p in root.iterdir() if p.is_dir()))
     expected = paired_bootstrap(list(better) * 2, list(base) * 2, questions=[f"q{i}" for i in range(80)] * 2,
@@ -70,11 +70,11 @@ def test_a_non_inferiority_margin_and_a_mixed_claim(runs):
     make_run(root, "dapo", "policy.stages", "[1]", 0, {"acc": ones, "retrieval_count": [2.0] * 400})
     runs_ = sorted(p for p in root.iterdir() if p.is_dir())
     claim = Claim("DAPO", "stage 2", "dapo", "policy.stages", ("[1,2]", "[1]"),
-                  (Test("retrieval_count", "<"), Test("acc", ">", -1.0)))  # fmt: skip
+                  (Check("retrieval_count", "<"), Check("acc", ">", -1.0)))  # fmt: skip
     table = judge([claim], runs_)
     assert list(table["verdict"]) == ["holds", "holds"]
     strict = Claim("DAPO", "stage 2", "dapo", "policy.stages", ("[1,2]", "[1]"),
-                   (Test("retrieval_count", "<"), Test("acc", ">")))  # fmt: skip
+                   (Check("retrieval_count", "<"), Check("acc", ">")))  # fmt: skip
     assert list(judge([strict], runs_)["claim verdict"]) == ["not shown", "not shown"]
 
 

@@ -41,6 +41,7 @@ LAYERS = [
             "rag_lab.run",
             "rag_lab.rundir",
             "rag_lab.report",
+            "rag_lab.claims",
             "rag_lab.score",
             "rag_lab.serve",
             "rag_lab.docs",

@@ -132,9 +132,8 @@ def test_two_ppo_iterations_move_the_actor_and_the_value_head_with_finite_losses
     assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "value_head.pt").exists()
 
 
-def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base, tmp_path, monkeypatch):
-    whole = trainer(data, base)
-    whole.run(tmp_path / "whole", tmp_path / "whole_out")
+def killed_after_first_iteration(t: PPOTrainer, work: Path, out: Path, monkeypatch) -> None:
+    """``t.run`` killed right after the checkpoint of iteration 1 (as a SIGKILL would leave it)."""
     save = PPOTrainer.checkpoint
 
     def killed_after_first(self, work, iteration, rows):
@@ -142,10 +141,15 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base,
         if iteration == 1:
             raise Killed
 
-    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", killed_after_first)
-    with pytest.raises(Killed):
-        trainer(data, base).run(tmp_path / "work", tmp_path / "out")
-    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", save)
+    with monkeypatch.context() as patched, pytest.raises(Killed):
+        patched.setattr(trainer_module.PPOTrainer, "checkpoint", killed_after_first)
+        t.run(work, out)
+
+
+def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(data, base, tmp_path, monkeypatch):
+    whole = trainer(data, base)
+    whole.run(tmp_path / "whole", tmp_path / "whole_out")
+    killed_after_first_iteration(trainer(data, base), tmp_path / "work", tmp_path / "out", monkeypatch)
     resumed = trainer(data, base)
     rows = resumed.run(tmp_path / "work", tmp_path / "out")
     assert [r["step"] for r in rows] == [1, 2]
@@ -182,17 +186,7 @@ def test_the_heldout_curve_measures_the_policy_as_it_trains_and_survives_a_kill(
     assert texts[0][1] != texts[2][1]
     for key, value in weights(plain).items():
         torch.testing.assert_close(weights(t)[key], value, rtol=0, atol=1e-6, msg=key)
-    save = PPOTrainer.checkpoint
-
-    def killed_after_first(self, work, iteration, rows):
-        save(self, work, iteration, rows)
-        if iteration == 1:
-            raise Killed
-
-    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", killed_after_first)
-    with pytest.raises(Killed):
-        measured().run(tmp_path / "k", tmp_path / "k_out")
-    monkeypatch.setattr(trainer_module.PPOTrainer, "checkpoint", save)
+    killed_after_first_iteration(measured(), tmp_path / "k", tmp_path / "k_out", monkeypatch)
     resumed = measured().run(tmp_path / "k", tmp_path / "k_out")
     assert [(r["step"], "heldout/acc" in r) for r in resumed] == [(s, h) for s, h in [
         (0, True), (1, False), (1, True), (2, False), (2, True)]]  # fmt: skip

@@ -121,14 +121,7 @@ def train_stage(
     last = last_good_checkpoint(work)
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
     curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
-    measured = HeldOutCallback(
-        policy.heldout,
-        heldout,
-        lambda model: policy.rollout(env.with_generator(generator.with_model(model)), list(heldout)),
-        lambda row: curve.writer.write([row]),
-        getattr(policy.train_data, "scorer", "squad"),
-        resumed_at,
-    )
+    measured = heldout_curve(policy, env, generator, heldout, curve, resumed_at)
     peft = peft_config(policy.lora)
     trainer = GRPOTrainer(
         model=generator.model,
@@ -167,6 +160,21 @@ def train_stage(
         }
         (tmp / "train.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)
+
+
+def heldout_curve(
+    policy, env: Env, generator: HFGenerator, questions: list[QAExample], curve: CurveLog, resumed_at: int
+) -> HeldOutCallback:
+    """The held-out curve (:mod:`rag_lab.train.heldout`): the policy's greedy episodes of ``questions``
+    with the trainer's model as it is, each row into ``curve``'s log."""
+    return HeldOutCallback(
+        policy.heldout,
+        questions,
+        lambda model: policy.rollout(env.with_generator(generator.with_model(model)), list(questions)),
+        lambda row: curve.writer.write([row]),
+        getattr(policy.train_data, "scorer", "squad"),
+        resumed_at,
+    )
 
 
 def takes_stage(fn) -> bool:

@@ -115,6 +115,8 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     recorded = json.loads(card.read_text())
     check_checkpoint(shipped, recorded)
     keys = settings.keys() | recorded["recipe"].keys()
+    if not settings.get("chain_steps") and not recorded["recipe"].get("chain_steps"):
+        keys -= set(CHAIN_KEYS)  # no chain stage on either side: its other settings train nothing
     changed = sorted(k for k in keys if settings.get(k) != recorded["recipe"].get(k))
     world = world_fingerprint(data)
     why = [f"settings {', '.join(changed)} differ"] if changed else []
