@@ -46,6 +46,8 @@ TINY_LM = [
     "generator.warmup_steps=1",
     "generator.words_per_protocol=300",
     "generator.reading_batch_size=4",
+    # no chain stage unless a test asks for one (it rolls the teacher out over every training question)
+    "generator.chain_steps=0",
 ]
 
 

@@ -104,12 +104,19 @@ def model_card(card: dict, stats: dict, scores: str | None) -> str:
     """The shipped checkpoint's README: what it is, its recipe, where and how long it trained, scores."""
     settings = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in card["recipe"].items())
     parameters = stats.get("parameters")
+    chain = ""
+    if card["recipe"].get("chain_steps"):
+        chain = (
+            ", then a chain stage (the teacher's chain-of-thought over gold passages beside reading layouts"
+            + (f", trained from the shipped `{card['before_chain']}`" if card.get("before_chain") else "")
+            + f"; {stats.get('wall_s', 0) / 60:.0f} min of the total)"
+        )
     return f"""# The tiny LM (`generator=tiny`)
 
 A Qwen2-style causal LM of {parameters:,} parameters, vocabulary {stats.get("vocab_size")}, trained from
 scratch by `rag_lab.train.tiny.recipe.train` on the embedded world (`data=synth`, world fingerprint
 `{card["world"]}`): a reading stage over renamed pages, SFT on the world teacher's demonstrations of every
-protocol, then a protocol stage. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
+protocol, then a protocol stage{chain}. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
 how the recipe was found.
 
 - Trained on: {card["hardware"]}, in {card["train_time"]} (commit {card["commit"]}).
