@@ -1,6 +1,5 @@
 """generator=tiny end to end on the tiny world with toy sizes: trains once, then reuses."""
 
-import json
 import random
 from pathlib import Path
 
@@ -40,6 +39,7 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     import json
 
     from rag_lab.train.tiny import generator as tiny
+    from rag_lab.train.tiny.recipe import oracle_chains, train
     from rag_lab.train.tiny.ship import ship
 
     from conftest import TINY_DATA, TINY_LM
@@ -69,6 +69,18 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
     assert f"the world differs (fingerprint {tiny.world_fingerprint(other)}" in caplog.text
     # Shipping again replaces it in place (same model: the recipe's cached one).
     assert ship(toy, out=out) == out and json.loads((out / "recipe.json").read_text()) == card
+    # A chain stage on this recipe starts from the shipped checkpoint of its earlier stages (found by its
+    # card: the same recipe but the chain keys) and trains alone; its demos:cot pool holds the teacher's
+    # chains over gold passages.
+    chained = {**settings, "chain_steps": 2}
+    assert tiny.before_chain_for(data, chained, shipped_root=tmp_path) == out
+    assert tiny.before_chain_for(data, {**chained, "lr": 0.5}, shipped_root=tmp_path) is None
+    assert tiny.before_chain_for(data, settings, shipped_root=tmp_path) is None  # no chain stage: none
+    path = train(data, str(tmp_path / "chain"), before_chain=out, **chained)
+    assert [p.name for p in (tmp_path / "chain" / "tiny_lm").iterdir()] == [path.name]
+    assert json.loads((path / "train.json").read_text())["base"] == "shipped"
+    chains = oracle_chains(data, data.split("train")[:5])
+    assert chains and all(p.startswith("Documents:") and "\nReasoning:" in p for p in chains)
 
 
 def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_path, monkeypatch, caplog):
@@ -360,38 +372,3 @@ def test_reading_batches_are_regrouped_by_length_within_their_kind():
     lengths = [max(len(x[1]) for x in items) for items in out]
     assert sum(lengths) < sum(max(len(x[1]) for x in items) for _, items in batches)
     assert out == group_by_length(batches, random.Random(0), window=3)  # seeded
-
-
-def test_the_chain_stage_trains_last_or_from_a_shipped_checkpoint_of_the_stages_before(tiny_cfg, tmp_path):
-    """chain_steps > 0: a third cached model after the protocol stage, whose demos:cot items include the
-    teacher's chain-of-thought over gold passages. With a shipped checkpoint of the same recipe without the
-    chain stage, before_chain_for finds it and the chain stage alone trains from it (no earlier stage)."""
-    from rag_lab.config import compose
-    from rag_lab.train.tiny import generator as tiny
-    from rag_lab.train.tiny.recipe import oracle_chains, train
-    from rag_lab.train.tiny.ship import ship
-
-    from conftest import TINY_DATA, TINY_LM
-
-    toy = [
-        *TINY_DATA,
-        *TINY_LM,
-        "generator.reading_steps=4",
-        "generator.tune_steps=2",
-        f"cache_dir={tmp_path}/a",
-    ]
-    cfg = compose(["generator=tiny", *toy, "generator.chain_steps=2"])
-    data = instantiate(cfg.data)
-    settings = tiny.recipe_settings(tiny.recipe_part(OmegaConf.to_container(cfg.generator, resolve=True)))
-    assert tiny.before_chain_for(data, settings, shipped_root=tmp_path / "none") is None
-    path = train(data, str(tmp_path / "a"), **settings)
-    assert len(list((tmp_path / "a" / "tiny_lm").iterdir())) == 3 and (path / "model.safetensors").exists()
-    chains = oracle_chains(data, data.split("train")[:5])
-    assert chains and all(p.startswith("Documents:") and "Reasoning:" in p for p in chains)
-    # a shipped checkpoint of the stages before (chain_steps 0), then the chain stage alone from it
-    shipped = ship([*toy, "generator.chain_steps=0"], out=tmp_path / "shipped" / "before")
-    assert tiny.before_chain_for(data, settings, shipped_root=tmp_path / "shipped") == shipped
-    assert tiny.before_chain_for(data, {**settings, "lr": 0.5}, shipped_root=tmp_path / "shipped") is None
-    chained = train(data, str(tmp_path / "b"), before_chain=shipped, **settings)
-    assert [p.name for p in (tmp_path / "b" / "tiny_lm").iterdir()] == [chained.name]
-    assert json.loads((chained / "train.json").read_text())["base"] == "before"
