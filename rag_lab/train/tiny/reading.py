@@ -218,7 +218,7 @@ def renamer(
     the group. With names as single tokens, a model can otherwise store facts in the name embeddings
     instead of reading; keeping the kind keeps the world's types (a nationality is a country), so
     the first step of reading (which entity of the page has the asked type) stays learnable."""
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(titles, key=len, reverse=True))) + r")\b")
+    pattern = re.compile(r"\b(" + trie_pattern(titles) + r")\b")
     kinds = kinds or {}
 
     def key(title: str) -> tuple[str, bool]:
@@ -237,6 +237,28 @@ def renamer(
         return tuple(pattern.sub(sub, t) for t in texts)
 
     return rename
+
+
+def trie_pattern(words: Iterable[str]) -> str:
+    """A regex matching exactly ``words``, as a character trie: at each position it takes the longest
+    word there that the rest of the pattern allows, as the alternation of the words longest first does
+    (same matches), but it tests one branch per character instead of every word in turn: renaming
+    with the world's titles ran 22x faster on its corpus (experiments/results/tiny_lm.md, "On a GPU")."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def emit(node: dict) -> str:
+        branches = [re.escape(char) + emit(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(trie)
 
 
 def name_words(titles: Iterable[str], texts: Iterable[str]) -> set[str]:

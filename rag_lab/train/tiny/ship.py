@@ -42,10 +42,8 @@ def ship(
     replaced only once the new one is complete. A recipe with a chain stage starts it from the shipped
     checkpoint of its earlier stages when there is one (``from_scratch``: every stage trains). ``model``:
     a directory this recipe trained already (a recipe run's cache entry) to ship as it is."""
-    import platform
     import subprocess
 
-    import torch
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -69,8 +67,7 @@ def ship(
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "trained": path.name,
         "train_time": f"{seconds / 60:.0f} min",
-        "hardware": f"{_cpu_name() or platform.machine()}, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}",
+        "hardware": _hardware(stats.get("device", "cpu")),
         "commit": commit.stdout.strip() or None,
     }
     if before is not None:
@@ -92,6 +89,18 @@ def ship(
     shutil.rmtree(old, ignore_errors=True)
     log.info("shipped %s (trained in %s) to %s", path.name, card["train_time"], out)
     return out
+
+
+def _hardware(device: str) -> str:
+    """The card's hardware line: the GPU the last stage trained on (train.json's ``device``), else the
+    CPU and its threads; with the torch version."""
+    import platform
+
+    import torch
+
+    cpu = f"{_cpu_name() or platform.machine()}, {torch.get_num_threads()} threads"
+    where = device if device != "cpu" else cpu
+    return f"{where}, torch {torch.__version__}"
 
 
 def _cpu_name() -> str | None:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Candidate recipes of generator=tiny trained side by side on one GPU (the device machine of a session
+# that is lent one), each by `python -m rag_lab.train.tiny.ship` (which trains on the GPU when there is
+# one), under a deadline so that what finished comes back. Each candidate's checkpoint (ship_<name>) or,
+# when it ran out of time, its finished stages (the recipe's cache entries) are packed as <name>.tgz under
+# $OUT with its log; `summary.txt` has each one's exit status. Back here:
+#   tar xzf <name>.tgz -C /tmp && python -m rag_lab.train.tiny.ship <its overrides> --model /tmp/ship_<name>
+# re-ships one with this checkout's commit on its card. experiments/results/tiny_lm.md has the outcomes.
+#
+#   OUT=/tmp/out bash experiments/tiny_lm_gpu.sh          # the candidates (about 9 minutes on an H200)
+#   SMOKE=1 OUT=/tmp/out bash experiments/tiny_lm_gpu.sh  # the same commands at a few steps each (CPU)
+set -u
+OUT=${OUT:?set OUT to a folder for the results}
+DEADLINE=${DEADLINE:-540}
+WORK=${WORK:-/tmp/tiny_gpu}
+mkdir -p "$OUT" "$WORK"
+if [ "${SMOKE:-0}" = 1 ]; then
+  LONG=20 SHORT=10 READ=20 TUNE=10 EPOCHS=0.01
+else
+  LONG=10000 SHORT=5000 READ=6000 TUNE=2000 EPOCHS=1.0
+fi
+# The chain stage with every method loop's demonstrations beside the chain-of-thought and the reading
+# layouts, so that learning to chain does not unlearn the loops (tiny_chain's APEX and EVO-RAG fell).
+CHAIN='generator.chain_layout=[demos:cot,demos:cot,demos:cot,qa,qa,stoprag_intermediate,demos:stoprag_query,demos:stoprag_final,demos:dapo,demos:evorag,demos:r3rag,demos:apex_plan,demos:apex_exec,demos:apex_final]'
+STAGES="generator.reading_steps=$READ generator.tune_steps=$TUNE generator.epochs=$EPOCHS"
+
+candidate() {
+  local name=$1
+  shift
+  RAG_LAB_CACHE="$WORK/$name" OMP_NUM_THREADS=4 TQDM_MININTERVAL=10 PYTHONUNBUFFERED=1 \
+    timeout "$DEADLINE" python3 -m rag_lab.train.tiny.ship "$@" --out "$WORK/ship_$name" >"$OUT/$name.log" 2>&1
+  echo "$name rc=$? $*" >>"$OUT/summary.txt"
+}
+
+{
+  date -u
+  python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())'
+  nproc
+} >"$OUT/summary.txt" 2>&1
+start=$(date +%s)
+# A: the chain stage alone, from the shipped default's earlier stages (t19)
+candidate A "generator.chain_steps=$LONG" "$CHAIN" &
+# B: twice as wide (1.1M parameters; 1.9x t19's decoding time on one CPU thread), every stage
+candidate B --from-scratch $STAGES generator.hidden=128 generator.intermediate=512 "generator.chain_steps=$SHORT" "$CHAIN" &
+# C: t19's sizes, every stage, the same schedule as B
+candidate C --from-scratch $STAGES "generator.chain_steps=$SHORT" "$CHAIN" &
+wait
+echo "wall $(($(date +%s) - start)) s" >>"$OUT/summary.txt"
+for name in A B C; do
+  if [ -d "$WORK/ship_$name" ]; then
+    tar czf "$OUT/$name.tgz" -C "$WORK" "ship_$name"
+  elif [ -d "$WORK/$name/tiny_lm" ]; then
+    tar czf "$OUT/$name.tgz" -C "$WORK/$name" tiny_lm
+  fi
+done
+ls -la "$OUT" >>"$OUT/summary.txt"
