@@ -196,7 +196,8 @@ class SeedTablesCallback(Callback):
 
 
 EPILOG = """\
-The csv goes to --out: by default DIR/report.csv when one DIR is given, else ./report.csv.
+The csv goes to --out: by default DIR/report.csv when one DIR is given, else ./report.csv (with --by-type
+COLUMN: report_by_type_COLUMN.csv).
 Errors are one line, "error: ...", with exit status 1.
 
 examples:
@@ -271,7 +272,9 @@ def print_report(
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}{note}")
     table, common = type_table(runs, by_type) if by_type else build_table(runs, subset, columns)
-    out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / "report.csv"
+    # a by-type table has a name of its own: it must not replace the sweep's report.csv
+    name = f"report_by_type_{by_type}.csv" if by_type else "report.csv"
+    out = out or (dirs[0] if len(dirs) == 1 else Path(".")) / name
     atomic_write_text(out, table.to_csv(index=False))
     if common:
         print("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))

@@ -359,3 +359,6 @@ def test_by_type_gives_one_column_per_question_type(tmp_path, capsys):
     rows = {r[0]: [float(c) for c in r[1:4]] for r in cells(out) if r[0] in ("qa", "cot")}
     assert rows["qa"] == [33.3, 0.0, 50.0]  # all, 3hop, single_hop
     assert rows["cot"] == [100.0, 100.0, 100.0]
+    # its csv has a name of its own: the sweep's report.csv (the callback's) is not replaced
+    assert (tmp_path / "s" / "report_by_type_Acc.csv").exists()
+    assert not (tmp_path / "s" / "report.csv").exists()

@@ -63,8 +63,10 @@ TUNE_LAYOUT = (
     "demos:apex_exec",
     "demos:apex_final",
 )
-# The chain stage's layouts (issue 48: experiments/results/tiny_lm.md, "The chain stage"): the teacher's
-# chain-of-thought over gold passages (demos:cot) beside the reading layouts, so that reading is kept.
+# The chain stage's layouts (issue 48: experiments/results/tiny_lm.md, "On a GPU"): the teacher's
+# chain-of-thought over gold passages (demos:cot) beside the reading layouts, so that reading is kept, and
+# every method loop's demonstrations, so that learning to chain does not unlearn the loops (with reading
+# layouts alone beside cot, APEX's loop lost 5.6 Acc and EVO-RAG's 4.2).
 CHAIN_LAYOUT = (
     "demos:cot",
     "demos:cot",
@@ -72,7 +74,14 @@ CHAIN_LAYOUT = (
     "qa",
     "qa",
     "stoprag_intermediate",
-    "demos",
+    "demos:stoprag_query",
+    "demos:stoprag_final",
+    "demos:dapo",
+    "demos:evorag",
+    "demos:r3rag",
+    "demos:apex_plan",
+    "demos:apex_exec",
+    "demos:apex_final",
 )
 
 
@@ -107,7 +116,7 @@ class Recipe(TinySizes):
     # a chain stage after it, cached apart: chain_steps batches of reading_batch_size in chain_layout at
     # chain_lr, where demos:cot draws the teacher's chain-of-thought over each training question's gold
     # passages (policy=oracle_rag policy.reader=cot) as well as over retrieved ones (IRCoT's) (0: none)
-    chain_steps: int = 0
+    chain_steps: int = 5000
     chain_layout: str | Sequence[str] = CHAIN_LAYOUT
     chain_lr: float = 1e-3
     # the vocabulary (its token ids follow the counts) is counted over the corpus, the training items and

@@ -67,7 +67,7 @@ def ship(
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "trained": path.name,
         "train_time": f"{seconds / 60:.0f} min",
-        "hardware": _hardware(stats.get("device", "cpu")),
+        "hardware": _hardware(stats.get("device", "cpu"), stats.get("versions", {}).get("torch")),
         "commit": commit.stdout.strip() or None,
     }
     if before is not None:
@@ -91,16 +91,16 @@ def ship(
     return out
 
 
-def _hardware(device: str) -> str:
+def _hardware(device: str, torch_version: str | None) -> str:
     """The card's hardware line: the GPU the last stage trained on (train.json's ``device``), else the
-    CPU and its threads; with the torch version."""
+    CPU and its threads; with the torch version it trained with (train.json's, else this one)."""
     import platform
 
     import torch
 
     cpu = f"{_cpu_name() or platform.machine()}, {torch.get_num_threads()} threads"
     where = device if device != "cpu" else cpu
-    return f"{where}, torch {torch.__version__}"
+    return f"{where}, torch {torch_version or torch.__version__}"
 
 
 def _cpu_name() -> str | None:
@@ -117,6 +117,7 @@ def model_card(card: dict, stats: dict, scores: str | None) -> str:
     if card["recipe"].get("chain_steps"):
         chain = (
             ", then a chain stage (the teacher's chain-of-thought over gold passages beside reading layouts"
+            " and the method loops' demonstrations"
             + (f", trained from the shipped `{card['before_chain']}`" if card.get("before_chain") else "")
             + f"; {stats.get('wall_s', 0) / 60:.0f} min of the total)"
         )
