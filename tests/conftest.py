@@ -59,12 +59,17 @@ def tiny_cfg():
     def make(*overrides: str):
         other_data = any(o.startswith("data=") and o != "data=synth" for o in overrides)
         cfg = compose([*([] if other_data else TINY_DATA), *overrides])
+        toy = []
         if cfg.generator and cfg.generator._target_ == "rag_lab.train.tiny.generator.tiny_lm":
             # The recipe's reading and protocol stages shrink too; what the test sets wins.
             toy = [*TINY_LM, *(["generator.reading_steps=4"] if cfg.generator.reading_steps else []),
                    *(["generator.tune_steps=2"] if cfg.generator.get("tune_steps") else [])]  # fmt: skip
-            keys = {o.split("=", 1)[0] for o in overrides}
-            toy = [o for o in toy if o.split("=", 1)[0] not in keys]
+        if cfg.get("policy") and cfg.policy.get("heldout"):
+            # a trained policy's held-out curve on 4 dev questions, not 64 (tests of it set their own)
+            toy.append("policy.heldout.n=4")
+        keys = {o.split("=", 1)[0] for o in overrides}
+        toy = [o for o in toy if o.split("=", 1)[0] not in keys]
+        if toy:
             cfg = compose([*([] if other_data else TINY_DATA), *toy, *overrides])
         return cfg
 

@@ -28,7 +28,7 @@ from rag_lab.env.protocols.base import PROTOCOLS, identify
 from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.bm25 import BM25Retriever
-from rag_lab.train.demonstrations import collect, sample
+from rag_lab.train.demonstrations import sample, teacher_demonstrations
 from rag_lab.train.tiny.model import TinyConfig, TinySizes
 from rag_lab.train.tiny.reading import (
     DRILLS,
@@ -67,21 +67,9 @@ TUNE_LAYOUT = (
 # chain-of-thought over gold passages (demos:cot) beside the reading layouts, so that reading is kept, and
 # every method loop's demonstrations, so that learning to chain does not unlearn the loops (with reading
 # layouts alone beside cot, APEX's loop lost 5.6 Acc and EVO-RAG's 4.2).
-CHAIN_LAYOUT = (
-    "demos:cot",
-    "demos:cot",
-    "demos:cot",
-    "qa",
-    "qa",
-    "stoprag_intermediate",
-    "demos:stoprag_query",
-    "demos:stoprag_final",
-    "demos:dapo",
-    "demos:evorag",
-    "demos:r3rag",
-    "demos:apex_plan",
-    "demos:apex_exec",
-    "demos:apex_final",
+CHAIN_LAYOUT = tuple(
+    "demos:cot demos:cot demos:cot qa qa stoprag_intermediate demos:stoprag_query demos:stoprag_final"
+    " demos:dapo demos:evorag demos:r3rag demos:apex_plan demos:apex_exec demos:apex_final".split()
 )
 
 
@@ -184,9 +172,7 @@ def train(data, cache_dir: str, before_chain: Path | None = None, **settings) ->
     chain_layouts = (
         _layouts(recipe.chain_layout, recipe.protocols, "chain_layout") if recipe.chain_steps else []
     )
-    retriever = BM25Retriever(data.corpus, cache_dir=cache_dir)
-    teacher = TeacherGenerator(data)
-    by_protocol = collect(teacher, data.corpus, retriever, data.split("train"), recipe.k, recipe.iterations)
+    by_protocol, retriever = teacher_demonstrations(data, cache_dir, recipe.k, recipe.iterations)
     needs_facts = recipe.drills or recipe.rename_entities or recipe.reading_steps or recipe.tune_steps
     facts = page_facts(data) if needs_facts or recipe.chain_steps else []
     entities = sorted(set(data.corpus.titles))
