@@ -147,7 +147,7 @@ def render(table: pd.DataFrame) -> str:
             "metric": table["metric"],
             "Δ [95% CI]": [
                 f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-                if "delta" in r and r.delta == r.delta
+                if hasattr(r, "delta") and r.delta == r.delta
                 else "—"
                 for r in table.itertuples()
             ],
