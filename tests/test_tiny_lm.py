@@ -273,3 +273,39 @@ def test_the_loss_on_labelled_positions_only_equals_the_models_own_loss_and_grad
     torch.testing.assert_close(got, expected)
     for a, b in zip(have, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_trie_pattern_matches_what_the_longest_first_alternation_matches():
+    """Renaming's regex (``trie_pattern``) takes the longest word at each place that the word boundary
+    allows, as the alternation of the words longest first does: prefixes, shared starts, multi-word names."""
+    import re
+
+    from rag_lab.train.tiny.reading import trie_pattern
+
+    words = ["Ab", "Ab Cd", "Ab Cde", "Abc", "B", "Bo Ra", "Bo"]
+    alternation = re.compile(r"\b(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")\b")
+    trie = re.compile(r"\b(" + trie_pattern(words) + r")\b")
+    for text in ["Ab Cdx Ab Cde Abc Ab B Abcd", "Ab Cd.", "xAb Ab, Ab Cde!", "Bo Ra Bo Rax Bo", "Abc Cd"]:
+        want = [(m.start(), m.group(0)) for m in alternation.finditer(text)]
+        assert [(m.start(), m.group(0)) for m in trie.finditer(text)] == want, text
+    assert [m.group(0) for m in trie.finditer("Ab Cdx Ab Cde Abc")] == ["Ab", "Ab Cde", "Abc"]
+
+
+def test_a_reading_batch_holds_each_items_own_example():
+    """``reading_batch`` tokenizes a batch's pieces in one call: each row is ``reading_example`` of its
+    item (ids and labels), padded; the worker-built batches are the same."""
+    items = [
+        ("Document: Zorbu Kaltane was born in Velmora.\nQuestion: Where?\nAnswer:", " Velmora"),
+        ("Kessa Tolvane directed Glimmer Road.\nQ:", " Kessa Tolvane", "\nQ:", " Glimmer Road"),
+        ("Velmora.\nQ:", " Zorbu"),
+    ]
+    tok = build_tokenizer([*TEXTS, *chain.from_iterable(items)], TAGS)
+    batch = tiny.reading_batch(tok, items, 1024)
+    for row, item in enumerate(items):
+        ids, labels = reading_example(tok, item, 1024)
+        assert batch["input_ids"][row, : len(ids)].tolist() == ids
+        assert batch["labels"][row, : len(ids)].tolist() == labels
+        assert int(batch["attention_mask"][row].sum()) == len(ids)
+    loaded = list(torch.utils.data.DataLoader(tiny._ReadingBatches(tok, items * 2, 3, 1024, frozenset()),
+                                              batch_size=None, num_workers=0))  # fmt: skip
+    assert len(loaded) == 2 and all(torch.equal(b["input_ids"], batch["input_ids"]) for b in loaded)
