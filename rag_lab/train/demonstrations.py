@@ -147,6 +147,14 @@ def collect(
     return dict(by_protocol)
 
 
+def question_keys(questions: Sequence[QAExample]) -> list:
+    """What a demonstrations cache key holds of each question: id, text, answers, decomposition."""
+    return [
+        [ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
+        for ex in questions
+    ]
+
+
 def teacher_demonstrations(data, cache_dir: str | Path, k: int = 3, iterations: int = 6):
     """:func:`collect` with the world teacher and BM25 over ``data``'s training split, cached under
     ``cache_dir/demonstrations/`` (the corpus, the training questions, ``k``, ``iterations`` and this
@@ -156,10 +164,7 @@ def teacher_demonstrations(data, cache_dir: str | Path, k: int = 3, iterations: 
     from rag_lab.retrievers.bm25 import BM25Retriever
 
     retriever = BM25Retriever(data.corpus, cache_dir=str(cache_dir))
-    questions = [
-        [ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
-        for ex in data.split("train")
-    ]
+    questions = question_keys(data.split("train"))
     where = cache.path(cache_dir, "demonstrations", data.corpus.fingerprint, questions, k, iterations,
                        code=__name__)  # fmt: skip
     path = where.with_name(where.name + ".json")
@@ -349,10 +354,7 @@ def demonstrations(
     sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
     if retriever is not None or teacher is not None:
         return sample_demonstrations(data, config, sampled, chat, teacher)
-    questions = [
-        [ex.id, ex.question, list(ex.answers), [[s.question, s.answer] for s in ex.decomposition]]
-        for ex in list(data.split(config.split))[: config.limit]
-    ]
+    questions = question_keys(list(data.split(config.split))[: config.limit])
     settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(DemoSettings)}
     where = cache.path(
         cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat, code=__name__
