@@ -75,6 +75,32 @@ def files_digest(*dirs: str | Path) -> str:
     return stream_digest(chunks())
 
 
+def folder_digests(folder: str | Path, skip: Iterable[str] = ()) -> dict[str, str]:
+    """Every file under ``folder`` whose name is not in ``skip`` (relative path -> sha256), in path order:
+    what a shipped checkpoint's card fingerprints."""
+    skip = set(skip)
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in skip)
+    return {str(p.relative_to(folder)): text_digest(p.read_bytes()) for p in files}
+
+
+def check_folder(folder: str | Path, recorded: Any, card: str | Path, remedy: str) -> None:
+    """A one-line error naming the file when ``folder`` does not hold the files ``recorded`` (relative path
+    -> sha256, from the card file ``card``) fingerprints; ``remedy``: the command that rebuilds it."""
+    from rag_lab.errors import RagLabError
+
+    if not isinstance(recorded, dict) or not recorded:
+        raise RagLabError(f"{card}: no 'files' fingerprints (sha256 per file); {remedy} writes them")
+    found = folder_digests(folder, skip=[Path(card).name])
+    for name, digest in recorded.items():
+        if name not in found:
+            raise RagLabError(f"{Path(folder) / name}: missing, but the card {card} lists it")
+        if found[name] != digest:
+            raise RagLabError(
+                f"{Path(folder) / name}: sha256 {found[name][:16]}… is not the card's ({digest[:16]}…, "
+                f"{card}): the file changed after it was shipped (`git checkout` it, or {remedy})"
+            )
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON-able data for a key: config nodes and dataclasses as dicts (``cache_dir`` dropped),
     tuples as lists, paths as strings; anything else must already be plain.

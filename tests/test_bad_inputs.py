@@ -247,6 +247,8 @@ CASES = [
          "generator.checkpoint=nope"], 1,
          r"generator\.checkpoint: \S+/checkpoints/nope holds no shipped checkpoint \(recipe\.json\)",
          run_dir="fresh"),
+    Case("tiny LM on data it was not made for", "run", [*DATA, "policy=standard_rag", "generator=tiny"], 1,
+         r"generator=tiny on data=flashrag: .*use generator=smollm2", lambda t: flashrag(t), run_dir="fresh"),
     Case("policy needs a generator", "run", ["policy=direct"], 1, r"generator: this policy needs a generator",
          run_dir="fresh"),
     Case("policy needs a retriever", "run", ["policy=retrieve_only", "~retriever"], 1,

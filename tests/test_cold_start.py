@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+from rag_lab.cache import plain as cache_plain
 from rag_lab.config import ConfigError, build, compose
 from rag_lab.env.protocols.base import ANSWER, Action, identify
 from rag_lab.env.teacher.agent import Noise
@@ -156,6 +157,46 @@ def test_sft_trains_publishes_and_reuses(base, data, tmp_path, monkeypatch):
     assert cold_start(base, data, FAST, tmp_path, tokenizer=base / "tokenizer") == out
     monkeypatch.undo()
     assert cold_start(base, data, replace(FAST, lr=5e-4), tmp_path, tokenizer=base / "tokenizer") != out
+
+
+def test_a_shipped_cold_start_is_taken_untrained_and_checked(base, data, tmp_path, monkeypatch):
+    monkeypatch.setattr(cs, "SHIPPED", tmp_path / "shipped")
+    trained = cold_start(base, data, FAST, tmp_path / "a", tokenizer=base / "tokenizer")
+    shipped = cs.ship(trained)
+    card = json.loads((shipped / cs.SHIP_CARD).read_text())
+    assert shipped.parent == tmp_path / "shipped" and card["key"] == shipped.name
+    assert {"model.safetensors", "train.json", "tokenizer/tokenizer.json"} <= set(card["files"])
+
+    def fail(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(cs, "sft", fail)
+    # an empty cache takes the shipped weights; other settings do not match it and would train
+    taken = cold_start(base, data, FAST, tmp_path / "b", tokenizer=base / "tokenizer")
+    assert taken.parent == tmp_path / "b" / "cold_start" and taken.name == trained.name
+    assert all(torch.equal(weights(trained)[n], w) for n, w in weights(taken).items())
+    with pytest.raises(AssertionError, match="trained again"):
+        cold_start(base, data, replace(FAST, lr=5e-4), tmp_path / "c", tokenizer=base / "tokenizer")
+    # a shipped file that is not the card's: one line naming it, nothing published
+    (shipped / "model.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(RagLabError, match=r"shipped/\w+/model\.safetensors: sha256 \w+… is not the card's"):
+        cold_start(base, data, FAST, tmp_path / "d", tokenizer=base / "tokenizer")
+    assert not [p for p in (tmp_path / "d" / "cold_start").iterdir() if p.name != "demos"]
+
+
+def test_the_shipped_cold_start_fits_make_demo():
+    """``make demo``'s shared cold start (compare_synth, seed 0) is shipped for the shipped default LM: its
+    card's settings are the experiment's and its base is the checkpoint's files (else the demo pays 2.5 min
+    of SFT: ``make tiny-lm`` ships it again)."""
+    from rag_lab.cache import files_digest
+    from rag_lab.train.tiny.generator import SHIPPED
+
+    cfg = compose(["+experiment=compare_synth", "seed=0"])
+    settings = cache_plain(instantiate(cfg.experiment.cold_start))
+    cards = [json.loads(p.read_text()) for p in sorted(cs.SHIPPED.glob(f"*/{cs.SHIP_CARD}"))]
+    fits = [c for c in cards if cache_plain(c["settings"]) == settings]
+    assert fits, f"no shipped cold start has compare_synth's settings {settings}"
+    assert [c["base"] for c in fits] == [files_digest(SHIPPED, SHIPPED / "tokenizer")]
 
 
 def test_lora_moves_only_the_adapted_weights(base, data, retriever, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rag_lab.config import build, compose
+from rag_lab.errors import RagLabError
 from rag_lab.policies.stoprag.offline import Trajectory
 from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
@@ -205,6 +206,24 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     (tmp_path / "run" / "metrics.json").unlink()
     (tmp_path / "run" / "records.jsonl").unlink()
     assert run(cfg, tmp_path / "run")["all"] == metrics["all"]
+    # a Q-network file holding a pickled object (here one that would create a file when unpickled) is
+    # refused in one line naming it; its code never runs
+    marker = tmp_path / "unpickled"
+    torch.save({"model": {}, "tau": OpensAFile(marker)}, ckpt / "qnet.pt")
+    (tmp_path / "run" / "metrics.json").unlink()
+    with pytest.raises(RagLabError, match=r"checkpoints/qnet\.pt: holds pickled Python objects.*refused"):
+        run(cfg, tmp_path / "run")
+    assert not marker.exists()
+
+
+class OpensAFile:
+    """Unpickled, it creates ``path`` (what a hostile checkpoint could do with any call)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
 
 
 # `python -m rag_lab.run`, SIGKILLed by itself right after the checkpoint of step argv[1] is on disk

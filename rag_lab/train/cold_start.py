@@ -27,6 +27,13 @@ Hand-written, and why:
   ``save_steps`` in a ``.work`` dir beside it; a killed run resumes from the last one, and ends with
   the weights an uninterrupted run of the same seed gives). With the demonstrations' cache, a second
   call neither samples nor trains.
+- Shipped cold starts (``rag_lab/checkpoints/cold_start/<key>``, written by ``--ship``): a run whose cache has
+  no entry takes the shipped one whose key matches its own, then trains nothing (``make demo``'s shared
+  cold start is shipped, so the demo does not pay its 2.5 min of SFT). That key is the cache key without
+  the code: the base model's files, the demonstrations (their content), the settings and the chat flag.
+  The SFT code is not in it on purpose (a shipped file cannot follow every edit); ``ship.json`` records
+  the code digest that made it and each file's sha256, checked before it is used. ``make tiny-lm``
+  rebuilds it.
 
 ``python -m rag_lab.train.cold_start generator=tiny cold_start.protocols=[dapo]`` prints the model's
 directory; ``generator=hf generator.model=<dir>`` loads it (with ``generator.tokenizer=<dir>/tokenizer``
@@ -58,6 +65,10 @@ if TYPE_CHECKING:
     from rag_lab.generators.hf import HFGenerator
 
 log = logging.getLogger(__name__)
+
+# The shipped cold starts, one folder each (their key: :func:`shipped_key`), and each one's card.
+SHIPPED = cache.PACKAGE_DIR / "checkpoints" / "cold_start"
+SHIP_CARD = "ship.json"
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,14 @@ def cold_start(
     if (out / "train.json").exists():
         log.info("cold start: reusing %s", out)
         return out
+    shipped = SHIPPED / shipped_key(base, demos.fingerprint, config, chat)
+    if (shipped / SHIP_CARD).exists():
+        card = json.loads((shipped / SHIP_CARD).read_text())
+        cache.check_folder(shipped, card.get("files"), shipped / SHIP_CARD, "`make tiny-lm`")
+        with cache.publish(out) as tmp:
+            shutil.copytree(shipped, tmp, dirs_exist_ok=True)
+        log.info("cold start: the shipped %s fits this run (base model, demonstrations, settings)", shipped)
+        return out
     work = out.with_name(f"{out.name}.work")
     # A tokenizer kept apart from its model stays apart (next to a qwen2 config, AutoTokenizer would
     # load another tokenizer class: the tiny LM's word-level one lives in <model>/tokenizer).
@@ -134,6 +153,38 @@ def cold_start(
         }
         (tmp / "train.json").write_text(json.dumps(info, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def shipped_key(base: str, demos: str, config: ColdStartConfig, chat: bool) -> str:
+    """The key of a shipped cold start: the cache key's parts (the base model's files digest ``base``,
+    the demonstrations' fingerprint ``demos``, the settings, ``chat``) without the code digest."""
+    return cache.key(base, demos, config, chat)
+
+
+def ship(trained: Path) -> Path:
+    """Copy the cold start ``trained`` (a cache entry :func:`cold_start` returned) into :data:`SHIPPED`, with
+    a card (``ship.json``: its key's parts, the code digest that made it, each file's sha256); the folder."""
+    info = json.loads((trained / "train.json").read_text())
+    config = ColdStartConfig(**info["settings"])
+    key = shipped_key(info["base"]["hash"], info["demonstrations"]["hash"], config, info["chat"])
+    out = SHIPPED / key
+    with cache.publish(out.with_name(f"{key}.new")) as tmp:
+        for item in trained.iterdir():
+            copy = shutil.copytree if item.is_dir() else shutil.copy2
+            copy(item, tmp / item.name)
+        card = {
+            "key": key,
+            "base": info["base"]["hash"],
+            "demonstrations": info["demonstrations"]["hash"],
+            "settings": info["settings"],
+            "chat": info["chat"],
+            "code": cache.code_digest("rag_lab.train.cold_start"),
+            "files": cache.folder_digests(tmp),
+        }
+        (tmp / SHIP_CARD).write_text(json.dumps(card, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    out.with_name(f"{key}.new").rename(out)
     return out
 
 
@@ -164,7 +215,8 @@ Examples:
   python -m rag_lab.train.cold_start generator=smollm2 cold_start.protocols=[apex_exec] cold_start.lora.r=16
 
 The options below are set as cold_start.<key>=<value>; any key of the run config too (data.*, cache_dir,
-seed). The defaults go to the whole training split: about 100 s of teacher rollouts on 2 cores, cached."""
+seed). The defaults go to the whole training split: about 100 s of teacher rollouts on 2 cores, cached.
+--ship: also copy the result into rag_lab/checkpoints/cold_start/ (what `make demo` ships)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,7 +229,10 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
-        overrides = cli_overrides(list(sys.argv[1:] if argv is None else argv), HELP, "cold_start/default")
+        args = list(sys.argv[1:] if argv is None else argv)
+        to_ship = "--ship" in args
+        args = [a for a in args if a != "--ship"]
+        overrides = cli_overrides(args, HELP, "cold_start/default")
         picked = any(o.lstrip("+").startswith("cold_start=") for o in overrides)
         overrides = [f"+{o}" if o.startswith("cold_start=") else o for o in overrides]
         cfg = compose(([] if picked else ["+cold_start=default"]) + overrides)
@@ -197,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
             tokenizer=base.tokenizer.name_or_path,
             chat=base.chat,
         )
+        if to_ship:
+            log.info("shipped: %s", ship(out))
     tokenizer = json.loads((out / "train.json").read_text())["tokenizer"]
     hint = f" generator.tokenizer={out / tokenizer}" if tokenizer != "." else ""
     log.info("load it with: generator=hf generator.model=%s%s", out, hint)

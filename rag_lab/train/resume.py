@@ -57,15 +57,28 @@ def last_good_checkpoint(work: Path) -> str | None:
     return None
 
 
-def load_torch(path: Path, **kwargs: Any) -> Any | None:
-    """``torch.load(path)``, or None (with a warning naming the file) when it is missing or damaged."""
+def load_torch(path: Path, map_location: Any = None) -> Any | None:
+    """``torch.load(path, weights_only=True)``: tensors and plain data (dicts, lists, numbers, strings) only,
+    never an unpickled object (a shared cache or a downloaded run dir would run its writer's code). None
+    (with a warning naming the file) when it is missing or damaged; a RagLabError naming it when it holds
+    anything else (an old checkpoint, or not ours)."""
+    import pickle
+
     import torch
 
     if not path.exists():
         return None
     try:
-        return torch.load(path, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a truncated pickle raises any of several errors
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if str(e).startswith("Weights only load failed"):
+            raise RagLabError(
+                f"{path}: holds pickled Python objects, not only tensors and plain data: refused (loading it "
+                "could run code); remove it to train it again"
+            ) from None
+        log.warning("%s is damaged (%s: %s): not resuming from it", path, type(e).__name__, e)
+        return None
+    except Exception as e:  # noqa: BLE001 - a truncated file raises any of several errors
         log.warning("%s is damaged (%s: %s): not resuming from it", path, type(e).__name__, e)
         return None
 

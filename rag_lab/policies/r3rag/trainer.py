@@ -26,13 +26,14 @@ from tqdm.auto import tqdm
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
+from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.policies.r3rag.losses import explained_variance
 from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.records import RecordWriter, atomic_write_text
 from rag_lab.train.heldout import HeldOut, heldout_row, rng_kept
-from rag_lab.train.resume import last_good_checkpoint, load_model
+from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,12 @@ class PPOTrainer:
         path = Path(last)
         self.unwrapped.lm.load_state_dict(load_model(path, like=self.unwrapped.lm).state_dict())
         self.unwrapped.load_critic(path)
-        self.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-        )
+        optimizer = load_torch(path / "optimizer.pt", map_location="cpu")
+        if optimizer is None:
+            raise RagLabError(
+                f"r3rag PPO: {path / 'optimizer.pt'} is damaged: remove {path} to resume from the one before"
+            )
+        self.optimizer.load_state_dict(optimizer)
         state = json.loads((path / "state.json").read_text())
         log.info("r3rag PPO: resuming from %s (iteration %d)", path, state["iteration"])
         return state["iteration"], state["rows"]

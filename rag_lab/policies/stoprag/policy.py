@@ -60,7 +60,7 @@ from rag_lab.policies.stoprag.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
-from rag_lab.policies.stoprag.trainer import rng_state, save_atomic, train_qnet
+from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
 from rag_lab.records import atomic_write_json
 from rag_lab.train.resume import load_torch
 
@@ -173,7 +173,7 @@ class StopRAG:
             log.info("Stop-RAG: the same fit ran before: %s", done)
             for f in done.iterdir():
                 shutil.copy2(f, out_dir / f.name)
-        saved = load_torch(final, weights_only=False, map_location=self.device)  # damaged: trained again
+        saved = load_torch(final, map_location=self.device)  # damaged: trained again
         if saved is not None:
             self.qnet.load_state_dict(saved["model"], strict=False)
             self.tau, self.stats = saved["tau"], saved["stats"]
@@ -218,7 +218,8 @@ class StopRAG:
         )
         # stoprag.json first: a kill between the two leaves no qnet.pt, and the rerun writes both
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
-        save_atomic({"model": self.trainable_state(), "tau": self.tau, "stats": self.stats}, final)
+        plain = plain_data({"tau": self.tau, "stats": self.stats})
+        save_atomic({"model": self.trainable_state(), **plain}, final)
         if done is not None and not done.exists():
             with cache.publish(done) as tmp:
                 for name in ("qnet.pt", "stoprag.json", "tau_curve.csv", "tau_curve.png", "tau_curve.svg"):

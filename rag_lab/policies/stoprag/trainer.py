@@ -18,7 +18,6 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterator
-from copy import deepcopy
 from pathlib import Path
 
 import torch
@@ -68,6 +67,17 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def plain_data(value):
+    """``value`` (stats, log rows) as JSON's types (a numpy number becomes a float), so that its file loads
+    with ``weights_only=True``: a deep copy.
+
+    >>> import numpy as np
+    >>> plain_data({"tau": np.float64(0.5), "rows": [{"step": np.int64(2)}]})
+    {'tau': 0.5, 'rows': [{'step': 2}]}
+    """
+    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -198,7 +208,7 @@ def train_qnet(
     total = max(1, math.ceil(policy.epochs * per_epoch))
     sched = get_cosine_schedule_with_warmup(opt, int(policy.warmup_ratio * total), total)
     ckpt, step, rows = out_dir / "qnet_checkpoint.pt", 0, []
-    saved = load_torch(ckpt, weights_only=False, map_location=policy.device)
+    saved = load_torch(ckpt, map_location=policy.device)
     if saved is not None and "rng" not in saved:
         log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
         saved = None
@@ -247,8 +257,8 @@ def train_qnet(
                     "scheduler": sched.state_dict(),
                     "step": step,
                     "rng": rng_state(),
-                    "log": rows,
-                    "stats": deepcopy(policy.stats),
+                    "log": plain_data(rows),
+                    "stats": plain_data(policy.stats),
                 },
                 ckpt,
             )

@@ -75,27 +75,14 @@ SIZES = {
 
 def file_digests(folder: Path) -> dict[str, str]:
     """Every file of a checkpoint folder but its card (relative path -> sha256), in path order."""
-    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in CARD_FILES)
-    return {str(p.relative_to(folder)): cache.text_digest(p.read_bytes()) for p in files}
+    return cache.folder_digests(folder, skip=CARD_FILES)
 
 
 def check_checkpoint(folder: Path, card: dict) -> None:
     """A one-line error naming the file when a shipped checkpoint's files are not the ones its card
     (``recipe.json``) fingerprints, or its config.json's sizes are not the card's recipe's."""
     where = Path(folder) / "recipe.json"
-    recorded = card.get("files")
-    if not isinstance(recorded, dict) or not recorded:
-        raise RagLabError(f"{where}: no 'files' fingerprints (sha256 per file); `make tiny-lm` writes them")
-    found = file_digests(folder)
-    for name, digest in recorded.items():
-        if name not in found:
-            raise RagLabError(f"{Path(folder) / name}: missing, but the card {where} lists it")
-        if found[name] != digest:
-            raise RagLabError(
-                f"{Path(folder) / name}: sha256 {found[name][:16]}… is not the card's ({digest[:16]}…, "
-                f"{where}): the file changed after the checkpoint was shipped (`git checkout` it, or "
-                "`make tiny-lm`)"
-            )
+    cache.check_folder(folder, card.get("files"), where, "`make tiny-lm`")
     config = json.loads((Path(folder) / "config.json").read_text())
     for key, field in SIZES.items():
         if key in card.get("recipe", {}) and config.get(field) != card["recipe"][key]:
@@ -160,6 +147,21 @@ def before_chain_for(data, settings: dict, shipped_root: Path = SHIPPED.parent) 
     return None
 
 
+def _check_trainable(data) -> None:
+    """A one-line error unless ``data`` is the generated world: the tiny LM's word-level vocabulary is that
+    world's, and its recipe needs the world teacher, who parses the world's pages and questions to write
+    the demonstrations and the reading drills."""
+    from rag_lab.data.synth import SynthDataset
+
+    if not isinstance(data, SynthDataset):
+        name = getattr(data, "name", None) or type(data).__name__
+        raise RagLabError(
+            f"generator=tiny on data={name}: the tiny LM reads the generated world's vocabulary only, and its "
+            "recipe trains on that world alone (data=synth); on other data use generator=smollm2 (a "
+            "pretrained LM, offline) or generator=hf generator.model=<dir>"
+        )
+
+
 def checkpoint_dir(name: str | None) -> Path:
     """A shipped checkpoint's folder: ``name`` under rag_lab/checkpoints/ (or a path); None: the default's."""
     if name is None:
@@ -193,6 +195,7 @@ def tiny_lm(
             f"generator.checkpoint: {folder} holds no shipped checkpoint (recipe.json); "
             f"shipped: {', '.join(shipped)}"
         )
+    _check_trainable(data)
     path = shipped_for(data, settings, folder) or train(
         data, cache_dir, before_chain=before_chain_for(data, settings), **settings
     )
