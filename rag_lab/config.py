@@ -12,12 +12,16 @@ Hydra's compose (configs are in struct mode); keys *appended* with ``+key=value`
 check, so :func:`validate` also merges the whole config into its top-level schema
 (:class:`RunConfig`, :class:`ScoreConfig`, :class:`ServeConfig`).
 
-Bounds ride in the same place: a parameter typed ``Annotated[int, AtLeast(1)]`` (or a dataclass
-field with ``metadata={"min": 1}``) is checked too, so ``policy.k=0`` fails naming ``policy.k``. What a
-schema cannot say (a clip range's two ends, a switch that contradicts another, a name that must exist
-elsewhere in the config) a target says in its ``check_settings(settings, run)``: called here with its
-settings (defaults filled) and the whole config, it returns ``(key, why)`` pairs, the first of which fails
-the config like any other bad key.
+A setting's valid range rides in the same place, once, beside its declaration: a parameter typed
+``Annotated[float, Range(0, 1)]`` (or one of the aliases: :data:`PositiveInt`, :data:`Positive`,
+:data:`NonNegative`, :data:`Probability`, :data:`OpenUnit`, :data:`Dropout`), or
+``Annotated[str, OneOf("a", "b")]`` for a choice, is checked too (a list's items one by one; ``None``
+passes where the hint allows it), so ``policy.k=0`` fails naming ``policy.k``. A dataclass field may say
+it with ``metadata={"min": 1}``. A component built outside a config checks the same declarations with
+:func:`check_ranges`. What a declaration cannot say (a switch that contradicts another, a name that must
+exist elsewhere in the config) a target says in its ``check_settings(settings, run)``: called here with
+its settings (defaults filled) and the whole config, it returns ``(key, why)`` pairs, the first of which
+fails the config like any other bad key.
 
 A component that passes settings on to another (SmolLM2's to ``HFGenerator``, Stop-RAG's to its
 Q-network and pipeline) declares them there only: :func:`takes` gives its ``**settings`` the other's
@@ -37,7 +41,7 @@ import typing
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -45,16 +49,23 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rag_lab import CONF_DIR
 from rag_lab.errors import RagLabError
-
-
-@dataclass(frozen=True)
-class AtLeast:
-    """A lower bound on a numeric parameter: ``k: Annotated[int, AtLeast(1)] = 5``."""
-
-    min: float
-
-
-PositiveInt = Annotated[int, AtLeast(1)]
+from rag_lab.ranges import (  # noqa: F401 - re-exported: components declare their ranges from here
+    CHECKS,
+    AtLeast,
+    Dropout,
+    NonNegative,
+    NonNegativeInt,
+    OneOf,
+    OpenUnit,
+    Positive,
+    PositiveInt,
+    Probability,
+    Range,
+    check_ranges,
+    field_checks,
+    problems,
+    strip_annotated,
+)
 
 
 @dataclass
@@ -251,7 +262,7 @@ def schema_for(target: str) -> type:
             if name == "_":
                 continue
             return dict
-        hint, bounds = _strip_annotated(hints.get(name, Any))
+        hint, bounds = strip_annotated(hints.get(name, Any))
         hint = _omegaconf_type(hint)
         default = MISSING if p.default is p.empty else p.default
         if isinstance(default, list | dict | tuple):
@@ -264,19 +275,11 @@ def schema_for(target: str) -> type:
                 if isinstance(default, dataclasses.Field)
                 else {"default": default}
             )
-            default = dataclasses.field(**kwargs, metadata={"min": max(b.min for b in bounds)})
+            default = dataclasses.field(**kwargs, metadata={"checks": tuple(bounds)})
         fields.append((name, hint, default))
     for meta in ("_target_", "_partial_", "_recursive_", "_convert_", "_args_"):
         fields.append((meta, Any, None))
     return dataclasses.make_dataclass(target.rsplit(".", 1)[-1] + "Schema", fields)
-
-
-def _strip_annotated(hint: Any) -> tuple[Any, list[AtLeast]]:
-    """``Annotated[int, AtLeast(1)]`` -> ``(int, [AtLeast(1)])``; any other hint passes through."""
-    if typing.get_origin(hint) is Annotated:
-        base, *extras = typing.get_args(hint)
-        return base, [x for x in extras if isinstance(x, AtLeast)]
-    return hint, []
 
 
 def locate(target: str) -> Any:
@@ -289,14 +292,15 @@ def locate(target: str) -> Any:
 
 
 def _check_bounds(schema: type, node: DictConfig, path: str) -> None:
-    """Every dataclass field of ``schema`` with ``metadata['min']`` holds a value >= that bound."""
+    """Every dataclass field of ``schema`` with declared checks (a range, choices) holds a value they
+    accept."""
     for f in dataclasses.fields(schema):
-        if "min" not in f.metadata or f.name not in node:
+        checks = field_checks(f)
+        if not checks or f.name not in node:
             continue
-        value = node[f.name]
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < f.metadata["min"]:
+        if why := problems(checks, node[f.name]):
             key = f"{path}.{f.name}" if path else f.name
-            raise ConfigError(f"config '{key}' must be >= {f.metadata['min']:g}, got {value}")
+            raise ConfigError(f"config '{key}' {why}" if why.startswith("must") else f"config '{key}': {why}")
 
 
 def validate(cfg: DictConfig, schema: type | None = RunConfig) -> None:

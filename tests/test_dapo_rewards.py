@@ -318,9 +318,9 @@ def test_reward_dapo_composes_the_three_terms():
         ({}, []),
         ({"stage": 2}, []),
         ({"stage": "unified"}, []),
-        ({"stage": 3}, [("stage", "3 is not 1, 2 or unified")]),
+        ({"stage": 3}, [("stage", "3 is not one of 1, 2, unified")]),
         ({"correct": "acc"}, []),
-        ({"correct": "f1"}, [("correct", "'f1' is not em, acc or judge")]),
+        ({"correct": "f1"}, [("correct", "'f1' is not one of em, acc, judge")]),
         (
             {"correct": "judge"},
             [("judge", "correct=judge needs a judge (a judge config, e.g. rag_lab.eval.judge.LLMJudge)")],
@@ -330,7 +330,7 @@ def test_reward_dapo_composes_the_three_terms():
         ({"beta": -0.1}, [("beta", "must be >= 0, got -0.1")]),
         (
             {"stage": 0, "beta": -1.0},
-            [("stage", "0 is not 1, 2 or unified"), ("beta", "must be >= 0, got -1.0")],
+            [("stage", "0 is not one of 1, 2, unified"), ("beta", "must be >= 0, got -1.0")],
         ),
     ],
 )

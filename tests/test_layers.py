@@ -22,6 +22,7 @@ LAYERS = [
             "rag_lab",
             "rag_lab.errors",
             "rag_lab.records",
+            "rag_lab.ranges",
             "rag_lab.config",
             "rag_lab.cli",
             "rag_lab.seeding",

@@ -337,7 +337,7 @@ def test_offline_collection_resumes_after_a_kill(tiny_cfg, tmp_path):
 def test_config_rejects_unknown_target(tiny_cfg, tmp_path):
     from rag_lab.run import run
 
-    with pytest.raises(Exception, match="policy.target must be one of"):
+    with pytest.raises(Exception, match="policy.target.: .td. is not one of qlambda"):
         run(tiny_cfg("policy=stoprag", "generator=teacher", "policy.target=td"), tmp_path)
 
 

@@ -3,7 +3,7 @@ by the batched engine (:func:`rag_lab.env.engine.run_agent`), untrained: each pa
 the loop that DAPO (and EVO-RAG, R3-RAG) train.
 """
 
-from rag_lab.config import PositiveInt
+from rag_lab.config import NonNegative, PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import run_agent
@@ -25,7 +25,7 @@ class Agent(Prompting):
         max_turns: PositiveInt = 5,
         exclude_seen: bool = False,
         max_new_tokens: PositiveInt = 128,
-        temperature: float = 0.0,
+        temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
         if protocol not in PROTOCOLS:

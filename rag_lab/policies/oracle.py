@@ -15,7 +15,7 @@ the dataset, before anything runs.
 import random
 from typing import Any
 
-from rag_lab.config import ConfigError, PositiveInt
+from rag_lab.config import ConfigError, NonNegative, PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import SEARCH, Action, Turn
@@ -37,7 +37,7 @@ class OracleRAG(ChainOfThought):
         order: str = "shuffled",
         max_steps: PositiveInt = 6,
         max_new_tokens: PositiveInt = 32,
-        temperature: float = 0.0,
+        temperature: NonNegative = 0.0,
     ):
         for key, value, allowed in (("reader", reader, READERS), ("order", order, ORDERS)):
             if value not in allowed:

@@ -12,7 +12,7 @@
 
 from pathlib import Path
 
-from rag_lab.config import PositiveInt
+from rag_lab.config import NonNegative, PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
 from rag_lab.env.engine import generate, record
@@ -26,7 +26,7 @@ class Prompting:
 
     trains = False
 
-    def __init__(self, k: PositiveInt = 5, max_new_tokens: PositiveInt = 32, temperature: float = 0.0):
+    def __init__(self, k: PositiveInt = 5, max_new_tokens: PositiveInt = 32, temperature: NonNegative = 0.0):
         self.k = k
         self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
 
@@ -99,7 +99,7 @@ class IterRetGen(Prompting):
         iterations: PositiveInt = 3,
         k: PositiveInt = 5,
         max_new_tokens: PositiveInt = 32,
-        temperature: float = 0.0,
+        temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
         self.iterations = iterations
@@ -131,7 +131,7 @@ class ChainOfThought(Prompting):
         max_steps: PositiveInt = 6,
         k: PositiveInt = 3,
         max_new_tokens: PositiveInt = 48,
-        temperature: float = 0.0,
+        temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
         self.retrieve_each, self.max_steps = retrieve, max_steps

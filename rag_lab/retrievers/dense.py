@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rag_lab import cache
+from rag_lab.config import PositiveInt
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, filter_hits
@@ -69,8 +70,8 @@ class Encoder:
         normalize: bool = True,
         query_prefix: str = "",
         passage_prefix: str = "",
-        max_length: int = 256,
-        batch_size: int = 64,
+        max_length: PositiveInt = 256,
+        batch_size: PositiveInt = 64,
         device: str | None = None,
     ):
         from transformers import AutoModel, AutoTokenizer

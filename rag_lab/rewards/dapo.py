@@ -27,10 +27,11 @@ Choices where the paper is silent, each a setting:
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 
+from rag_lab.config import NonNegative, OneOf, PositiveInt, check_ranges
 from rag_lab.env.protocols.tagged import INFORMATION, structure_ok
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
@@ -100,7 +101,7 @@ def format_reward(completions: list[Any], **_: Any) -> list[float]:
 
 def concise(
     query: str,
-    max_words: int = 10,
+    max_words: PositiveInt = 10,
     question_words: Sequence[str] = QUESTION_WORDS,
     fillers: Sequence[str] = FILLERS,
     prepositions: Sequence[str] = PREPOSITIONS,
@@ -142,8 +143,8 @@ class SearchReward:
         self,
         encoder: Any = None,
         # "mean": the mean over the N(N-1)/2 pairs; "eq8": eq. (8) as printed (divided by N(N-1))
-        normalization: Literal["mean", "eq8"] = "mean",
-        max_words: int = 10,
+        normalization: Annotated[str, OneOf("mean", "eq8")] = "mean",
+        max_words: PositiveInt = 10,
         question_words: Sequence[str] = QUESTION_WORDS,
         fillers: Sequence[str] = FILLERS,
         prepositions: Sequence[str] = PREPOSITIONS,
@@ -183,7 +184,7 @@ class SearchReward:
 def correctness(
     completions: list[Any],
     answers: list[list[str]],
-    correct: Literal["em", "acc", "judge"] = "em",
+    correct: Annotated[str, OneOf("em", "acc", "judge")] = "em",
     judge: Callable[[list[str], list[list[str]]], list[float]] | None = None,
 ) -> list[bool]:
     """Whether each rollout's final answer is right: EM or Acc (SQuAD rules), or ``judge(predictions,
@@ -211,9 +212,9 @@ def correctness(
 def multistage_answer(
     completions: list[Any],
     answers: list[list[str]],
-    stage: Literal[1, 2, "unified"] = 1,
-    beta: float = 0.3,
-    correct: Literal["em", "acc", "judge"] = "em",
+    stage: Annotated[int | str, OneOf(1, 2, "unified")] = 1,
+    beta: NonNegative = 0.3,
+    correct: Annotated[str, OneOf("em", "acc", "judge")] = "em",
     judge: Callable[[list[str], list[list[str]]], list[float]] | None = None,
     **_: Any,
 ) -> list[float]:
@@ -241,17 +242,11 @@ def multistage_answer(
 
 def check_answer_settings(s: dict, run) -> list[tuple[str, str]]:
     """r_a's settings, checked when the config is (:mod:`rag_lab.config`)."""
-    problems = []
-    if s["stage"] not in (1, 2, "unified"):
-        problems.append(("stage", f"{s['stage']!r} is not 1, 2 or unified"))
-    if s["correct"] not in ("em", "acc", "judge"):
-        problems.append(("correct", f"{s['correct']!r} is not em, acc or judge"))
-    elif s["correct"] == "judge" and not s["judge"]:
+    problems = check_ranges(multistage_answer, s)  # the declared ones (a direct call has no config)
+    if s["correct"] == "judge" and not s["judge"]:
         problems.append(
             ("judge", "correct=judge needs a judge (a judge config, e.g. rag_lab.eval.judge.LLMJudge)")
         )
-    if s["beta"] < 0:
-        problems.append(("beta", f"must be >= 0, got {s['beta']}"))
     return problems
 
 
@@ -280,7 +275,10 @@ def retrieval_count(completions: list[Any], **_: Any) -> list[float]:
 
 
 def answer_correct(
-    completions: list[Any], answers: list[list[str]], correct: Literal["em", "acc"] = "acc", **_: Any
+    completions: list[Any],
+    answers: list[list[str]],
+    correct: Annotated[str, OneOf("em", "acc")] = "acc",
+    **_: Any,
 ) -> list[float]:
     """Acc, a monitor (weight 0): 1.0 where the final answer is right (Acc by default, the paper's metric
     without its judge).

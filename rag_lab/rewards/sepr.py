@@ -33,11 +33,12 @@ Choices where the paper is silent, or where we deviate, each a setting when it c
 
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from rag_lab.config import OneOf, Probability, check_ranges
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN
@@ -146,16 +147,17 @@ class SEPR:
     def __init__(
         self,
         encoder: Any = None,
-        threshold: float = 0.7,
+        threshold: Probability = 0.7,
         # mask: every reference to an earlier answer becomes "#" (step order free); keep: "#n"
-        placeholders: Literal["keep", "mask"] = "mask",
+        placeholders: Annotated[str, OneOf(*MODES)] = "mask",
         # question: MuSiQue's "#1 >> spouse" is embedded as "What is the spouse of #1?"; keep: as written
-        triples: Literal["question", "keep"] = "question",
+        triples: Annotated[str, OneOf(*TRIPLE_MODES)] = "question",
     ):
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise RagLabError(f"reward.threshold: {threshold!r} is not a number in [0, 1]")
-        _check("placeholders", placeholders, MODES)
-        _check("triples", triples, TRIPLE_MODES)
+        settings = {"threshold": threshold, "placeholders": placeholders, "triples": triples}
+        for key, why in check_ranges(SEPR, settings):
+            raise RagLabError(f"reward.{key}: {why}")
         self.__name__ = "sepr"  # TRL logs a reward under its __name__: rewards/sepr/mean
         self.encoder, self.threshold = encoder, float(threshold)
         self.placeholders, self.triples = placeholders, triples

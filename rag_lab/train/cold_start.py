@@ -79,7 +79,7 @@ class ColdStartConfig(SFTSettings, DemoSettings):
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """Training that would not train (:mod:`rag_lab.config`)."""
-        problems = [(k, f"must be > 0, got {s[k]}") for k in ("lr",) if s[k] <= 0]
+        problems = []
         if s["epochs"] <= 0 and not s["max_steps"]:
             problems.append(("epochs", f"{s['epochs']} with max_steps 0: no training step"))
         return problems

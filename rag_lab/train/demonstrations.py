@@ -40,7 +40,7 @@ from typing import Annotated
 from tqdm.auto import tqdm
 
 from rag_lab import cache
-from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.config import AtLeast, NonNegative, PositiveInt
 from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import INVALID, PROTOCOLS, REFUSE, Protocol, identify
@@ -71,7 +71,7 @@ class DemoSettings:
     # the first `limit` questions of the split (null: all)
     limit: Annotated[int | None, AtLeast(1)] = None
     # one rollout per question at each temperature (0: greedy), `samples` of them above 0
-    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+    temperatures: tuple[NonNegative, ...] = (0.0, 0.7, 1.0)
     samples: PositiveInt = 1
     # the teacher's mistakes, each a probability per decision (null: none; the yaml sets some, for
     # rejection sampling to filter out)

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.config import AtLeast, Dropout, PositiveInt
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -14,7 +14,7 @@ class LoRA:
     # adapter rank; 0: no adapter (every weight trains)
     r: Annotated[int, AtLeast(0)] = 0
     alpha: PositiveInt = 16
-    dropout: float = 0.05
+    dropout: Dropout = 0.05
     # names of the modules that get an adapter (the last part of their dotted name)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import torch
 
-from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.config import AtLeast, NonNegative, Positive, PositiveInt
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
@@ -97,10 +97,10 @@ class SFTSettings:
     """How :func:`sft` trains (the cold start's training keys, ``conf/cold_start/default.yaml``)."""
 
     # passes over the pairs, or a fixed step count (max_steps > 0 wins)
-    epochs: float = 1.0
+    epochs: NonNegative = 1.0
     max_steps: Annotated[int, AtLeast(0)] = 0
     batch_size: PositiveInt = 8
-    lr: float = 1e-4
+    lr: Positive = 1e-4
     warmup_steps: Annotated[int, AtLeast(0)] = 10
     # rows longer than this lose the start of their prompt, never the completion
     max_length: PositiveInt = 1024

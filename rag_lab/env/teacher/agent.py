@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rag_lab.config import Probability
 from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.data.synth.world import MONTHS
 from rag_lab.env.teacher.reader import answer_from, parse_question
@@ -26,11 +27,12 @@ Search = Callable[[Sequence[str]], list[list[Passage]]]
 
 @dataclass(frozen=True)
 class Noise:
-    vague_query: float = 0.0
-    miscopy: float = 0.0
-    premature_answer: float = 0.0
+    # each a probability per decision
+    vague_query: Probability = 0.0
+    miscopy: Probability = 0.0
+    premature_answer: Probability = 0.0
     # per passage in view that no step of the chain needs: the chance that it misleads a final answer
-    distraction: float = 0.0
+    distraction: Probability = 0.0
 
 
 @dataclass

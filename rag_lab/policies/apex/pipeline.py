@@ -12,7 +12,7 @@ when the retrieval adds nothing); no answer after ``hops`` retrievals → one mo
 and a confidence from the knowledge base (``apex_final``).
 """
 
-from rag_lab.config import PositiveInt
+from rag_lab.config import NonNegative, PositiveInt
 from rag_lab.data.base import QAExample, resolve_references
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.apex import APEXExecute, APEXFinal, APEXPlan
@@ -30,7 +30,7 @@ class APEXPipeline(Prompting):
         hops: PositiveInt = 3,
         k: PositiveInt = 3,
         max_new_tokens: PositiveInt = 64,
-        temperature: float = 0.0,
+        temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
         self.plan, self.hops = plan, hops

@@ -21,10 +21,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from rag_lab import cache
-from rag_lab.config import PositiveInt
+from rag_lab.config import NonNegative, OneOf, Positive, PositiveInt, Range, check_ranges
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN, State
@@ -41,45 +41,33 @@ from rag_lab.train.resume import last_good_checkpoint, stopped_early
 log = logging.getLogger(__name__)
 
 
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+
+
 @dataclass(frozen=True)
 class PlannerRL:
-    # plans per question (G) and questions per step
-    group_size: PositiveInt = 8
+    # plans per question (G: GRPO compares a group's plans, 2 at least) and questions per step
+    group_size: Annotated[int, Range(2)] = 8
     questions_per_step: PositiveInt = 4
-    epochs: float = 3.0
+    epochs: Positive = 3.0
     # the first `train_limit` training questions with a gold plan (null: all)
     train_limit: PositiveInt | None = 200
-    lr: float = 1e-4
+    lr: Positive = 1e-4
     # KL to the reference model (the paper's "KL divergence loss") and the entropy bonus
-    beta: float = 0.001
-    entropy_coef: float = 0.001
-    epsilon: float = 0.2
+    beta: NonNegative = 0.001
+    entropy_coef: NonNegative = 0.001
+    epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2
     # how the loss averages its tokens: "dapo" (TRL's token mean over the batch: verl's "token-mean", the
     # paper's framework's default) or "grpo" (each plan's own token mean, then over plans), "bnpo", "dr_grpo"
-    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo"] = "dapo"
-    temperature: float = 1.0
+    loss_type: Annotated[str, OneOf(*LOSS_TYPES)] = "dapo"
+    temperature: Positive = 1.0
     max_new_tokens: PositiveInt = 64
     save_steps: PositiveInt = 20
     seed: int = 0
 
-    @staticmethod
-    def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the schema cannot say (:mod:`rag_lab.config`): a group, positive rates, a clip range."""
-        problems = [(k, f"must be > 0, got {s[k]}") for k in ("lr", "epochs", "temperature") if s[k] <= 0]
-        if s["group_size"] < 2:
-            problems.append(("group_size", f"{s['group_size']}: GRPO compares a group's plans, 2 at least"))
-        if not 0 < s["epsilon"] < 1:
-            problems.append(("epsilon", f"{s['epsilon']} is not in (0, 1)"))
-        problems += [(k, f"must be >= 0, got {s[k]}") for k in ("beta", "entropy_coef") if s[k] < 0]
-        if s["loss_type"] not in ("dapo", "grpo", "bnpo", "dr_grpo"):
-            problems.append(("loss_type", f"{s['loss_type']!r} is not dapo, grpo, bnpo or dr_grpo"))
-        return problems
-
     def __post_init__(self) -> None:
-        if self.loss_type not in ("dapo", "grpo", "bnpo", "dr_grpo"):
-            raise RagLabError(
-                f"policy.planner.loss_type: {self.loss_type!r} is not dapo, grpo, bnpo or dr_grpo"
-            )
+        for key, why in check_ranges(PlannerRL, asdict(self)):
+            raise RagLabError(f"policy.planner.{key}: {why}")
 
 
 def plan_steps(completions: list[Any], **_: Any) -> list[float]:

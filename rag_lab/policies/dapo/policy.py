@@ -32,12 +32,12 @@ run's model (the run's generator is shared, so it is not trained in place), whic
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import cache
-from rag_lab.config import PositiveInt, takes
+from rag_lab.config import NonNegative, OpenUnit, Positive, PositiveInt, Range, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
@@ -73,15 +73,16 @@ class DAPO(Agent):
         # training steps per stage; questions per step, each sampled `group_size` times (G)
         steps: PositiveInt = 30,
         questions_per_step: PositiveInt = 4,
-        group_size: PositiveInt = 8,
-        lr: float = 1e-4,
-        epsilon: float = 0.2,
-        epsilon_high: float = 0.28,
+        # (GRPO compares a group's samples: 2 at least)
+        group_size: Annotated[int, Range(2)] = 8,
+        lr: Positive = 1e-4,
+        epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2,
+        epsilon_high: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.28,
         # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.1)
-        kl_coef: float = 0.0,
-        # sampling of the training rollouts
-        train_temperature: float = 1.0,
-        top_p: float = 1.0,
+        kl_coef: NonNegative = 0.0,
+        # sampling of the training rollouts (> 0: at 0 a group's samples are all the same)
+        train_temperature: Positive = 1.0,
+        top_p: OpenUnit = 1.0,
         # drop groups whose rewards are all equal and re-draw them, at most max_rounds rollouts a step
         dynamic_sampling: bool = True,
         max_rounds: PositiveInt = 4,
@@ -124,24 +125,13 @@ class DAPO(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the schema cannot say (:mod:`rag_lab.config`): the clip range, a group, sampling, names."""
+        """What the declarations cannot say (:mod:`rag_lab.config`): the clip range, the stages, names."""
         problems = []
         if not 0 < s["epsilon"] <= s["epsilon_high"] < 1:
             why = (
                 f"the clip range needs 0 < epsilon ({s['epsilon']}) <= epsilon_high ({s['epsilon_high']}) < 1"
             )
             problems.append(("epsilon_high", why))
-        if s["group_size"] < 2:
-            problems.append(("group_size", f"{s['group_size']}: GRPO compares a group's samples, 2 at least"))
-        if s["train_temperature"] <= 0:
-            problems.append(("train_temperature", "must be > 0: at 0 a group's samples are all the same"))
-        if not 0 < s["top_p"] <= 1:
-            problems.append(("top_p", f"{s['top_p']} is not in (0, 1]"))
-        for key in ("lr",):
-            if s[key] <= 0:
-                problems.append((key, f"must be > 0, got {s[key]}"))
-        if s["kl_coef"] < 0:
-            problems.append(("kl_coef", f"must be >= 0, got {s['kl_coef']}"))
         problems += [
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]

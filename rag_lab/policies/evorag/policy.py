@@ -24,16 +24,17 @@ update open: DPO's pairs come from the returns, as its sec. 3.4 describes them);
 the policy at the start of its cycle. Without a cold start the stages train a copy of the run's model.
 """
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from rag_lab import cache
-from rag_lab.config import AtLeast, PositiveInt, takes
+from rag_lab.config import NonNegative, OpenUnit, Positive, PositiveInt, check_ranges, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
@@ -68,10 +69,10 @@ class PreferenceSettings:
     """``policy.preference``: the multi-head preference model (:mod:`.preference`)."""
 
     # |ΔR| at least this for a pair (sec. 3.3's Δ)
-    margin: Annotated[float, AtLeast(0)] = DELTA
+    margin: NonNegative = DELTA
     heads: PositiveInt = len(COMPONENTS)
     encoder: str = MINILM
-    lr: float = 1e-3
+    lr: Positive = 1e-3
     batch_size: PositiveInt = 64
     # the widest pairs per state (null: every qualifying pair)
     pairs_per_state: PositiveInt | None = None
@@ -90,7 +91,7 @@ class EvoRAG(Agent):
         # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
         max_cycles: PositiveInt = 3,
         patience: PositiveInt = 2,
-        min_delta: Annotated[float, AtLeast(0)] = 0.0,
+        min_delta: NonNegative = 0.0,
         # per cycle: training questions rolled out, states branched per episode (null: all)
         questions_per_cycle: PositiveInt = 64,
         states_per_episode: PositiveInt | None = 2,
@@ -99,19 +100,19 @@ class EvoRAG(Agent):
         # the action kinds a state's siblings take
         actions: list[str] = ACTIONS,
         # DPO's pairs: |ΔR| at least `margin` (δ, sec. 3.4), the `pairs_per_state` widest per state
-        margin: Annotated[float, AtLeast(0)] = 0.2,
+        margin: NonNegative = 0.2,
         pairs_per_state: PositiveInt | None = 1,
         preference: PreferenceSettings | None = None,
         # DPO: β, learning rate, batch (effective: batch_size x grad_accum), epochs over a cycle's pairs
-        beta: float = 0.1,
-        lr: float = 1e-3,
+        beta: Positive = 0.1,
+        lr: Positive = 1e-3,
         batch_size: PositiveInt = 8,
         grad_accum: PositiveInt = 1,
         dpo_epochs: PositiveInt = 1,
         lora: LoRA | None = None,
         # sampling of the training rollouts and the branches
-        train_temperature: float = 1.0,
-        top_p: float = 1.0,
+        train_temperature: Positive = 1.0,
+        top_p: OpenUnit = 1.0,
         train_limit: PositiveInt | None = None,
         # SFT on the teacher's evorag demonstrations first (null: start from the generator as it is)
         cold_start: ColdStartConfig | None = None,
@@ -128,7 +129,14 @@ class EvoRAG(Agent):
         rollout.setdefault("max_turns", 20)
         super().__init__("evorag", **rollout)
         settings = {k: v for k, v in locals().items() if k not in ("self", "rollout", "__class__")}
-        for key, why in self.check_settings(settings | {"max_turns": self.max_turns}, None):
+        preference_settings = (
+            dataclasses.asdict(preference) if dataclasses.is_dataclass(preference) else dict(preference or {})
+        )
+        for key, why in [
+            *check_ranges(EvoRAG, settings),
+            *check_ranges(PreferenceSettings, preference_settings, "preference."),
+            *self.check_settings(settings | {"max_turns": self.max_turns}, None),
+        ]:
             raise RagLabError(f"policy.{key}: {why}")
         self.reward, self.stages, self.actions = reward, list(stages), list(actions)
         self.max_cycles, self.patience, self.min_delta = max_cycles, patience, min_delta
@@ -158,14 +166,6 @@ class EvoRAG(Agent):
             problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
         if s.get("max_turns", 1) < 1:
             problems.append(("max_turns", f"(T_max) must be >= 1, got {s['max_turns']}"))
-        for key in ("margin", "min_delta"):
-            if s[key] < 0:
-                problems.append((key, f"must be >= 0, got {s[key]}"))
-        for key in ("beta", "lr", "train_temperature"):
-            if s[key] <= 0:
-                problems.append((key, f"must be > 0, got {s[key]}"))
-        if not 0 < s["top_p"] <= 1:
-            problems.append(("top_p", f"{s['top_p']} is not in (0, 1]"))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("EvoRAGReward"):
             problems.append(("reward", f"policy=evorag needs reward=evorag, not {target}"))

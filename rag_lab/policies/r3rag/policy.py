@@ -32,12 +32,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rag_lab import cache
-from rag_lab.config import PositiveInt, takes
+from rag_lab.config import PositiveInt, check_ranges, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
 from rag_lab.policies.agent import Agent
-from rag_lab.policies.r3rag.model import CRITICS
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
 from rag_lab.policies.stoprag.transfer import fit_stopper
@@ -98,7 +97,8 @@ class R3RAG(Agent):
         super().__init__("r3rag", **rollout)
         self.ppo = ppo or PPOSettings()
         settings = {"ppo": self.ppo.__dict__, "max_turns": self.max_turns}
-        for key, why in self.check_settings(settings, None):
+        problems = check_ranges(PPOSettings, self.ppo.__dict__, "ppo.") + self.check_settings(settings, None)
+        for key, why in problems:
             raise RagLabError(f"policy.{key}: {why}")
         self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
         self.train_retriever, self.launch = train_retriever, launch
@@ -110,20 +110,10 @@ class R3RAG(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the schema cannot say (:mod:`rag_lab.config`): PPO's bounds, the critic, the reward."""
+        """What the declarations cannot say (:mod:`rag_lab.config`): a temperature at least, the reward."""
         ppo, problems = dict(s.get("ppo") or {}), []
-        for key in ("clip", "actor_lr", "critic_lr", "max_grad_norm"):
-            if key in ppo and ppo[key] <= 0:
-                problems.append((f"ppo.{key}", f"must be > 0, got {ppo[key]}"))
-        if ppo.get("value_clip") is not None and ppo["value_clip"] <= 0:
-            problems.append(("ppo.value_clip", f"must be > 0 or null, got {ppo['value_clip']}"))
-        temperatures = list(ppo.get("temperatures", [1.0]))
-        if not temperatures or min(temperatures) < 0:
-            problems.append(("ppo.temperatures", f"{temperatures}: a non-empty list of temperatures >= 0"))
-        if ppo.get("critic", "shared") not in CRITICS:
-            problems.append(("ppo.critic", f"{ppo['critic']!r} is not one of {', '.join(CRITICS)}"))
-        if ppo.get("lam", 1.0) > 1:
-            problems.append(("ppo.lam", f"GAE's λ must be in [0, 1], got {ppo['lam']}"))
+        if not list(ppo.get("temperatures", [1.0])):
+            problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("R3RAGReward"):
             problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))

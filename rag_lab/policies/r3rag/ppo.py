@@ -41,11 +41,19 @@ from typing import Annotated
 
 import torch
 
-from rag_lab.config import AtLeast, PositiveInt
+from rag_lab.config import (
+    NonNegative,
+    NonNegativeInt,
+    OneOf,
+    Positive,
+    PositiveInt,
+    Probability,
+    Range,
+)
 from rag_lab.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
-from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
+from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +63,29 @@ class PPOSettings:
     """``policy.ppo`` (module docstring). The defaults are the embedded default's; the paper's are in
     ``conf/experiment/r3rag_hotpotqa.yaml``."""
 
-    iterations: Annotated[int, AtLeast(0)] = 8
+    iterations: NonNegativeInt = 8
     # questions per iteration (global), one episode each at every temperature
     batch_size: PositiveInt = 16
-    temperatures: tuple[float, ...] = (0.1, 0.4, 0.7, 1.0)
+    temperatures: tuple[NonNegative, ...] = (0.1, 0.4, 0.7, 1.0)
     ppo_epochs: PositiveInt = 2
     minibatches: PositiveInt = 4
     # samples per forward pass (gradients accumulate over a minibatch)
     micro_batch: PositiveInt = 32
-    clip: float = 0.2
-    value_clip: float | None = 0.2
-    kl_coef: Annotated[float, AtLeast(0)] = 0.01
-    gamma: Annotated[float, AtLeast(0)] = 1.0
-    lam: Annotated[float, AtLeast(0)] = 1.0
-    vf_coef: Annotated[float, AtLeast(0)] = 0.5
-    actor_lr: float = 1e-4
-    critic_lr: float = 1e-3
-    max_grad_norm: float = 1.0
+    # the ratio's clip ε and the value clip (null: none)
+    clip: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2
+    value_clip: Positive | None = 0.2
+    kl_coef: NonNegative = 0.01
+    # GAE's discount γ and λ
+    gamma: Probability = 1.0
+    lam: Probability = 1.0
+    vf_coef: NonNegative = 0.5
+    actor_lr: Positive = 1e-4
+    critic_lr: Positive = 1e-3
+    max_grad_norm: Positive = 1.0
     normalize_rewards: bool = True
     whiten_advantages: bool = True
     # the value head on the policy's trunk (shared) or on a copy of the initial model (separate)
-    critic: str = "shared"
+    critic: Annotated[str, OneOf(*CRITICS)] = "shared"
     max_doc_chars: PositiveInt | None = 512
     save_steps: PositiveInt = 1
 

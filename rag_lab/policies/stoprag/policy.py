@@ -45,20 +45,31 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from rag_lab import cache
-from rag_lab.config import settings_for, takes
+from rag_lab.config import (
+    NonNegative,
+    OneOf,
+    OpenUnit,
+    Positive,
+    PositiveInt,
+    Probability,
+    Range,
+    settings_for,
+    takes,
+)
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
 from rag_lab.errors import RagLabError
+from rag_lab.eval.metrics import SCORERS
 from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, collect
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.qnet import QNetwork
-from rag_lab.policies.stoprag.targets import TARGETS, lambda_at
+from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
 from rag_lab.records import atomic_write_json
@@ -102,33 +113,33 @@ class StopRAG:
         pipeline: Any = None,
         cache_dir: str = "~/.cache/rag_lab",
         # offline data: N sampled final answers per state, scored with S
-        samples: int = 8,
-        temperature: float = 0.7,
-        top_p: float = 0.9,
-        score: str = "f1",
+        samples: PositiveInt = 8,
+        temperature: Positive = 0.7,
+        top_p: OpenUnit = 0.9,
+        score: Annotated[str, OneOf(*SCORERS["squad"])] = "f1",
         # training questions used (null: all); 10% of them (by question) hold out a validation loss
-        train_limit: int | None = None,
-        val_fraction: float = 0.1,
+        train_limit: PositiveInt | None = None,
+        val_fraction: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
         # targets: qlambda | mc | q0 | binary; λ schedule cosine | linear | constant
-        target: str = "qlambda",
-        lambda_start: float = 1.0,
-        lambda_end: float = 0.1,
-        lambda_schedule: str = "cosine",
+        target: Annotated[str, OneOf(*TARGETS)] = "qlambda",
+        lambda_start: Probability = 1.0,
+        lambda_end: Probability = 0.1,
+        lambda_schedule: Annotated[str, OneOf(*SCHEDULES)] = "cosine",
         # optimisation (AdamW, cosine lr with warmup)
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_ratio: float = 0.1,
-        batch_size: int = 128,
-        epochs: float = 1.0,
+        lr: Positive = 1e-3,
+        weight_decay: NonNegative = 0.01,
+        warmup_ratio: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
+        batch_size: PositiveInt = 128,
+        epochs: Positive = 1.0,
         bf16: bool = False,
-        checkpoint_every: int = 200,
+        checkpoint_every: PositiveInt = 200,
         # τ: tuned on the validation split over this grid, unless given
         tau: float | None = None,
         tau_grid: list[float] | None = None,
         # the first dev_limit validation questions tune τ (null: all)
-        dev_limit: int | None = None,
+        dev_limit: PositiveInt | None = None,
         seed: int = 0,
-        batch_questions: int = 64,
+        batch_questions: PositiveInt = 64,
         # the run's resolved config (the offline data's cache key): filled by the runner
         run_config: dict | None = None,
         # the wrapped pipeline's keys (iterations, k, exclude_seen, max_new_tokens) and the Q-network's

@@ -13,9 +13,12 @@ an equal share of the budget, so each state still shows all of its documents' op
 per state text and kept in memory (:meth:`QNetwork.encode`).
 """
 
+from typing import Annotated
+
 import torch
 from torch import nn
 
+from rag_lab.config import Dropout, OneOf, PositiveInt
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.dense import resolve_model
 
@@ -28,11 +31,11 @@ class QNetwork(nn.Module):
     def __init__(
         self,
         encoder: str = "sentence-transformers/all-MiniLM-L6-v2",
-        pooling: str = "mean",
-        head_hidden: int | None = None,
-        dropout: float = 0.1,
-        max_length: int = 512,
-        truncation: str = "per_passage",
+        pooling: Annotated[str, OneOf("mean", "cls")] = "mean",
+        head_hidden: PositiveInt | None = None,
+        dropout: Dropout = 0.1,
+        max_length: PositiveInt = 512,
+        truncation: Annotated[str, OneOf("per_passage", "end")] = "per_passage",
         freeze_encoder: bool = False,
     ):
         super().__init__()

@@ -156,8 +156,8 @@ def _check_trainable(data) -> None:
     if not isinstance(data, SynthDataset):
         name = getattr(data, "name", None) or type(data).__name__
         raise RagLabError(
-            f"generator=tiny on data={name}: the tiny LM reads the generated world's vocabulary only, and its "
-            "recipe trains on that world alone (data=synth); on other data use generator=smollm2 (a "
+            f"generator=tiny on data={name}: the tiny LM reads the generated world's vocabulary only, and "
+            "its recipe trains on that world alone (data=synth); on other data use generator=smollm2 (a "
             "pretrained LM, offline) or generator=hf generator.model=<dir>"
         )
 
