@@ -56,9 +56,16 @@ class Claim:
 def read_spec(path: Path = SPEC) -> list[Claim]:
     """The claims of ``path``; a malformed entry is one line naming the file, the claim and the field."""
     try:
-        entries = yaml.safe_load(Path(path).read_text())["claims"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise RagLabError(f"{path}: not a claims spec (a 'claims' list): {e}") from None
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise RagLabError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise RagLabError(f"{where}: malformed yaml ({str(e).splitlines()[0]})") from None
+    entries = loaded.get("claims") if isinstance(loaded, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise RagLabError(f"{path}: not a claims spec (a non-empty 'claims' list at the top)")
     claims = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: claim {i}"

@@ -15,6 +15,7 @@ side).
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,14 +226,21 @@ def write_compare(
     out: Path,
     ceiling: str | None = "oracle_rag",
     starts: dict[str, str] | None = None,
+    named: Sequence[tuple[str, str]] = (),
 ) -> str:
     """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown. ``ceiling``: the
     row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no search);
-    ``starts``: trained row -> the row of its start (:func:`compare_table`)."""
+    ``starts``: trained row -> the row of its start (:func:`compare_table`). ``named``: (option, row) pairs
+    a user typed: a row that is not in the table is an error naming the option, before anything is written
+    (a sweep of some rows only leaves the defaults' missing rows out instead)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
     table = compare_table(runs, by, reference, starts=starts)
+    rows = list(table["method"])
+    for option, name in named:
+        if name not in rows:
+            raise RagLabError(f"{option} {name}: no such row (the rows by {by}: {', '.join(rows)})")
     shown = display_table(table)
     out.mkdir(parents=True, exist_ok=True)
     summary = f"{len(runs)} runs{left_out(missing)} under {', '.join(map(str, dirs))}"
@@ -304,10 +312,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rag_lab.compare", description=__doc__.replace("``", ""))
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs (or run dirs) of the rows")
     parser.add_argument("--by", default="+experiment/compare_synth", help="the override naming the rows")
-    parser.add_argument("--reference", default="fixed_iter", help="the row the others are tested against")
+    parser.add_argument("--reference", help="the row the others are tested against (default: fixed_iter)")
     parser.add_argument("--title", default="All methods")
     parser.add_argument(
-        "--ceiling", default="oracle_rag", help="the row drawn as a line, not a point (the oracle)"
+        "--ceiling", help="the row drawn as a line, not a point (default: oracle_rag, the oracle)"
     )
     parser.add_argument(
         "--start",
@@ -325,8 +333,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"--start {bad[0]}: expected ROW=START (a trained row and the row of its start)"
             )
         starts = dict(pair.split("=", 1) for pair in args.start)
+        named = [("--start", row) for pair in starts.items() for row in pair]
+        named += [(f"--{k}", v) for k, v in (("reference", args.reference), ("ceiling", args.ceiling)) if v]
         out = args.out or args.dirs[0]
-        text = write_compare(args.dirs, args.by, args.reference, args.title, out, args.ceiling, starts)
+        reference, ceiling = args.reference or "fixed_iter", args.ceiling or "oracle_rag"
+        text = write_compare(args.dirs, args.by, reference, args.title, out, ceiling, starts, named)
         sys.stdout.write(text)
 
 

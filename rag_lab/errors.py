@@ -47,12 +47,24 @@ def user_message(error: BaseException) -> str | None:
         return f"malformed override '{error.override}' ({_one_line(error.message)})"
     if isinstance(error, ValueError | KeyError) and _raised_in(error, ("hydra.", "omegaconf.")):
         return _one_line(str(error))  # Hydra's own checks of the command line (e.g. `group=null`)
+    if isinstance(error, ValueError) and _raised_in(error, ("joblib.",)) and _raised_in_launcher(error):
+        return f"hydra.launcher: {_one_line(str(error))}"  # joblib's check of its settings (n_jobs=0)
     if isinstance(error, CompactHydraException) and not isinstance(error, InstantiationException):
         detail = _one_line(str(error))
         if isinstance(error.__cause__, OmegaConfBaseException):
             detail += f" ({_one_line(str(error.__cause__))})"
         return detail
     return None
+
+
+def _raised_in_launcher(error: BaseException) -> bool:
+    """Whether a Hydra launcher plugin is on ``error``'s traceback (the launcher's settings failed)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("hydra_plugins."):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _raised_in(error: BaseException, packages: tuple[str, ...]) -> bool:

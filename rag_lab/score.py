@@ -49,8 +49,10 @@ def score(data, split: str, predictions_path: Path) -> dict:
         if qid in preds:
             raise DataError(f"{predictions_path}: id '{qid}' appears twice (prediction {lineno}); keep one")
         preds[qid] = (p, s)
+    if not preds:
+        raise DataError(f"{predictions_path}: no predictions (an empty file): one JSON line per question")
     golds = data.split(split)
-    if preds and not any(ex.id in preds for ex in golds):
+    if not any(ex.id in preds for ex in golds):
         raise DataError(
             f"{predictions_path}: no prediction id matches a question of {data.name}/{split} "
             f"(ids like '{next(iter(preds))}' vs '{golds[0].id}'); check data=, data.path= and split="

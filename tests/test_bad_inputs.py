@@ -8,6 +8,7 @@ repeated ids): they exit 0 and report what they dropped.
 """
 
 import json
+import logging
 import os
 import re
 import runpy
@@ -35,6 +36,9 @@ def cli(module: str, args: list[str], capfd, monkeypatch) -> tuple[int, str]:
     """Run ``python -m rag_lab.<module> *args`` in this process; (exit status, stdout + stderr)."""
     monkeypatch.setattr(sys, "argv", [f"rag_lab.{module}", *args])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    # each command starts with the logging of a fresh process: a Hydra run's handlers hold the stream of
+    # the row that made them, closed once that row ends
+    monkeypatch.setattr(logging.root, "handlers", [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
         try:
@@ -130,6 +134,30 @@ def two_runs(tmp: Path) -> None:
         write_jsonl(d / "records.jsonl", records)
         summary = {"n": 4, "em": sum(em) / 4, "f1": sum(em) / 4, "acc": sum(em) / 4, "ci95": {}}
         (d / "metrics.json").write_text(json.dumps({"all": summary, "type=x": summary | {"n": 2}}))
+
+
+def compare_sweep(tmp: Path, cut: str | None = None, killed: str | None = None) -> None:
+    """A compare sweep under tmp/sweep: rows fixed_iter, dapo_start and dapo, 4 questions each; ``cut``:
+    that row's records.jsonl cut mid-line after a finished run; ``killed``: that row without metrics.json."""
+    for job, row in enumerate(("fixed_iter", "dapo_start", "dapo")):
+        d = tmp / "sweep" / str(job)
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "overrides.yaml").write_text(f"- +experiment/compare_synth={row}\n- seed=0\n")
+        records = [{"id": f"q{i}", "em": float(i % 2), "f1": 0.5, "acc": float(i % 2), "retrieval_count": 2}
+                   for i in range(4)]  # fmt: skip
+        write_jsonl(d / "records.jsonl", records)
+        if row == cut:
+            text = (d / "records.jsonl").read_text()
+            (d / "records.jsonl").write_text(text[: len(text) // 2])
+        if row != killed:
+            (d / "metrics.json").write_text(json.dumps({"all": {"n": 4, "em": 0.5, "f1": 0.5, "acc": 0.5}}))
+
+
+def claims_inputs(tmp: Path) -> None:
+    """A README without a claims block, and claims specs: malformed, empty."""
+    (tmp / "readme.md").write_text("# a page without a claims block\n")
+    (tmp / "bad_spec.yaml").write_text("claims:\n  - paper: x\n    claim: [unclosed\n")
+    (tmp / "empty_spec.yaml").write_text("")
 
 
 def shipped_copy(tmp: Path, change: Callable[[Path], None]) -> None:
@@ -299,6 +327,68 @@ CASES = [
          run_dir="fresh"),
     Case("dataset not downloaded", "run", ["data=flashrag", "data.path={tmp}/none"], 1,
          r"none/test\.jsonl.*make data-flashrag"),
+    # ---- run: the newer methods, launchers and sweeps (the round of issue 49) ---------------------
+    Case("evorag with dapo's reward", "run", ["policy=evorag", "reward=dapo"], 1,
+         r"'policy\.reward': policy=evorag needs reward=evorag"),
+    Case("evorag stages reversed", "run", ["policy=evorag", "policy.stages=[2,1]"], 1,
+         r"'policy\.stages': \[2, 1\]: a subset of \[1, 2\] in order"),
+    Case("evorag one action", "run", ["policy=evorag", "policy.actions=[search]"], 1,
+         r"'policy\.actions': \['search'\]: two or more of"),
+    Case("r3rag no temperature", "run", ["policy=r3rag", "policy.ppo.temperatures=[]"], 1,
+         r"'policy\.ppo\.temperatures': \[\]: one temperature or more"),
+    Case("r3rag launcher not installed", "run", ["policy=r3rag", "policy.launch=nolauncher -n 2"],
+         1, r"'policy\.launch': 'nolauncher' is not installed"),
+    Case("r3rag launch not a command line", "run", ["policy=r3rag", "policy.launch='accelerate \"launch'"],
+         1, r"'policy\.launch': .* is not a command line"),
+    Case("held-out every 0 steps", "run", ["policy=dapo", "policy.heldout.every=0"], 1,
+         r"'policy\.heldout\.every' must be >= 1, got 0"),
+    Case("cold start protocol unknown", "run", ["policy=dapo", "policy.cold_start.protocols=[nope]"], 1,
+         r"'policy\.cold_start\.protocols': 'nope' names no protocol \(known: apex_exec"),
+    Case("samples 0", "run", ["eval.samples=0"], 1, r"'eval\.samples' must be >= 1, got 0"),
+    Case("tiny LM checkpoint a file", "run", ["policy=direct", "generator=tiny",
+         "generator.checkpoint={tmp}/readme.md"], 1, r"readme\.md holds no shipped checkpoint", claims_inputs,
+         run_dir="fresh"),
+    Case("launcher unknown", "run", ["hydra.mode=MULTIRUN", "hydra/launcher=nope"], 1,
+         r"Could not find 'hydra/launcher/nope' \(options: basic, joblib", run_dir="none"),
+    Case("joblib with no jobs", "run", ["hydra.mode=MULTIRUN", "hydra/launcher=joblib", "seed=0,1",
+         "hydra.launcher.n_jobs=0", "hydra.sweep.dir={tmp}/sw"], 1, r"hydra\.launcher: n_jobs == 0",
+         run_dir="none"),
+    Case("compare row unknown", "run", ["+experiment=compare_synth", "+experiment/compare_synth=nope",
+         "hydra.sweep.dir={tmp}/sw"], 1, r"Could not find 'experiment/compare_synth/nope' \(options: apex",
+         run_dir="none"),
+    # ---- compare ----------------------------------------------------------------------------------
+    Case("compare missing dir", "compare", ["{tmp}/nope"], 1, r"nope does not exist"),
+    Case("compare no runs", "compare", ["{tmp}"], 1, r"no run \(a directory with metrics\.json\)"),
+    Case("compare start malformed", "compare", ["{tmp}/sweep", "--start", "dapo"], 1,
+         r"--start dapo: expected ROW=START", compare_sweep),
+    Case("compare start unknown", "compare", ["{tmp}/sweep", "--start", "dapo=dapo_strat"], 1,
+         r"--start dapo_strat: no such row \(the rows by \+experiment/compare_synth: fixed_iter, dapo_start",
+         compare_sweep),
+    Case("compare reference unknown", "compare", ["{tmp}/sweep", "--reference", "fixed"], 1,
+         r"--reference fixed: no such row", compare_sweep),
+    Case("compare ceiling unknown", "compare", ["{tmp}/sweep", "--ceiling", "oracle"], 1,
+         r"--ceiling oracle: no such row", compare_sweep),
+    Case("compare by an override no run has", "compare", ["{tmp}/sweep", "--by", "policy"], 1,
+         r"--by policy: no run has that override", compare_sweep),
+    Case("compare records cut short", "compare", ["{tmp}/sweep"], 1,
+         r"sweep/2/records\.jsonl: cut short \(\d questions, metrics\.json counts 4\)",
+         lambda t: compare_sweep(t, cut="dapo")),
+    Case("compare over a killed row", "compare", ["{tmp}/sweep"], 0,
+         r"notice: \S*sweep/2 has no metrics\.json", lambda t: compare_sweep(t, killed="dapo")),
+    # ---- claims -----------------------------------------------------------------------------------
+    Case("claims missing dir", "claims", ["{tmp}/nope", "--out", "{tmp}/c.md"], 1, r"nope does not exist"),
+    Case("claims no runs", "claims", ["{tmp}", "--out", "{tmp}/c.md"], 1, r"no run \(a directory"),
+    Case("claims readme without its block", "claims", ["{tmp}/sweep", "--out", "{tmp}/c.md", "--readme",
+         "{tmp}/readme.md"], 1, r"readme\.md: no claims block",
+         lambda t: (compare_sweep(t), claims_inputs(t))),
+    Case("claims spec malformed", "claims", ["{tmp}/sweep", "--spec", "{tmp}/bad_spec.yaml", "--out",
+         "{tmp}/c.md"], 1, r"bad_spec\.yaml:4: malformed yaml",
+         lambda t: (compare_sweep(t), claims_inputs(t))),
+    Case("claims spec empty", "claims", ["{tmp}/sweep", "--spec", "{tmp}/empty_spec.yaml", "--out",
+         "{tmp}/c.md"], 1, r"empty_spec\.yaml: not a claims spec",
+         lambda t: (compare_sweep(t), claims_inputs(t))),
+    Case("claims spec missing", "claims", ["{tmp}/sweep", "--spec", "{tmp}/none.yaml", "--out", "{tmp}/c.md"],
+         1, r"none\.yaml: No such file", compare_sweep),
     # ---- score ----------------------------------------------------------------------------------
     Case("score --help", "score", ["--help"], 0, r"Score predictions(.|\n)*python -m rag_lab\.score data="),
     Case("score without arguments", "score", [], 1, r"'predictions' is required"),
@@ -314,6 +404,12 @@ CASES = [
     Case("score malformed line", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
          r"preds\.jsonl:2: missing field 'prediction'",
          lambda t: (flashrag(t), predictions(t, [{"id": "q0", "prediction": "a"}, {"id": "q"}]))),
+    Case("score empty predictions", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
+         r"preds\.jsonl: no predictions \(an empty file\)", lambda t: (flashrag(t), predictions(t, []))),
+    Case("score prediction a number", "score", [*DATA, "predictions={tmp}/preds.jsonl"], 1,
+         r"preds\.jsonl:1: field 'prediction' should be str, got int",
+         lambda t: (flashrag(t), predictions(t, [{"id": "q0", "prediction": 42}]))),
+    Case("score predictions a folder", "score", [*DATA, "predictions={tmp}"], 1, r"Is a directory", flashrag),
     # ---- serve, index ---------------------------------------------------------------------------
     Case("serve --help", "serve", ["--help"], 0,
          r"OpenAI-compatible HTTP server(.|\n)*python -m rag_lab\.serve generator="),
@@ -327,6 +423,8 @@ CASES = [
     Case("index unknown retriever", "index", ["retriever=nope"], 1, r"retriever/nope.*options: bge, bm25"),
     Case("index dataset missing", "index", ["data=flashrag", "data.path={tmp}/none",
          "data.corpus_path={tmp}/none/c.jsonl"], 1, r"none/c\.jsonl.*make data-flashrag"),
+    Case("serve port negative", "serve", ["generator.model={tiny_lm}", "serve.port=-1"], 1,
+         r"'serve\.port' must be >= 0, got -1"),
     # ---- report ---------------------------------------------------------------------------------
     Case("report --help", "report", ["--help"], 0, r"usage: python -m rag_lab\.report(.|\n)*example"),
     Case("report missing dir", "report", ["{tmp}/nope"], 1, r"nope does not exist"),
@@ -336,6 +434,13 @@ CASES = [
          fake_sweep),
     Case("report --compare --subset", "report", ["{tmp}/runs", "--compare", "--subset", "type=x"], 0,
          r"over the 2 question ids of subset type=x", two_runs),
+    Case("report --compare with one run", "report", ["{tmp}/runs/A", "--compare"], 1,
+         r"--compare needs two runs", two_runs),
+    Case("report --by-type unknown column", "report", ["{tmp}/runs", "--by-type", "Nope"], 1,
+         r"no column Nope \(have: ", two_runs),
+    Case("report --compare records cut short", "report", ["{tmp}/sweep", "--by", "+experiment/compare_synth",
+         "--compare", "dapo", "fixed_iter"], 1,
+         r"records\.jsonl: cut short", lambda t: compare_sweep(t, cut="dapo")),
     Case("report unknown subset", "report", ["{tmp}/runs", "--subset", "type=z"], 1, r"type=z", two_runs),
 ]
 # fmt: on

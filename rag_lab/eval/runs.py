@@ -46,10 +46,25 @@ def left_out(missing: list[Path]) -> str:
 
 
 def records_of(run: Path) -> list[dict]:
+    """The records of a finished run, read without changing the file. A finished run (its metrics.json
+    written) whose records.jsonl is cut short (a torn last line, or fewer questions than metrics.json
+    counts) is damaged: a RagLabError naming the file, not a table of the questions that are left."""
+    path = run / "records.jsonl"
     try:
-        return read_records(run / "records.jsonl")
+        records = read_records(path, repair=False)
     except ValueError as e:  # a malformed line in the middle (read_records names file and line)
         raise RagLabError(str(e)) from None
+    if not (run / "metrics.json").exists() or not path.exists():
+        return records
+    raw = path.read_bytes()
+    counted = (read_metrics(run).get("all") or {}).get("n")
+    questions = len({str(r.get("id", "")).split("#s")[0] for r in records})
+    if (raw and not raw.endswith(b"\n")) or (isinstance(counted, int) and questions < counted):
+        raise RagLabError(
+            f"{path}: cut short ({questions} questions, metrics.json counts {counted}) although the run "
+            "finished: the file was damaged or copied in part; copy it again, or run it again"
+        )
+    return records
 
 
 def read_metrics(run: Path) -> dict:

@@ -54,7 +54,7 @@ import torch
 
 from rag_lab import cache
 from rag_lab.errors import RagLabError
-from rag_lab.train.demonstrations import DemoSettings, demonstrations
+from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
 from rag_lab.train.lora import peft_config
 from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
@@ -80,6 +80,10 @@ class ColdStartConfig(SFTSettings, DemoSettings):
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """Training that would not train (:mod:`rag_lab.config`)."""
         problems = []
+        try:
+            chosen_protocols(list(s["protocols"]))
+        except RagLabError as e:
+            problems.append(("protocols", str(e).removeprefix("cold_start.protocols: ")))
         if s["epochs"] <= 0 and not s["max_steps"]:
             problems.append(("epochs", f"{s['epochs']} with max_steps 0: no training step"))
         return problems

@@ -114,6 +114,14 @@ class R3RAG(Agent):
         ppo, problems = dict(s.get("ppo") or {}), []
         if not list(ppo.get("temperatures", [1.0])):
             problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
+        if s.get("launch"):
+            try:
+                program = (shlex.split(s["launch"]) or [""])[0]
+            except ValueError as e:
+                problems.append(("launch", f"{s['launch']!r} is not a command line ({e})"))
+            else:
+                if shutil.which(program) is None:
+                    problems.append(("launch", f"{program!r} is not installed (no such program on PATH)"))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("R3RAGReward"):
             problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))
