@@ -18,7 +18,7 @@ from typing import Annotated
 import torch
 from torch import nn
 
-from rag_lab.config import Dropout, OneOf, PositiveInt
+from rag_lab.config import Dropout, OneOf, PositiveInt, check_ranges
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.dense import resolve_model
 
@@ -41,10 +41,9 @@ class QNetwork(nn.Module):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
-        if pooling not in ("mean", "cls"):
-            raise RagLabError(f"policy.pooling must be 'mean' or 'cls', got {pooling!r}")
-        if truncation not in ("per_passage", "end"):
-            raise RagLabError(f"policy.truncation must be 'per_passage' or 'end', got {truncation!r}")
+        settings = dict(pooling=pooling, truncation=truncation, dropout=dropout, max_length=max_length)
+        for key, why in check_ranges(QNetwork, settings):  # the declarations above, built outside a config
+            raise RagLabError(f"policy.{key}: {why}")
         path = resolve_model(encoder)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.encoder = AutoModel.from_pretrained(path)
