@@ -1,6 +1,10 @@
 """Shared fixtures: every cache, wandb and matplotlib file goes under pytest's tmp dirs; offline."""
 
+import logging
 import os
+import runpy
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,6 +35,35 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.pop("WANDB_API_KEY", None)
     for var in ["WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"]:
         os.environ[var] = str(root / var.lower())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _teacher_demonstrations_once_per_world():
+    """The world teacher's demonstrations (:func:`rag_lab.train.demonstrations.collect`: a deterministic
+    function of the world, the questions, ``k`` and ``iterations``) rolled out once per worker and world:
+    every test that trains the tiny LM into its own ``cache_dir`` would otherwise roll them out again
+    (~11 s each on the tiny world). The first call runs the real rollouts; a test's recipe still writes
+    and reads its own demonstrations cache."""
+    import copy
+    import json
+
+    from rag_lab.env.teacher.generator import TeacherGenerator
+    from rag_lab.train import demonstrations
+
+    real, memo = demonstrations.collect, {}
+
+    def collect(teacher, corpus, retriever, questions, k=3, iterations=6, batch_size=256):
+        if type(teacher) is not TeacherGenerator:
+            return real(teacher, corpus, retriever, questions, k, iterations, batch_size)
+        key = (corpus.fingerprint, json.dumps(demonstrations.question_keys(questions)),
+               k, iterations, type(retriever).__name__)  # fmt: skip
+        if key not in memo:
+            memo[key] = real(teacher, corpus, retriever, questions, k, iterations, batch_size)
+        return copy.deepcopy(memo[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demonstrations, "collect", collect)
+        yield
 
 
 # A tiny LM that trains in seconds (generator=tiny's real code path, toy sizes).
@@ -162,3 +195,29 @@ def kill_at(step: int = 1):
                 raise Killed
 
     return KillAt()
+
+
+def cli(module: str, args: list[str], capfd, monkeypatch, cwd=None, env=None) -> tuple[int, str]:
+    """Run ``python -m rag_lab.<module> *args`` in this process, ``__main__`` and all, in ``cwd`` with
+    ``env``'s variables set; (exit status, stdout + stderr). The same command as a subprocess, less the
+    interpreter's start and its imports (5 s each); tests that need a process of their own (a kill, two
+    processes at once) start one."""
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "argv", [f"rag_lab.{module}", *args])
+        patch.delenv("HYDRA_FULL_ERROR", raising=False)
+        for key, value in (env or {}).items():
+            patch.setenv(key, str(value))
+        if cwd is not None:
+            patch.chdir(cwd)
+        # each command starts with the logging of a fresh process: a Hydra run's handlers hold the stream
+        # of the row that made them, closed once that row ends
+        patch.setattr(logging.root, "handlers", [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+            try:
+                runpy.run_module(f"rag_lab.{module}", run_name="__main__", alter_sys=False)
+                rc = 0
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capfd.readouterr()
+    return rc, out + err

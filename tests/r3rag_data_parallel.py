@@ -4,6 +4,12 @@ episode of the batch; rank 0 writes the updated weights and the update's statist
 tests/test_r3rag_data_parallel.py, which compares 1 process with 2.
 
     python tests/r3rag_data_parallel.py MODEL_DIR OUT.pt
+    python tests/r3rag_data_parallel.py MODEL_DIR OUT.pt --fork 2   # one process, then 2 forked from it
+
+``--fork N``: the one-process update into ``OUT``, then the same update on N processes forked from this
+one by accelerate's ``debug_launcher`` (gloo over a file store; the imports are not paid again) into
+``OUT`` with ``.fork`` before its suffix. One thread each: a child forked from a process whose OpenMP
+pool ran can hang in its first parallel region.
 """
 
 import sys
@@ -57,5 +63,23 @@ def main(model_dir: str, out: str) -> None:
     accelerator.wait_for_everyone()
 
 
+def forked(model_dir: str, out: str) -> None:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the parent's one-process state came along
+    main(model_dir, out)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if "--fork" in sys.argv:
+        from pathlib import Path
+
+        from accelerate import debug_launcher
+
+        torch.set_num_threads(1)
+        main(*sys.argv[1:3])
+        out = Path(sys.argv[2])
+        debug_launcher(forked, (sys.argv[1], str(out.with_suffix(".fork" + out.suffix))),
+                       num_processes=int(sys.argv[sys.argv.index("--fork") + 1]))  # fmt: skip
+    else:
+        main(*sys.argv[1:3])

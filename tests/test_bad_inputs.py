@@ -8,21 +8,18 @@ repeated ids): they exit 0 and report what they dropped.
 """
 
 import json
-import logging
 import os
 import re
-import runpy
 import shutil
 import socket
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY_DATA
+from conftest import TINY_DATA, cli
 
 # Every `run` row composes on the tiny world (or its own data=) with an LM-free policy, plus its overrides.
 BASE = [*TINY_DATA, "policy=top_title", "eval.limit=6"]
@@ -30,24 +27,6 @@ BASE = [*TINY_DATA, "policy=top_title", "eval.limit=6"]
 
 def base_for(args: list[str]) -> list[str]:
     return [a for a in BASE if a not in TINY_DATA] if any(a.startswith("data=") for a in args) else BASE
-
-
-def cli(module: str, args: list[str], capfd, monkeypatch) -> tuple[int, str]:
-    """Run ``python -m rag_lab.<module> *args`` in this process; (exit status, stdout + stderr)."""
-    monkeypatch.setattr(sys, "argv", [f"rag_lab.{module}", *args])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    # each command starts with the logging of a fresh process: a Hydra run's handlers hold the stream of
-    # the row that made them, closed once that row ends
-    monkeypatch.setattr(logging.root, "handlers", [])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
-        try:
-            runpy.run_module(f"rag_lab.{module}", run_name="__main__", alter_sys=False)
-            rc = 0
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capfd.readouterr()
-    return rc, out + err
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -1,8 +1,6 @@
 """The all-methods table (rag_lab/compare.py) and its Pareto plot (rag_lab/plots.py) on hand-made runs."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -11,6 +9,8 @@ import pytest
 from rag_lab.compare import compare_table, display_table, write_compare
 from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
 from rag_lab.plots import pareto_front
+
+from conftest import cli
 
 BY = "+experiment/compare_synth"
 
@@ -138,11 +138,10 @@ def test_the_oracle_row_is_a_ceiling_line_off_the_pareto_front(sweep, monkeypatc
     assert (0.0, 100.0) in fronts[0] and "Row **oracle_rag**" not in text
 
 
-def test_an_unknown_row_key_is_one_line(sweep, repo_root):
+def test_an_unknown_row_key_is_one_line(sweep, repo_root, capfd, monkeypatch):
     root, _, _ = sweep
-    out = subprocess.run([sys.executable, "-m", "rag_lab.compare", str(root), "--by", "policy"],
-                         cwd=repo_root, capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0 and "--by policy" in out.stderr
+    rc, out = cli("compare", [str(root), "--by", "policy"], capfd, monkeypatch, cwd=repo_root)
+    assert rc == 1 and out.strip().count("\n") == 0 and "--by policy" in out
 
 
 def test_a_copied_run_is_not_another_seed(sweep):

@@ -1,8 +1,6 @@
 """Every yaml of every config group composes, validates against its schema and instantiates."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
@@ -14,6 +12,8 @@ from rag_lab.cli import check_yaml_files
 from rag_lab.config import ConfigError, build, compose, group_options, schema_for, validate
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
+
+from conftest import cli
 
 # config group -> package (conf/<group>/ <-> rag_lab/<package>/)
 PACKAGES = {
@@ -158,16 +158,10 @@ def test_malformed_yaml_names_file_line(tmp_path):
     check_yaml_files()  # the shipped tree is clean
 
 
-def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_lab.run", "policy.k1=1.2", f"hydra.run.dir={tmp_path}"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1
-    assert "Could not override 'policy.k1'" in proc.stderr
+def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path, capfd, monkeypatch):
+    rc, out = cli("run", ["policy.k1=1.2", f"hydra.run.dir={tmp_path}"], capfd, monkeypatch, cwd=repo_root)
+    assert rc == 1
+    assert "Could not override 'policy.k1'" in out
     assert not (tmp_path / "records.jsonl").exists()
 
 

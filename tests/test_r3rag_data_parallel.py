@@ -16,23 +16,39 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "r3rag_data_parallel.py"
 
 
-def launch(processes: int, model: str, out: Path) -> None:
+def launch(processes: int, model: str, out: Path, fork: bool = False) -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
-    if processes == 1:
+    if processes == 1 or fork:
         command = [sys.executable, str(SCRIPT)]
     else:
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
         command = [accelerate, "launch", "--multi_gpu", f"--num_processes={processes}", "--num_machines=1",
                    "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=29533",
                    str(SCRIPT)]  # fmt: skip
-    done = subprocess.run([*command, model, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    extra = ["--fork", str(processes)] if fork else []
+    done = subprocess.run([*command, model, str(out), *extra], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_two_processes_make_the_update_of_one_on_the_same_global_batch(tiny_lm, tmp_path):
+    """One process, then two forked from it (accelerate's debug launcher: gloo, the same ``Accelerator``
+    code path as under ``accelerate launch``, without paying three interpreters' imports)."""
+    launch(2, tiny_lm, tmp_path / "one.pt", fork=True)
+    check_same_update(tiny_lm, tmp_path / "one.pt", tmp_path / "one.fork.pt")
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_launch_make_the_update_of_one(tiny_lm, tmp_path):
+    """The same, with the two processes started by ``accelerate launch`` (its command line, its
+    environment-variable rendezvous), as ``policy.launch`` starts them."""
     launch(1, tiny_lm, tmp_path / "one.pt")
     launch(2, tiny_lm, tmp_path / "two.pt")
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    check_same_update(tiny_lm, tmp_path / "one.pt", tmp_path / "two.pt")
+
+
+def check_same_update(tiny_lm: str, one_path: Path, two_path: Path) -> None:
+    one, two = torch.load(one_path), torch.load(two_path)
     assert (one["processes"], two["processes"]) == (1, 2)
     for key, value in one["weights"].items():
         torch.testing.assert_close(two["weights"][key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -14,6 +14,8 @@ from rag_lab.records import read_records
 from rag_lab.report import build_table, find_runs
 from rag_lab.run import run
 
+from conftest import cli
+
 RUN_FILES = ["config.yaml", "records.jsonl", "metrics.json", "table.md", "table.csv"]
 
 
@@ -74,11 +76,13 @@ def test_limit_evaluates_a_prefix(tiny_cfg, tmp_path):
     assert run(tiny_cfg("eval.limit=7"), tmp_path)["all"]["n"] == 7
 
 
-def test_multirun_and_report(repo_root, tmp_path):
+def test_multirun_and_report(repo_root, tmp_path, capfd, monkeypatch):
     sweep = tmp_path / "sweep"
     sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
-    cmd = [sys.executable, "-m", "rag_lab.run", "-m", *sizes, "policy.k=1,5", f"hydra.sweep.dir={sweep}"]
-    subprocess.run(cmd, cwd=repo_root, check=True, capture_output=True, timeout=300)
+    rc, out = cli(
+        "run", ["-m", *sizes, "policy.k=1,5", f"hydra.sweep.dir={sweep}"], capfd, monkeypatch, cwd=repo_root
+    )
+    assert rc == 0, out[-2000:]
     runs = find_runs([sweep])
     assert [r.name for r in runs] == ["0", "1"]
     table, common = build_table(runs)
@@ -86,22 +90,15 @@ def test_multirun_and_report(repo_root, tmp_path):
     assert common["data.n_people"] == "60"
     assert list(table["N"]) == [30, 30]
 
-    out = subprocess.run(
-        [sys.executable, "-m", "rag_lab.report", str(sweep)], cwd=repo_root, capture_output=True, text=True
-    )
-    assert out.returncode == 0
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and str(sweep) in line]
+    rc, out = cli("report", [str(sweep)], capfd, monkeypatch, cwd=repo_root)
+    assert rc == 0, out[-2000:]
+    rows = [line for line in out.splitlines() if line.startswith("| ") and str(sweep) in line]
     assert [row.split("|")[1].strip() for row in rows] == ["1", "5"]  # named by policy.k; the dir is last
     assert (sweep / "report.csv").read_text().count("\n") == 3
 
-    paired = subprocess.run(
-        [sys.executable, "-m", "rag_lab.report", str(sweep), "--compare"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-    )
-    assert paired.returncode == 0 and "paired bootstrap" in paired.stdout
-    assert sum(line.startswith(("| em", "| f1", "| acc")) for line in paired.stdout.splitlines()) == 3
+    rc, paired = cli("report", [str(sweep), "--compare"], capfd, monkeypatch, cwd=repo_root)
+    assert rc == 0 and "paired bootstrap" in paired
+    assert sum(line.startswith(("| em", "| f1", "| acc")) for line in paired.splitlines()) == 3
 
 
 def test_missing_dataset_is_one_line(repo_root, tmp_path):
@@ -115,13 +112,12 @@ def test_missing_dataset_is_one_line(repo_root, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_retrieval_eval_sweeps_retrievers_into_one_table(repo_root, tmp_path):
+def test_retrieval_eval_sweeps_retrievers_into_one_table(repo_root, tmp_path, capfd, monkeypatch):
     sweep = tmp_path / "sweep"
     sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
-    cmd = [sys.executable, "-m", "rag_lab.run", "+experiment=retrieval_eval", *sizes,
-           "retriever=bm25,bm25_rank", f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    args = ["+experiment=retrieval_eval", *sizes, "retriever=bm25,bm25_rank", f"hydra.sweep.dir={sweep}"]
+    rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)
+    assert rc == 0, out[-2000:]
     table = [line for line in (sweep / "report.md").read_text().splitlines() if line.startswith("|")]
     assert table[0].split("|")[1].strip() == "retriever"
     assert "R@10" in table[0] and len(table) == 4  # header, rule, 2 rows

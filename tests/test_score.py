@@ -1,13 +1,13 @@
 """The scoring CLI on hand-made gold and predictions."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from rag_lab.data.hotpotqa import HotpotQADataset
 from rag_lab.score import score
+
+from conftest import cli
 
 
 def hotpot_item(qid, answer, support):
@@ -45,7 +45,7 @@ def test_score_applies_official_rules_and_counts_missing(gold, tmp_path):
     assert "sp_f1" not in out
 
 
-def test_score_cli_with_support_ids(gold, tmp_path, repo_root):
+def test_score_cli_with_support_ids(gold, tmp_path, repo_root, capfd, monkeypatch):
     ds = HotpotQADataset(str(gold), split_files={})
     support = {ex.id: list(ex.supporting_ids) for ex in ds.split("dev")}
     other = next(pid for pid in ds.corpus.ids if pid not in sum(support.values(), []))
@@ -54,24 +54,20 @@ def test_score_cli_with_support_ids(gold, tmp_path, repo_root):
             {"id": "q3", "prediction": "Paris", "support_ids": []}]  # fmt: skip
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_lab.score", "data=hotpotqa", f"data.path={gold}", f"predictions={preds}"],
-        cwd=repo_root, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    args = ["data=hotpotqa", f"data.path={gold}", f"predictions={preds}"]
+    rc, text = cli("score", args, capfd, monkeypatch, cwd=repo_root)
+    assert rc == 0, text
+    out = json.loads(text)
     assert out["em"] == pytest.approx(2 / 3)  # 'no' vs 'yes' scores 0
     # support: q1 exact (P=R=1), q2 P=1/2 R=1 F1=2/3, q3 none predicted (0).
     assert out["sp_em"] == pytest.approx(1 / 3)
     assert out["sp_f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
 
 
-def test_score_cli_bad_prediction_line_is_one_line(gold, tmp_path, repo_root):
+def test_score_cli_bad_prediction_line_is_one_line(gold, tmp_path, repo_root, capfd, monkeypatch):
     preds = tmp_path / "preds.jsonl"
     preds.write_text('{"id": "q1", "prediction": "yes"}\n{"id": "q2"}\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "rag_lab.score", "data=hotpotqa", f"data.path={gold}", f"predictions={preds}"],
-        cwd=repo_root, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == f"error: {preds}:2: missing field 'prediction'"
+    args = ["data=hotpotqa", f"data.path={gold}", f"predictions={preds}"]
+    rc, out = cli("score", args, capfd, monkeypatch, cwd=repo_root)
+    assert rc == 1
+    assert out.strip() == f"error: {preds}:2: missing field 'prediction'"

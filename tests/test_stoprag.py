@@ -8,7 +8,6 @@ import math
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.policies.stoprag.tau import stop_times
 
-from conftest import TINY_DATA
+from conftest import TINY_DATA, cli
 
 # T = 3: decisions at s_1, s_2; r(s_3, STOP) is r(s_2, CONT).
 R3 = torch.tensor([[0.0, 0.2, 0.5, 0.1]])
@@ -244,38 +243,33 @@ runpy.run_module("rag_lab.run", run_name="__main__")
 """
 
 
-def test_a_killed_fit_resumes_to_the_uninterrupted_numbers(tiny_encoder, tmp_path):
+def test_a_killed_fit_resumes_to_the_uninterrupted_numbers(tiny_encoder, tmp_path, capfd, monkeypatch):
     """Killed after step 50's checkpoint, mid-way through the second epoch (so the data order, the
     heads' dropout, AdamW, the schedules, the log and the stats all have to come back), the fit rerun
-    in the same directory ends byte-identical to an uninterrupted one."""
+    in the same directory ends byte-identical to an uninterrupted one. The killed run is a process of its
+    own (SIGKILL); the uninterrupted run and the resumption run in this one while it does."""
     kill_at = 50
     args = [*TINY_DATA, "policy=stoprag", "generator=teacher", "policy.iterations=3", "policy.samples=3",
             f"policy.encoder={tiny_encoder}", "policy.max_length=64", "policy.train_limit=200",
             "policy.batch_size=8", "policy.epochs=3", "policy.checkpoint_every=10",
             "eval.limit=20"]  # fmt: skip
 
-    def run(name: str, *entry: str) -> tuple[subprocess.Popen, Path]:
+    def own(name: str) -> list[str]:
         # a cache per run directory (the offline data too), so the generator-call counts match as well
-        own = [f"cache_dir={tmp_path / f'cache-{name}'}", f"hydra.run.dir={tmp_path / name}"]
-        cmd = [sys.executable, *(entry or ["-m", "rag_lab.run"]), *args, *own]
-        out = tmp_path / f"{name}-{len(list(tmp_path.glob(f'{name}-*.out')))}.out"
-        with out.open("w") as f:
-            return subprocess.Popen(cmd, cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT), out
+        return [f"cache_dir={tmp_path / f'cache-{name}'}", f"hydra.run.dir={tmp_path / name}"]
 
-    def finish(started: tuple[subprocess.Popen, Path]) -> tuple[int, str]:
-        started[0].wait(timeout=300)
-        return started[0].returncode, started[1].read_text()
-
-    whole = run("whole")  # side by side with the killed run and its resumption
-    rc, out = finish(run("resumed", "-c", KILLED_AFTER_CHECKPOINT, str(kill_at)))
-    assert rc == -signal.SIGKILL, out[-3000:]
+    log = tmp_path / "killed.out"
+    with log.open("w") as f:
+        cmd = [sys.executable, "-c", KILLED_AFTER_CHECKPOINT, str(kill_at), *args, *own("resumed")]
+        killed = subprocess.Popen(cmd, cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT)
+    rc, out = cli("run", [*args, *own("whole")], capfd, monkeypatch, cwd=tmp_path)
+    assert rc == 0, out[-3000:]
+    assert killed.wait(timeout=300) == -signal.SIGKILL, log.read_text()[-3000:]
     ckpt = tmp_path / "resumed" / "checkpoints"
     assert torch.load(ckpt / "qnet_checkpoint.pt", weights_only=False)["step"] == kill_at
     assert not (ckpt / "qnet.pt").exists() and not (tmp_path / "resumed" / "metrics.json").exists()
-    rc, out = finish(run("resumed"))
+    rc, out = cli("run", [*args, *own("resumed")], capfd, monkeypatch, cwd=tmp_path)
     assert rc == 0 and f"resuming Q-network training at step {kill_at}" in out, out[-3000:]
-    rc, out = finish(whole)
-    assert rc == 0, out[-3000:]
 
     stats = json.loads((tmp_path / "whole" / "checkpoints" / "stoprag.json").read_text())
     per_epoch, total = math.ceil(stats["states"]["train"] / 8), stats["train"]["step"]

@@ -1,15 +1,14 @@
 """Sweeps over rows of different policies (soft overrides) and runs keyed by their config's hash."""
 
 import json
-import os
-import subprocess
-import sys
 
 from omegaconf import OmegaConf
 
 from rag_lab.config import CONF_DIR, compose, validate
 from rag_lab.eval.runs import find_runs, overrides_of
 from rag_lab.sweeps import config_hash, drop_inapplicable, soften
+
+from conftest import cli
 
 
 def test_soften_turns_component_settings_into_set_or_add_in_a_multirun_only():
@@ -62,22 +61,15 @@ def test_the_hash_ignores_what_cannot_change_results_and_sees_what_can():
     assert config_hash(config) != config_hash({**config, "policy": {**config["policy"], "k": 9}})
 
 
-def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_path):
+def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_path, capfd, monkeypatch):
     sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
     # its own cache dir: the registry of finished runs holds no other test's runs
-    env = os.environ | {"RAG_LAB_REUSE": "true", "RAG_LAB_CACHE": str(tmp_path / "cache")}
+    env = {"RAG_LAB_REUSE": "true", "RAG_LAB_CACHE": str(tmp_path / "cache")}
 
     def sweep(name: str, *extra: str) -> list:
-        cmd = [
-            sys.executable,
-            "-m",
-            "rag_lab.run",
-            "-m",
-            *sizes,
-            *extra,
-            f"hydra.sweep.dir={tmp_path / name}",
-        ]
-        subprocess.run(cmd, cwd=repo_root, env=env, check=True, capture_output=True, timeout=300)
+        args = ["-m", *sizes, *extra, f"hydra.sweep.dir={tmp_path / name}"]
+        rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root, env=env)
+        assert rc == 0, out[-2000:]
         return find_runs([tmp_path / name])
 
     # policy.bogus is no setting of top_title: both jobs are the same config, the second copies the first
