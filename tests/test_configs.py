@@ -158,6 +158,27 @@ def test_malformed_yaml_names_file_line(tmp_path):
     check_yaml_files()  # the shipped tree is clean
 
 
+def test_omegaconf_reads_every_config_file_with_libyaml_as_with_pyyaml():
+    """rag_lab.config.use_libyaml: OmegaConf's own loader on libyaml's parser. Every yaml of conf/ loads to
+    the same values (floats like 1e-3, no timestamps), and a duplicate key is still refused."""
+    import yaml
+    from omegaconf import _utils
+
+    fast = _utils.get_yaml_loader()
+    assert issubclass(fast, yaml.CSafeLoader)
+    python = fast.pure_python
+    assert issubclass(python, yaml.SafeLoader) and not issubclass(python, yaml.CSafeLoader)
+    paths = sorted(CONF_DIR.rglob("*.yaml"))
+    for path in paths:
+        text = path.read_text()
+        assert yaml.load(text, Loader=fast) == yaml.load(text, Loader=python), path
+    text = "a: 1.0e-3\nb: 1e-3\nc: 2026-11-28\nd: .inf\ne: 1_000\n"
+    assert OmegaConf.create(text) == {"a": 0.001, "b": 0.001, "c": "2026-11-28", "d": float("inf"), "e": 1000}
+    for loader in (fast, python):
+        with pytest.raises(yaml.constructor.ConstructorError, match="found duplicate key a"):
+            yaml.load("a: 1\nb: [1]\na: 2\n", Loader=loader)
+
+
 def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path, capfd, monkeypatch):
     rc, out = cli("run", ["policy.k1=1.2", f"hydra.run.dir={tmp_path}"], capfd, monkeypatch, cwd=repo_root)
     assert rc == 1

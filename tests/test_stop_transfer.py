@@ -74,8 +74,12 @@ def test_a_stopped_apex_question_goes_to_synthesis(tiny_cfg):
     ],
     ids=["r3rag", "apex"],
 )
-def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tmp_path):
-    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100")
+def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tiny_lm, tmp_path):
+    # R3-RAG's policy is an LM's: the conftest's untrained one (words only; its rollouts are what the stopper
+    # trains on, whatever they say), not a tiny LM trained for this world
+    lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
+    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100",
+                   *(lm if row[0].endswith("r3rag_stop") else []))  # fmt: skip
     data = instantiate(cfg.data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), build(cfg.generator, data=data))
     policy = build(cfg.policy, train_data=data, reward=build(cfg.reward), run_config={})

@@ -8,7 +8,7 @@ when retrieval failed. Hand-written: the patterns are the generator's templates 
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from rag_lab.data.base import Passage
 from rag_lab.data.synth.world import RELATIONS, SENTENCES
@@ -45,6 +45,7 @@ def _sentence_patterns(relation: str) -> list[re.Pattern]:
     return patterns
 
 
+@lru_cache(maxsize=1 << 16)  # the teacher asks the same sub-questions over and over
 def parse_question(question: str) -> Ask | None:
     """The relation and subject a sub-question asks about.
 
@@ -62,13 +63,18 @@ def parse_question(question: str) -> Ask | None:
 def extract(ask: Ask, passage: Passage) -> str | None:
     """The value of ``ask`` stated in ``passage``, or None. A sentence that names its subject
     must name ``ask.subject``; one that uses a pronoun counts only in the subject's own passage."""
-    for sentence in SENTENCE_END.split(passage.text):
-        for pattern in _sentence_patterns(ask.relation):
+    return _extract(ask.relation, ask.subject, passage.title, passage.text)
+
+
+@lru_cache(maxsize=1 << 16)  # a rollout reads the same few passages for the same asks again and again
+def _extract(relation: str, subject: str, title: str, text: str) -> str | None:
+    for sentence in SENTENCE_END.split(text):
+        for pattern in _sentence_patterns(relation):
             m = pattern.fullmatch(sentence.strip())
             if not m:
                 continue
-            subject = m.groupdict().get("s")
-            if subject == ask.subject or (subject is None and passage.title == ask.subject):
+            named = m.groupdict().get("s")
+            if named == subject or (named is None and title == subject):
                 return m.group("v")
     return None
 
