@@ -49,6 +49,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rag_lab import CONF_DIR
 from rag_lab.errors import RagLabError
+from rag_lab.fastyaml import use_libyaml
 from rag_lab.ranges import (  # noqa: F401 - re-exported: components declare their ranges from here
     CHECKS,
     AtLeast,
@@ -66,42 +67,6 @@ from rag_lab.ranges import (  # noqa: F401 - re-exported: components declare the
     problems,
     strip_annotated,
 )
-
-
-def use_libyaml() -> bool:
-    """Make OmegaConf (and so Hydra's compose) parse yaml with libyaml's C parser: the same loader
-    OmegaConf builds (its float and no-timestamp resolvers, its duplicate-key check, its path tags) on
-    ``yaml.CSafeLoader`` instead of the pure-Python ``SafeLoader``. A compose reads every yaml it
-    composes, each time: 0.69 s -> 0.27 s for a run's config on 2 cores, paid by every command line,
-    every job of a sweep and every test. False (nothing changed) where PyYAML was built without libyaml.
-    ``tests/test_configs.py`` checks both loaders read every yaml of ``conf/`` alike."""
-    import yaml
-    from omegaconf import _utils
-
-    if not getattr(yaml, "__with_libyaml__", False):
-        return False
-    python = _utils.get_yaml_loader()
-
-    class OmegaConfCLoader(yaml.CSafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag != yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG:
-                    continue
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key_node.value}", key_node.start_mark,
-                    )  # fmt: skip
-                seen.add(key_node.value)
-            return super().construct_mapping(node, deep=deep)
-
-    OmegaConfCLoader.yaml_implicit_resolvers = {k: list(v) for k, v in python.yaml_implicit_resolvers.items()}
-    OmegaConfCLoader.yaml_constructors = dict(python.yaml_constructors)
-    OmegaConfCLoader.pure_python = python  # OmegaConf's own, kept for the test that they agree
-    _utils.get_yaml_loader = lambda: OmegaConfCLoader  # OmegaConf.load and .create import it from there
-    return True
-
 
 use_libyaml()
 

@@ -23,6 +23,7 @@ LAYERS = [
             "rag_lab.errors",
             "rag_lab.records",
             "rag_lab.ranges",
+            "rag_lab.fastyaml",
             "rag_lab.config",
             "rag_lab.cli",
             "rag_lab.seeding",
