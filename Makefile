@@ -64,8 +64,10 @@ test-slow: install ## The slow set: whole experiments, notebooks
 test-gpu: install ## On a GPU machine: the fast set, then SmolLM2's SFT / DPO / GRPO and the DAPO / APEX steps on CUDA in bf16
 	$(PY) -m pytest -q -m "not slow or gpu"
 
+# One OpenMP thread: mutmut forks a child per mutant, and a child forked from a process whose OpenMP pool ran
+# hangs in its first parallel torch op until the timeout, which mutmut then counts as a caught mutant.
 mutate: install ## Mutation testing (mutmut) of the modules that decide results; then `mutmut results`
-	$(VENV)/bin/mutmut run --max-children 2
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
 	$(VENV)/bin/mutmut results
 
 lint: install ## ruff check + format check
