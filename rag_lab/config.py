@@ -102,6 +102,8 @@ class RunConfig:
     reward: Any = None
     logger: Any = MISSING
     judge: Any = None
+    # How training is launched: null (in this process) or an accelerate config (rag_lab/launch.py).
+    launch: Any = None
     # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start.py).
     cold_start: Any = None
     # The dataset a training policy trains on (a data config; null: the run's data), e.g. dapo_2wiki's

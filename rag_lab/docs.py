@@ -29,6 +29,7 @@ PACKAGES = {
     "logger": "`loggers/`",
     "judge": "`eval/judge.py` — LLM-as-judge accuracy (DAPO paper B.4 prompt) through any generator",
     "cold_start": "`train/cold_start.py` — SFT on rejection-sampled teacher demonstrations",
+    "launch": "`launch.py` — training data-parallel under `accelerate launch` (an accelerate config file)",
     "experiment": "— `# @package _global_` deltas over the defaults",
 }
 

@@ -23,12 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
 from rag_lab.cli import check_row_overrides, check_yaml_files, user_config_dirs
-from rag_lab.config import build, validate
+from rag_lab.config import ConfigError, build, locate, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.table import metrics_table
+from rag_lab.launch import launch_of
 from rag_lab.seeding import seed_everything
 from rag_lab.sweeps import config_hash, drop_inapplicable, register, reuse, soften
 
@@ -44,8 +45,19 @@ def data_counts(data) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
+def check_launch(cfg: DictConfig) -> None:
+    """Before the run dir is touched: what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed),
+    where the policy trains."""
+    if not cfg.launch or not getattr(locate(cfg.policy._target_), "trains", False):
+        return
+    launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
+    for key, why in launch.check_environment():
+        raise ConfigError(f"config 'launch.{key}': {why}")
+
+
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
+    check_launch(cfg)
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
     train_data = instantiate(cfg.train_data) if cfg.train_data else data
     examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)

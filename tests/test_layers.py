@@ -24,6 +24,7 @@ LAYERS = [
             "rag_lab.records",
             "rag_lab.ranges",
             "rag_lab.fastyaml",
+            "rag_lab.launch",
             "rag_lab.config",
             "rag_lab.cli",
             "rag_lab.seeding",

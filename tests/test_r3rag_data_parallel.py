@@ -41,7 +41,7 @@ def test_two_processes_make_the_update_of_one_on_the_same_global_batch(tiny_lm, 
 @pytest.mark.slow
 def test_two_processes_under_accelerate_launch_make_the_update_of_one(tiny_lm, tmp_path):
     """The same, with the two processes started by ``accelerate launch`` (its command line, its
-    environment-variable rendezvous), as ``policy.launch`` starts them."""
+    environment-variable rendezvous), as ``launch=cpu2`` starts them."""
     launch(1, tiny_lm, tmp_path / "one.pt")
     launch(2, tiny_lm, tmp_path / "two.pt")
     check_same_update(tiny_lm, tmp_path / "one.pt", tmp_path / "two.pt")
@@ -62,12 +62,9 @@ def check_same_update(tiny_lm: str, one_path: Path, two_path: Path) -> None:
 
 @pytest.mark.slow
 def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
-    """``policy.launch``: the runner launches PPO under accelerate (two CPU processes), then evaluates."""
+    """``launch=cpu2``: the runner launches PPO under accelerate (two CPU processes), then evaluates."""
     from rag_lab.run import run
 
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-    launch = f"{accelerate} launch --multi_gpu --num_processes=2 --num_machines=1 --mixed_precision=no"
-    launch += " --dynamo_backend=no"
     cfg = tiny_cfg(
         "+experiment=r3rag_synth",
         "hydra.mode=RUN",
@@ -77,7 +74,8 @@ def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
         "policy.ppo.temperatures=[1.0]",
         "policy.max_new_tokens=16",
         "policy.max_turns=2",
-        f"policy.launch='{launch} --main_process_port=29534'",
+        "launch=cpu2",
+        "+launch.config.main_process_port=29534",
         "eval.limit=2",
         f"cache_dir={tmp_path / 'cache'}",
     )

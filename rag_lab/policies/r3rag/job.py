@@ -1,5 +1,5 @@
-"""R3-RAG's PPO as its own data-parallel job: ``policy.launch`` (e.g. ``accelerate launch
---multi_gpu --num_processes 8``, or with ``--use_deepspeed``) runs this module in N processes, and the
+"""R3-RAG's PPO as its own data-parallel job: the run's ``launch`` (``launch=cpu2``, ``ddp``, ``zero3``,
+``fsdp``: :mod:`rag_lab.launch`) runs this module in N processes under ``accelerate launch``, and the
 runner waits for it.
 
 The runner stays one process (it evaluates and writes the run); ``fit`` writes ``job.json`` in the PPO work

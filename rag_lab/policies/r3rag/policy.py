@@ -23,7 +23,6 @@ support overlap (no LLM judge runs on 2 CPU cores).
 
 import json
 import logging
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,6 +35,7 @@ from rag_lab.config import PositiveInt, check_ranges, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
+from rag_lab.launch import launch_of
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
@@ -74,9 +74,6 @@ class R3RAG(Agent):
         cold_start: ColdStartConfig | None = None,
         # the first train_limit training questions (null: all)
         train_limit: PositiveInt | None = None,
-        # run PPO as a data-parallel job with this launcher, e.g. "accelerate launch --multi_gpu
-        # --num_processes 8" (null: in this process; rag_lab.policies.r3rag.job)
-        launch: str | None = None,
         # the retriever PPO's rollouts search with (a partial retriever config; null: the run's): retriever
         # transfer trains with one and evaluates with the run's (the paper's table 3)
         train_retriever: Any = None,
@@ -101,7 +98,7 @@ class R3RAG(Agent):
         for key, why in problems:
             raise RagLabError(f"policy.{key}: {why}")
         self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
-        self.train_retriever, self.launch = train_retriever, launch
+        self.train_retriever = train_retriever
         self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
         self.stoprag, self.heldout = stopper, heldout or HeldOut(n=0)
         self.scorer = getattr(train_data, "scorer", "squad")
@@ -114,14 +111,6 @@ class R3RAG(Agent):
         ppo, problems = dict(s.get("ppo") or {}), []
         if not list(ppo.get("temperatures", [1.0])):
             problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
-        if s.get("launch"):
-            try:
-                program = (shlex.split(s["launch"]) or [""])[0]
-            except ValueError as e:
-                problems.append(("launch", f"{s['launch']!r} is not a command line ({e})"))
-            else:
-                if shutil.which(program) is None:
-                    problems.append(("launch", f"{program!r} is not installed (no such program on PATH)"))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("R3RAGReward"):
             problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))
@@ -147,7 +136,7 @@ class R3RAG(Agent):
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "ppo"
         done = self.result_dir(cache.files_digest(start), questions, env, root)
         if not (done / "ppo.json").exists():
-            if self.launch:
+            if launch_of(self.run_config) is not None:
                 self.launched(start, done)
             else:
                 self.train(generator, env, questions, done, dev)
@@ -200,20 +189,19 @@ class R3RAG(Agent):
         shutil.rmtree(work, ignore_errors=True)
 
     def launched(self, start: Path, done: Path) -> None:
-        """PPO as a data-parallel job: ``<launch> -m rag_lab.policies.r3rag.job <job.json>`` (:mod:`.job`)."""
-        if self.run_config is None:
-            raise RagLabError(
-                "policy.launch: a launched PPO job rebuilds the run from its config (run it with rag_lab.run)"
-            )
+        """PPO as a data-parallel job under the run's ``launch`` (:mod:`rag_lab.launch`): ``accelerate launch
+        --config_file <work>/accelerate.yaml -m rag_lab.policies.r3rag.job <work>/job.json`` (:mod:`.job`)."""
+        launch = launch_of(self.run_config)
         work = done.with_name(f"{done.name}.work")
         work.mkdir(parents=True, exist_ok=True)
         cold = self.cold_start is not None
         job = {"run_config": self.run_config, "start": str(start), "cold_started": cold, "done": str(done)}
         atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
-        command = [*shlex.split(self.launch), "-m", "rag_lab.policies.r3rag.job", str(work / "job.json")]
+        config = launch.write_config(work / "accelerate.yaml")
+        command = launch.command(config, "rag_lab.policies.r3rag.job", str(work / "job.json"))
         log.info("r3rag PPO: %s", " ".join(command))
         if subprocess.run(command).returncode != 0 or not (done / "ppo.json").exists():
-            raise RagLabError(f"policy.launch: the PPO job failed ({' '.join(command)}); its output is above")
+            raise RagLabError(f"launch: the PPO job failed ({' '.join(command)}); its output is above")
 
     def result_dir(self, start: str, questions: list[QAExample], env: Env, root: Path) -> Path:
         """Where the trained model is cached: ``<root>/r3rag/<key>``; ``root`` is ``cache_dir`` under the

@@ -1,0 +1,77 @@
+"""The ``launch`` group (rag_lab/launch.py): accelerate configs composed and read by accelerate itself, for
+every paper experiment that trains a 7-8B model; what the machine lacks, named before anything trains."""
+
+import pytest
+import yaml
+from accelerate.commands.config.config_args import ClusterConfig
+from hydra.utils import instantiate
+
+from rag_lab.config import ConfigError, compose, group_options
+from rag_lab.launch import Launch, launch_of
+
+PAPER_EXPERIMENTS = ["dapo_2wiki", "evorag_hotpotqa", "r3rag_hotpotqa", "apex_musique", "compare_musique"]
+
+
+@pytest.mark.parametrize("launch", ["zero3", "fsdp", "ddp"])
+@pytest.mark.parametrize("experiment", PAPER_EXPERIMENTS)
+def test_the_big_model_configs_compose_for_every_paper_experiment(experiment, launch, tmp_path):
+    cfg = compose([f"+experiment={experiment}", f"launch={launch}"])
+    built = instantiate(cfg.launch)
+    assert isinstance(built, Launch) and built.processes == 8
+    written = built.write_config(tmp_path / "accelerate.yaml")
+    read = ClusterConfig.from_yaml_file(str(written))  # accelerate's own reader: every key known
+    assert read.mixed_precision == "bf16" and read.num_processes == 8
+    assert str(read.distributed_type) in {"DistributedType.DEEPSPEED", "DistributedType.FSDP",
+                                          "DistributedType.MULTI_GPU"}  # fmt: skip
+    if launch == "zero3":
+        assert read.deepspeed_config["zero_stage"] == 3
+    if launch == "fsdp":
+        assert read.fsdp_config["fsdp_version"] == 2
+
+
+def test_every_launch_option_is_read_by_accelerate(tmp_path):
+    for option in group_options("launch"):
+        launch = instantiate(compose([f"launch={option}"]).launch)
+        ClusterConfig.from_yaml_file(str(launch.write_config(tmp_path / f"{option}.yaml")))
+
+
+def test_the_command_runs_a_module_under_accelerate_with_the_written_config(tmp_path):
+    launch = instantiate(compose(["launch=cpu2"]).launch)
+    config = launch.write_config(tmp_path / "launch" / "accelerate.yaml")
+    command = launch.command(config, "rag_lab.policies.r3rag.job", "job.json")
+    assert command[0].endswith("accelerate") and command[1:] == [
+        "launch", "--config_file", str(config), "-m", "rag_lab.policies.r3rag.job", "job.json"]  # fmt: skip
+    assert yaml.safe_load(config.read_text())["num_processes"] == 2 and launch.processes == 2
+    assert launch_of({"launch": None}) is None and launch_of(None) is None
+    assert launch_of({"launch": {"config": {"num_processes": 3, "num_machines": 2}}}).processes == 6
+
+
+def test_what_the_machine_lacks_is_named(monkeypatch):
+    import torch
+
+    zero3 = instantiate(compose(["launch=zero3"]).launch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert ("config.distributed_type", "DEEPSPEED needs GPUs and this machine has none "
+            "(launch=cpu2 runs data-parallel on CPU processes)") in zero3.check_environment()  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    problems = dict(zero3.check_environment())
+    assert problems["config.num_processes"] == "8 processes, one per GPU, and this machine has 4 GPU(s)"
+    assert instantiate(compose(["launch=cpu2"]).launch).check_environment() == []  # CPU processes need none
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("launch.program=nolauncher", r"'launch\.program': 'nolauncher' is not installed"),
+        ("+launch.config.gpus=2", r"'launch\.config': accelerate does not read it: .*\['gpus'\]"),
+        (
+            "launch.config.distributed_type=GPUS",
+            r"'launch\.config': accelerate does not read it: 'GPUS' is not",
+        ),
+        ("launch.config.num_machines=0", r"'launch\.config\.num_machines': 0: a whole number, 1 or more"),
+        ("+launch.processes=2", r"'launch\.processes' \(rag_lab\.launch\.Launch\): Key 'processes' not in"),
+    ],
+)
+def test_a_bad_launch_setting_fails_at_compose_naming_it(override, says):
+    with pytest.raises(ConfigError, match=says):
+        compose(["launch=cpu2", override])
