@@ -75,11 +75,10 @@ def test_a_stopped_apex_question_goes_to_synthesis(tiny_cfg):
     ids=["r3rag", "apex"],
 )
 def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tiny_lm, tmp_path):
-    # R3-RAG's policy is an LM's: the conftest's untrained one (words only; its rollouts are what the stopper
-    # trains on, whatever they say), not a tiny LM trained for this world
+    # Both methods train a transformers model: the conftest's untrained one (words only; its rollouts are what
+    # the stopper trains on, whatever they say), not a tiny LM trained for this world
     lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
-    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100",
-                   *(lm if row[0].endswith("r3rag_stop") else []))  # fmt: skip
+    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100", *lm)
     data = instantiate(cfg.data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), build(cfg.generator, data=data))
     policy = build(cfg.policy, train_data=data, reward=build(cfg.reward), run_config={})
@@ -88,14 +87,16 @@ def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tiny_lm, tm
     assert (tmp_path / "stopper" / "qnet.pt").exists()
 
 
-def test_a_stopper_reuses_the_stoprag_rows_fit(tiny_cfg, tmp_path):
+def test_a_stopper_reuses_the_stoprag_rows_fit(tiny_cfg, tiny_lm, tmp_path):
     """The stoprag row and a stopper with its settings: one fit, cached; the stopper trains nothing."""
     settings = [s.removeprefix("policy.stopper.") for s in SHORT[2:] if s.startswith("policy.stopper.")]
     mine = [f"policy.{s}" for s in settings]
-    row = tiny_cfg("+experiment=compare_synth", "+experiment/compare_synth=stoprag", *mine, "eval.limit=2")
+    lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
+    row = tiny_cfg("+experiment=compare_synth", "+experiment/compare_synth=stoprag", *mine, *lm,
+                   "eval.limit=2")  # fmt: skip
     run(row, tmp_path / "stoprag")
     stop = ["+experiment=compare_synth", "+experiment/compare_synth=apex_stop", "policy.plan_rl=false"]
-    cfg = tiny_cfg(*stop, "experiment.apex_executor_sft=false", *SHORT[2:], "eval.limit=2")
+    cfg = tiny_cfg(*stop, "experiment.apex_executor_sft=false", *SHORT[2:], *lm, "eval.limit=2")
     run(cfg, tmp_path / "apex_stop")
     mine, theirs = tmp_path / "apex_stop" / "checkpoints" / "stopper", tmp_path / "stoprag" / "checkpoints"
     assert (mine / "qnet.pt").read_bytes() == (theirs / "qnet.pt").read_bytes()
