@@ -55,7 +55,7 @@ tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm)
 
 # make test's worker processes (pytest-xdist; each test's caches and tmp dirs are its worker's own)
 TEST_WORKERS ?= 2
-test: install ## Fast test suite (CPU, offline; about 5 min on 2 cores)
+test: install ## Fast test suite (CPU, offline; about 3 min on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: install ## The slow set: whole experiments, notebooks
