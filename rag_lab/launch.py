@@ -104,7 +104,26 @@ class Launch:
         for key in ("num_processes", "num_machines"):
             if not (isinstance(config.get(key, 1), int) and config.get(key, 1) >= 1):
                 problems.append((f"config.{key}", f"{config.get(key)!r}: a whole number, 1 or more"))
-        return problems
+        if problems or run is None or not run.get("policy"):
+            return problems
+        return problems + divides(Launch(config).processes, run)
+
+
+def divides(processes: int, run) -> list[tuple[str, str]]:
+    """Every global batch of the run's policy splits into equal shares, one per process (the policy class
+    names them: ``global_batches(settings) -> {key: size}``), so N processes make the update of one."""
+    from omegaconf import OmegaConf
+
+    from rag_lab.config import locate
+
+    batches = getattr(locate(run.policy._target_), "global_batches", None)
+    settings = OmegaConf.to_container(run.policy, resolve=True)
+    problems = []
+    for key, size in (batches(settings) if batches else {}).items():
+        if size % processes:
+            why = f"{processes} processes do not divide policy.{key}={size} (each takes an equal share)"
+            problems.append(("config.num_processes", why))
+    return problems
 
 
 def launch_of(run_config: dict | None) -> Launch | None:

@@ -75,3 +75,12 @@ def test_what_the_machine_lacks_is_named(monkeypatch):
 def test_a_bad_launch_setting_fails_at_compose_naming_it(override, says):
     with pytest.raises(ConfigError, match=says):
         compose(["launch=cpu2", override])
+
+
+def test_the_processes_must_divide_the_policys_global_batches():
+    """R3-RAG names its global batch (the questions of a PPO iteration): 3 processes cannot split 16 of them
+    equally, 4 can; a policy that names none takes any count."""
+    with pytest.raises(ConfigError, match=r"3 processes do not divide policy\.ppo\.batch_size=16"):
+        compose(["policy=r3rag", "launch=cpu2", "launch.config.num_processes=3", "policy.ppo.batch_size=16"])
+    compose(["policy=r3rag", "launch=cpu2", "launch.config.num_processes=4", "policy.ppo.batch_size=16"])
+    compose(["policy=top_title", "launch=cpu2", "launch.config.num_processes=3"])

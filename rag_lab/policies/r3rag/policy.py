@@ -106,6 +106,12 @@ class R3RAG(Agent):
         self.generator = None
 
     @staticmethod
+    def global_batches(s: dict) -> dict[str, int]:
+        """What the processes of a launched PPO job split equally (:mod:`rag_lab.launch`): the questions of an
+        iteration."""
+        return {"ppo.batch_size": int(dict(s.get("ppo") or {}).get("batch_size", PPOSettings.batch_size))}
+
+    @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """What the declarations cannot say (:mod:`rag_lab.config`): a temperature at least, the reward."""
         ppo, problems = dict(s.get("ppo") or {}), []
