@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo claims tiny-lm test test-slow test-gpu mutate lint format docs bench bench-peers clean \
+.PHONY: help install install-gpu demo claims tiny-lm test test-slow test-gpu gpu-check mutate lint format docs bench bench-peers clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -66,6 +66,12 @@ test-gpu: install ## On a GPU machine: the fast set, then SmolLM2's SFT / DPO / 
 
 # One OpenMP thread: mutmut forks a child per mutant, and a child forked from a process whose OpenMP pool ran
 # hangs in its first parallel torch op until the timeout, which mutmut then counts as a caught mutant.
+# make gpu-check: on a GPU machine, ~8 min: the fast suite and the gpu set, bench_rollout on CUDA, a short
+# SmolLM2 DAPO run with its held-out curve; experiments/results/gpu_check.md from its output
+GPU_CHECK_OUT ?= outputs/gpu_check
+gpu-check: install ## On a GPU machine: suite + gpu set, bench_rollout on CUDA, a SmolLM2 run; writes results/gpu_check.md
+	OUT=$(GPU_CHECK_OUT) PYTHON=$(PY) bash experiments/gpu_check.sh
+
 mutate: install ## Mutation testing (mutmut) of the modules that decide results; then `mutmut results`
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
 	$(VENV)/bin/mutmut results

@@ -9,10 +9,12 @@ prefill seconds of either loop, and the ratio <= sequential seconds / batched pr
 "bound" line).
 
     python experiments/bench_rollout.py      # writes experiments/results/bench_rollout.md
+    python experiments/bench_rollout.py generator.device=cuda   # ... bench_rollout_cuda.md (make gpu-check)
 
 Uses the embedded default LM (generator=tiny; trained on first use, then cached).
 """
 
+import sys
 import time
 
 import pandas as pd
@@ -77,8 +79,8 @@ def measure(env_parts, examples, batch: int) -> dict:
     }
 
 
-def main() -> None:
-    cfg = compose(["generator=tiny"])
+def main(overrides: list[str]) -> None:
+    cfg = compose(["generator=tiny", *overrides])
     data = instantiate(cfg.data)
     retriever = build(cfg.retriever, corpus=data.corpus)
     generator = build(cfg.generator, data=data)
@@ -89,11 +91,12 @@ def main() -> None:
     table = pd.DataFrame(rows).round(2).to_markdown(index=False)
     speedup = rows[0]["episodes/s"] / rows[1]["episodes/s"]
     bound = rows[1]["seconds"] / rows[0]["prefill s"]
+    device = next(generator.model.parameters()).device.type
     publish(
-        "bench_rollout",
+        "bench_rollout" if device == "cpu" else f"bench_rollout_{device}",
         f"{N_QUESTIONS} synth dev questions, Stop-RAG's pipeline (`fixed_iter`) at T = {ITERATIONS}: per "
         f"iteration a follow-up query, BM25 top 1, an intermediate answer; then the final answer (9 "
-        f"generate calls per episode); greedy, the tiny LM (generator=tiny)\n\n{table}\n\n"
+        f"generate calls per episode); greedy, the tiny LM (generator=tiny) on {device}\n\n{table}\n\n"
         f"batched engine vs one question at a time: **{speedup:.1f}x** episodes/s (same episodes: "
         f"{same}/{len(examples)} final answers identical, EM {rows[0]['EM']:.1f} vs {rows[1]['EM']:.1f}); "
         f"peak RSS {peak_rss_mb():.0f} MB\n\nbound: one question at a time {rows[1]['seconds']:.2f} s / "
@@ -103,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -25,20 +25,30 @@ def publish(name: str, body: str) -> None:
 
 class ForwardClock:
     """Seconds in the model's forward passes, split into prefill (more than one new token per row) and
-    decode (one), through forward hooks."""
+    decode (one), through forward hooks; on a GPU each pass is waited for (CUDA kernels run asynchronously:
+    without a synchronize the clock would read their launch, not their work)."""
 
     def __init__(self, model):
         self.seconds = {"prefill": 0.0, "decode": 0.0}
         self._start = 0.0
+        self._cuda = next(model.parameters()).is_cuda
         self._handles = [
             model.register_forward_pre_hook(self._begin, with_kwargs=True),
             model.register_forward_hook(self._end, with_kwargs=True),
         ]
 
+    def _sync(self) -> None:
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
     def _begin(self, module, args, kwargs):
+        self._sync()
         self._start = time.perf_counter()
 
     def _end(self, module, args, kwargs, output):
+        self._sync()
         ids = kwargs.get("input_ids", args[0] if args else None)
         kind = "prefill" if ids is not None and ids.shape[1] > 1 else "decode"
         self.seconds[kind] += time.perf_counter() - self._start

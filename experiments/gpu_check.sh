@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# make gpu-check: what a GPU machine checks in one go (issue 50), within ~8 minutes, each step under its own
+# deadline so that what finished comes back: (1) the fast suite and the gpu set (`-m "not slow or gpu"`:
+# SmolLM2's SFT / DPO / GRPO and the DAPO / APEX steps on CUDA in bf16), (2) bench_rollout with the tiny LM
+# on the GPU (the batched engine against one question at a time, and its bound), (3) a short SmolLM2 run of
+# a trained method with its held-out curve. Then experiments/gpu_check_page.py writes the results page
+# (experiments/results/gpu_check.md) from $OUT.
+#
+#   OUT=/tmp/gpu make gpu-check              # on a GPU machine with the project installed
+#   OUT=$OUT PYTHON=python3 bash experiments/gpu_check.sh   # the lent device machine: wheels on PYTHONPATH
+#                                                          # (DEVELOPERS.md, the wheel method)
+#   SMOKE=1 OUT=/tmp/gpu bash experiments/gpu_check.sh   # the same plumbing at toy sizes, on a CPU
+set -u
+OUT=${OUT:?set OUT to a folder for the results}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10 RAG_LAB_CACHE=${RAG_LAB_CACHE:-$OUT/cache}
+if [ "${SMOKE:-0}" = 1 ]; then
+  # the tiny LM on the default world (its shipped checkpoint) for SmolLM2; no bench (it would rewrite the
+  # CPU's page); the page stays in $OUT
+  TESTS=(tests/test_launch.py) BENCH=()
+  RUN=(generator=tiny policy.steps=2 policy.questions_per_step=2 policy.group_size=2 policy.cold_start.limit=8
+       policy.cold_start.max_steps=2 policy.heldout.n=4 policy.heldout.every=1 eval.limit=4)
+else
+  TESTS=() BENCH=(generator.device=cuda)
+  RUN=(generator=smollm2 policy.cold_start.max_steps=200 policy.steps=16 policy.heldout.n=64 policy.heldout.every=4
+       eval.limit=100)
+fi
+step() {  # step NAME DEADLINE COMMAND...: its output in NAME.log, its exit status and seconds in steps.tsv
+  local name=$1 deadline=$2 start=$SECONDS
+  shift 2
+  timeout "$deadline" "$@" >"$OUT/$name.log" 2>&1
+  printf '%s\t%s\t%s\n' "$name" "$?" "$((SECONDS - start))" >>"$OUT/steps.tsv"
+}
+{
+  date -u
+  "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
+  nproc
+  git rev-parse HEAD 2>/dev/null || true
+} >"$OUT/env.txt" 2>&1
+: >"$OUT/steps.tsv"
+step pytest 270 "$PYTHON" -m pytest -q -m "not slow or gpu" -n 8 -p no:cacheprovider "${TESTS[@]}"
+if [ ${#BENCH[@]} -gt 0 ]; then
+  step bench_rollout 90 "$PYTHON" experiments/bench_rollout.py "${BENCH[@]}"
+  cp experiments/results/bench_rollout_cuda.md "$OUT/" 2>/dev/null || true
+fi
+# DAPO stage one from the cold start, its held-out Acc every 4 steps (checkpoints/train_log.jsonl)
+step dapo_run 150 "$PYTHON" -m rag_lab.run +experiment=dapo_synth hydra.mode=RUN "policy.stages=[1]" \
+  "hydra.run.dir=$OUT/dapo_run" "${RUN[@]}"
+"$PYTHON" experiments/gpu_check_page.py "$OUT"
+[ "${SMOKE:-0}" = 1 ] || cp "$OUT/gpu_check.md" experiments/results/gpu_check.md
