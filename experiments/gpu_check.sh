@@ -8,7 +8,7 @@
 #
 #   OUT=/tmp/gpu make gpu-check              # on a GPU machine with the project installed
 #   OUT=$OUT PYTHON=python3 bash experiments/gpu_check.sh   # the lent device machine: wheels on PYTHONPATH
-#                                                          # (DEVELOPERS.md, the wheel method)
+#                                                          # (experiments/results/gpu_suite.md: the wheel method)
 #   SMOKE=1 OUT=/tmp/gpu bash experiments/gpu_check.sh   # the same plumbing at toy sizes, on a CPU
 set -u
 OUT=${OUT:?set OUT to a folder for the results}
