@@ -19,10 +19,11 @@ def test_group_stats_count_mixed_and_solved_groups():
     assert group_stats(records) == {"mixed_groups": 0.5, "solved_groups": 0.75}
 
 
-def test_a_sampled_run_scores_every_sample_and_reports_its_groups(tiny_cfg, tmp_path):
-    """The (toy) tiny LM sampled at temperature 1.0 on 8 questions, 4 samples each: the copies of a
+def test_a_sampled_run_scores_every_sample_and_reports_its_groups(tiny_cfg, tiny_lm, tmp_path):
+    """An (untrained) LM sampled at temperature 1.0 on 8 questions, 4 samples each: the copies of a
     question are rolled out side by side, so they are different samples."""
-    cfg = tiny_cfg("generator=tiny", "policy=agent", "policy.temperature=1.0", "policy.max_turns=2",
+    lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
+    cfg = tiny_cfg(*lm, "policy=agent", "policy.temperature=1.0", "policy.max_turns=2",
                    "policy.max_new_tokens=16", "eval.limit=8", "eval.samples=4",
                    "eval.batch_size=16")  # fmt: skip
     metrics = run(cfg, tmp_path)

@@ -3,6 +3,8 @@
 import random
 from pathlib import Path
 
+import pytest
+
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
@@ -10,20 +12,27 @@ from transformers import AutoTokenizer
 from rag_lab.run import run
 
 
-def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def toy_cache(tmp_path_factory) -> Path:
+    """One cache for the tests that train the toy tiny LM with the same settings: the first trains it,
+    the next reuse it (each test asserts what it needs either way)."""
+    return tmp_path_factory.mktemp("toy-cache")
+
+
+def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, toy_cache, tmp_path):
     cfg = tiny_cfg("generator=tiny", "policy=fixed_iter", "policy.iterations=2", "eval.limit=4",
-                   f"cache_dir={tmp_path}/cache")  # fmt: skip
+                   f"cache_dir={toy_cache}")  # fmt: skip
     metrics = run(cfg, tmp_path / "run")
     assert metrics["all"]["n"] == 4 and metrics["all"]["tokens_total"] > 0
     # The recipe's base model and its protocol stage, each cached.
-    checkpoints = sorted((tmp_path / "cache" / "tiny_lm").iterdir())
+    checkpoints = sorted((toy_cache / "tiny_lm").iterdir())
     assert len(checkpoints) == 2
     assert all((c / "model.safetensors").exists() and (c / "train.json").exists() for c in checkpoints)
     stamps = [(c / "model.safetensors").stat().st_mtime_ns for c in checkpoints]
     data = instantiate(cfg.data)
     generator = instantiate(cfg.generator, data=data)  # same sizes and world: reused, not retrained
     assert [(c / "model.safetensors").stat().st_mtime_ns for c in checkpoints] == stamps
-    assert generator.chat is False and sorted((tmp_path / "cache" / "tiny_lm").iterdir()) == checkpoints
+    assert generator.chat is False and sorted((toy_cache / "tiny_lm").iterdir()) == checkpoints
     checkpoint = Path(generator.model.name_or_path)
     assert checkpoint in checkpoints
     # names as their syllables (generator.name_pieces): more tokens than words, decoded back exactly
@@ -33,7 +42,7 @@ def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, tmp_path):
     assert tokenizer.decode(ids) == name and len(ids) > len(name.split())
 
 
-def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg, tmp_path, caplog):
+def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg, toy_cache, tmp_path, caplog):
     """ship() writes a checkpoint with its fingerprints and card; tiny_lm loads it for the same world and
     settings, and for another world or setting trains with the recipe, saying which differs."""
     import json
@@ -49,7 +58,7 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg
         *TINY_LM,
         "generator.reading_steps=4",
         "generator.tune_steps=2",
-        f"cache_dir={tmp_path}",
+        f"cache_dir={toy_cache}",
     ]
     out = ship(toy, out=tmp_path / "shipped")
     card = json.loads((out / "recipe.json").read_text())
