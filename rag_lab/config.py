@@ -309,14 +309,14 @@ def _check_bounds(schema: type, node: DictConfig, path: str) -> None:
             raise ConfigError(f"config '{key}' {why}" if why.startswith("must") else f"config '{key}': {why}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _structured(schema: type) -> DictConfig:
     """``OmegaConf.structured(schema)``, built once per schema (a third of a compose's time otherwise):
     ``OmegaConf.merge`` copies its first config, so the one kept here is never changed."""
     return OmegaConf.structured(schema)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _defaults_of(schema: type) -> dict:
     return OmegaConf.to_container(_structured(schema))
 

@@ -4,7 +4,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
@@ -42,7 +41,9 @@ def test_tiny_lm_trains_once_and_runs_a_policy(tiny_cfg, toy_cache, tmp_path):
     assert tokenizer.decode(ids) == name and len(ids) > len(name.split())
 
 
-def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(tiny_cfg, toy_cache, tmp_path, caplog):
+def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(
+    tiny_cfg, toy_cache, tmp_path, caplog
+):
     """ship() writes a checkpoint with its fingerprints and card; tiny_lm loads it for the same world and
     settings, and for another world or setting trains with the recipe, saying which differs."""
     import json
