@@ -32,7 +32,6 @@ named in :data:`INJECTED` is filled by name (the run's corpus, dataset, training
 functions, resolved config), and a config that sets it fails like any unknown key.
 """
 
-import copy
 import dataclasses
 import functools
 import importlib
@@ -316,16 +315,6 @@ def _structured(schema: type) -> DictConfig:
     return OmegaConf.structured(schema)
 
 
-@functools.cache
-def _defaults_of(schema: type) -> dict:
-    return OmegaConf.to_container(_structured(schema))
-
-
-def _defaults(schema: type) -> dict:
-    """A fresh copy of ``schema``'s defaults as plain containers (built once per schema)."""
-    return copy.deepcopy(_defaults_of(schema))
-
-
 def validate(cfg: DictConfig, schema: type | None = RunConfig) -> None:
     """Check ``cfg`` against its top-level ``schema`` (appended keys included) and every ``_target_``
     node against its component's schema; raise ConfigError naming the first bad key."""
@@ -369,7 +358,7 @@ def _check_relations(component: type, node: DictConfig, path: str, cfg: DictConf
     if check is None:
         return
     # the node's own values resolved where it stands (its interpolations), over the signature's defaults
-    settings = _defaults(component) | OmegaConf.to_container(node, resolve=True)
+    settings = OmegaConf.to_container(_structured(component)) | OmegaConf.to_container(node, resolve=True)
     for key, why in check(settings, cfg):
         raise ConfigError(f"config '{path}.{key}': {why}")
 

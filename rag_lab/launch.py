@@ -1,11 +1,18 @@
 """Data-parallel training under accelerate: the ``launch`` config group (issue 50).
 
-``launch=null`` (the default) trains in the runner's own process. Any other option is an accelerate
-config file, written as a config node: ``launch=cpu2`` (two CPU processes over gloo, what the tests run),
-``launch=ddp`` (one process per GPU, bf16), ``launch=zero3`` (DeepSpeed ZeRO-3, bf16), ``launch=fsdp``
-(FSDP2, bf16); ``launch.config.num_processes=8`` and every other key of accelerate's config file
-override as usual. The runner writes ``config`` to ``<run dir>/launch/accelerate.yaml`` and runs the
-training as ``accelerate launch --config_file <that file> -m <module> ARGS`` (:meth:`Launch.command`).
+``launch=null`` (the default) trains in the runner's own process. Any other option trains the run's
+policy in N processes: the runner (one process, which evaluates and writes the run) starts
+``accelerate launch --config_file <run dir>/launch/accelerate.yaml -m rag_lab.launched <run
+dir>/launch/job.json`` (:meth:`Launch.run_job`), whose every process rebuilds the run from its resolved
+config and calls the policy's ``fit`` (each trainer takes its share of every global batch; the main
+process publishes: :mod:`rag_lab.train.parallel`); then the runner's own ``fit`` finds the published
+results and trains nothing. A policy whose trainer is not data-parallel yet is refused before anything
+trains (:func:`single_process_trainers`).
+
+Each option is an accelerate config file, written as a config node: ``launch=cpu2`` (two CPU processes
+over gloo, what the tests run), ``launch=ddp`` (one process per GPU, bf16), ``launch=zero3`` (DeepSpeed
+ZeRO-3, bf16), ``launch=fsdp`` (FSDP2, bf16); ``launch.config.num_processes=8`` and every other key of
+accelerate's config file override as usual.
 
 Hand-written: only the glue between a Hydra config and ``accelerate launch`` and the checks made before
 anything trains (the program on ``PATH``, accelerate's own reading of the config file, GPUs where the
@@ -13,13 +20,18 @@ config needs them, DeepSpeed installed where it is named). Process groups, DDP, 
 accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
+import json
+import logging
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 # distributed types that need one CUDA device per process (accelerate.utils.DistributedType's names)
 NEEDS_GPUS = {"MULTI_GPU", "DEEPSPEED", "FSDP", "MEGATRON_LM"}
@@ -56,6 +68,19 @@ class Launch:
         """``accelerate launch --config_file <config_file> -m <module> ARGS``."""
         program = resolve(self.program) or self.program
         return [program, "launch", "--config_file", str(config_file), "-m", module, *args]
+
+    def run_job(self, module: str, job: dict, work: Path) -> None:
+        """``accelerate launch --config_file <work>/accelerate.yaml -m <module> <work>/job.json`` with ``job``
+        written to that file; waits for it, and a failed job is one line (its own output is above it)."""
+        from rag_lab.errors import RagLabError
+        from rag_lab.records import atomic_write_text
+
+        work.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
+        command = self.command(self.write_config(work / "accelerate.yaml"), module, str(work / "job.json"))
+        log.info("launch: %s", " ".join(command))
+        if subprocess.run(command).returncode != 0:
+            raise RagLabError(f"launch: the training job failed ({' '.join(command)}); its output is above")
 
     def check_environment(self) -> list[tuple[str, str]]:
         """What this machine lacks for the config: GPUs, DeepSpeed. Checked right before training (a
@@ -110,20 +135,51 @@ class Launch:
 
 
 def divides(processes: int, run) -> list[tuple[str, str]]:
-    """Every global batch of the run's policy splits into equal shares, one per process (the policy class
-    names them: ``global_batches(settings) -> {key: size}``), so N processes make the update of one."""
-    from omegaconf import OmegaConf
-
-    from rag_lab.config import locate
-
-    batches = getattr(locate(run.policy._target_), "global_batches", None)
-    settings = OmegaConf.to_container(run.policy, resolve=True)
+    """Every global batch of the run's policy (its class names them: ``global_batches(settings) -> {key:
+    size}``; so does a stopping rule it trains), the cold start's included, splits into equal shares, one
+    per process, so N processes make the update of one."""
+    sizes = {}
+    for where, cls, node in _trainers(run):
+        batches = getattr(cls, "global_batches", None)
+        sizes |= {
+            f"{where}.{key}".removeprefix("policy."): n
+            for key, n in (batches(node) if batches else {}).items()
+        }
+    settings = _trainers(run)[0][2]
+    if isinstance(settings.get("cold_start"), dict) and settings["cold_start"].get("batch_size"):
+        sizes["cold_start.batch_size"] = int(settings["cold_start"]["batch_size"])
     problems = []
-    for key, size in (batches(settings) if batches else {}).items():
+    for key, size in sizes.items():
         if size % processes:
             why = f"{processes} processes do not divide policy.{key}={size} (each takes an equal share)"
             problems.append(("config.num_processes", why))
     return problems
+
+
+def single_process_trainers(run) -> list[tuple[str, str]]:
+    """The run's trainers that do not train data-parallel yet (no ``global_batches``): checked right before
+    a launched run trains (the configs of every experiment compose with every ``launch`` option)."""
+    problems = []
+    for where, cls, _ in _trainers(run):
+        if getattr(cls, "trains", True) and getattr(cls, "global_batches", None) is None:
+            why = (f"{where}={cls.__name__} trains in one process only (its data-parallel training is not "
+                   "built yet); launch=null trains it here")  # fmt: skip
+            problems.append(("config", why))
+    return problems
+
+
+def _trainers(run) -> list[tuple[str, type, dict]]:
+    """(where, class, settings) of the run's policy and of a stopping rule it trains."""
+    from omegaconf import OmegaConf
+
+    from rag_lab.config import locate
+
+    settings = OmegaConf.to_container(run.policy, resolve=True)
+    parts = [("policy", locate(run.policy._target_), settings)]
+    stopper = settings.get("stopper")
+    if isinstance(stopper, dict) and stopper.get("_target_"):
+        parts.append(("policy.stopper", locate(stopper["_target_"]), stopper))
+    return parts
 
 
 def launch_of(run_config: dict | None) -> Launch | None:

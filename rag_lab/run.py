@@ -29,7 +29,7 @@ from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.table import metrics_table
-from rag_lab.launch import launch_of
+from rag_lab.launch import launch_of, single_process_trainers
 from rag_lab.seeding import seed_everything
 from rag_lab.sweeps import config_hash, drop_inapplicable, register, reuse, soften
 
@@ -51,8 +51,29 @@ def check_launch(cfg: DictConfig) -> None:
     if not cfg.launch or not getattr(locate(cfg.policy._target_), "trains", False):
         return
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
-    for key, why in launch.check_environment():
+    for key, why in [*launch.check_environment(), *single_process_trainers(cfg)]:
         raise ConfigError(f"config 'launch.{key}': {why}")
+
+
+def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, object]:
+    """The run's environment (corpus, retriever, generator) and policy, as the runner and every process of
+    a launched training job (:mod:`rag_lab.launched`) build them."""
+    retriever = build(cfg.retriever, corpus=data.corpus)
+    env = Env(data.corpus, retriever, build(cfg.generator, data=data))
+    policy = build(cfg.policy, data=data, train_data=train_data, reward=build(cfg.reward), run_config=config)
+    return env, policy
+
+
+def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None, config=None) -> None:
+    """The policy's training on the run's training split, into ``<run dir>/checkpoints``. With the run's
+    resolved ``config`` and a ``launch`` in it, N processes train first (:mod:`rag_lab.launched`, which
+    calls this without ``config``), and this process's ``fit`` then finds their published results."""
+    launch = launch_of(config) if config is not None else None
+    if launch is not None:
+        job = {"run_config": config, "run_dir": str(run_dir)}
+        launch.run_job("rag_lab.launched", job, run_dir / "launch")
+    train = train_data.split(cfg.train_split)
+    policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
@@ -75,16 +96,12 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
             return json.loads((run_dir / "metrics.json").read_text())
     seed_everything(cfg.seed)
 
-    retriever = build(cfg.retriever, corpus=data.corpus)
-    generator = build(cfg.generator, data=data)
-    env = Env(data.corpus, retriever, generator)
-    reward = build(cfg.reward)
-    policy = build(cfg.policy, data=data, train_data=train_data, reward=reward, run_config=config)
+    env, policy = components(cfg, config, data, train_data)
+    generator = env.generator
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:
-        train = train_data.split(cfg.train_split)
-        policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
+        fit(cfg, policy, env, data, train_data, run_dir, logger, config)
 
     judge = None
     if cfg.judge:  # judge.generator: null shares the run's generator

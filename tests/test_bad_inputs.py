@@ -326,6 +326,8 @@ CASES = [
          r"'launch\.config\.num_processes': 3 processes do not divide policy\.ppo\.batch_size=16"),
     Case("ZeRO-3 on a machine without GPUs", "run", ["policy=stoprag", "generator=teacher", "launch=zero3"],
          1, r"'launch\.config\.distributed_type': DEEPSPEED needs GPUs and this machine has none"),
+    Case("launch on a trainer not data-parallel yet", "run", ["policy=stoprag", "generator=teacher", "launch=cpu2"],
+         1, r"'launch\.config': policy=StopRAG trains in one process only .*launch=null trains it here"),
     Case("held-out every 0 steps", "run", ["policy=dapo", "policy.heldout.every=0"], 1,
          r"'policy\.heldout\.every' must be >= 1, got 0"),
     Case("cold start protocol unknown", "run", ["policy=dapo", "policy.cold_start.protocols=[nope]"], 1,

@@ -38,9 +38,9 @@ def test_every_launch_option_is_read_by_accelerate(tmp_path):
 def test_the_command_runs_a_module_under_accelerate_with_the_written_config(tmp_path):
     launch = instantiate(compose(["launch=cpu2"]).launch)
     config = launch.write_config(tmp_path / "launch" / "accelerate.yaml")
-    command = launch.command(config, "rag_lab.policies.r3rag.job", "job.json")
+    command = launch.command(config, "rag_lab.launched", "job.json")
     assert command[0].endswith("accelerate") and command[1:] == [
-        "launch", "--config_file", str(config), "-m", "rag_lab.policies.r3rag.job", "job.json"]  # fmt: skip
+        "launch", "--config_file", str(config), "-m", "rag_lab.launched", "job.json"]  # fmt: skip
     assert yaml.safe_load(config.read_text())["num_processes"] == 2 and launch.processes == 2
     assert launch_of({"launch": None}) is None and launch_of(None) is None
     assert launch_of({"launch": {"config": {"num_processes": 3, "num_machines": 2}}}).processes == 6

@@ -42,6 +42,7 @@ LAYERS = [
         "run",
         [
             "rag_lab.run",
+            "rag_lab.launched",
             "rag_lab.rundir",
             "rag_lab.report",
             "rag_lab.claims",

@@ -62,13 +62,15 @@ def check_same_update(tiny_lm: str, one_path: Path, two_path: Path) -> None:
 
 @pytest.mark.slow
 def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
-    """``launch=cpu2``: the runner launches PPO under accelerate (two CPU processes), then evaluates."""
+    """``launch=cpu2``: the runner launches the training (the cold start's SFT, then PPO) under accelerate
+    in two CPU processes (rag_lab.launched), then finds the results and evaluates."""
     from rag_lab.run import run
 
     cfg = tiny_cfg(
         "+experiment=r3rag_synth",
         "hydra.mode=RUN",
-        "policy.cold_start=null",
+        "policy.cold_start.max_steps=2",
+        "policy.cold_start.batch_size=2",
         "policy.ppo.iterations=2",
         "policy.ppo.batch_size=2",
         "policy.ppo.temperatures=[1.0]",
@@ -83,6 +85,9 @@ def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
     assert metrics["all"]["n"] == 2
     [trained] = (tmp_path / "cache" / "r3rag").glob("*/ppo.json")
     assert json.loads(trained.read_text())["processes"] == 2
+    [cold] = (tmp_path / "cache" / "cold_start").glob("*/train.json")
+    assert json.loads(cold.read_text())["sft"]["processes"] == 2
+    assert (tmp_path / "run" / "launch" / "accelerate.yaml").exists()
     rows = [json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "train_log.jsonl").open()]
     assert [r["step"] for r in rows if "heldout/acc" not in r] == [1, 2]  # PPO's rows
     assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]

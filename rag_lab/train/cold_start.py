@@ -56,6 +56,7 @@ from rag_lab import cache
 from rag_lab.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
 from rag_lab.train.lora import peft_config
+from rag_lab.train.parallel import main_first, processes, publish_on_main
 from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
 
@@ -114,7 +115,8 @@ def cold_start(
     tokenizer_dir = Path(resolve_model(str(tokenizer))) if tokenizer else model_dir
     if chat is None:
         chat = bool(AutoTokenizer.from_pretrained(tokenizer_dir).chat_template)
-    demos = demonstrations(data, config, cache_dir, chat, retriever, teacher)
+    with main_first():  # under launch: the main process samples the demonstrations, the others read them
+        demos = demonstrations(data, config, cache_dir, chat, retriever, teacher)
     if not demos.pairs:
         raise RagLabError(
             f"cold start: the teacher kept no episode of {', '.join(config.protocols)}: {demos.counts}"
@@ -140,23 +142,32 @@ def cold_start(
     tokenizer_sub = "." if tokenizer_dir == model_dir else "tokenizer"
     start = time.perf_counter()
     log.info("cold start: %d pairs into %s", len(demos.pairs), out)
-    with cache.publish(out) as tmp:
-        trainer, stats = sft(model_dir, tokenizer_dir, demos.pairs, config, work, callbacks)
-        trained = trainer.model.merge_and_unload() if peft_config(config.lora) else trainer.model
-        trained.save_pretrained(tmp)
-        trainer.processing_class.save_pretrained(tmp / tokenizer_sub)
-        info = {
-            "base": {"model": str(model_dir), "tokenizer": str(tokenizer_dir), "hash": base},
-            "chat": chat,
-            "tokenizer": tokenizer_sub,
-            "settings": asdict(config),
-            "demonstrations": {"hash": demos.fingerprint, "pairs": len(demos.pairs), "counts": demos.counts},
-            "sft": stats,
-            "wall_s": time.perf_counter() - start,
-            "versions": _versions(),
-        }
-        (tmp / "train.json").write_text(json.dumps(info, indent=1) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
+    # every process trains (its share of each batch); the main one publishes the result
+    trainer, stats = sft(model_dir, tokenizer_dir, demos.pairs, config, work, callbacks)
+    trained = trainer.model.merge_and_unload() if peft_config(config.lora) else trainer.model
+
+    def write() -> None:
+        with cache.publish(out) as tmp:
+            trained.save_pretrained(tmp)
+            trainer.processing_class.save_pretrained(tmp / tokenizer_sub)
+            info = {
+                "base": {"model": str(model_dir), "tokenizer": str(tokenizer_dir), "hash": base},
+                "chat": chat,
+                "tokenizer": tokenizer_sub,
+                "settings": asdict(config),
+                "demonstrations": {
+                    "hash": demos.fingerprint,
+                    "pairs": len(demos.pairs),
+                    "counts": demos.counts,
+                },
+                "sft": stats | {"processes": processes()},
+                "wall_s": time.perf_counter() - start,
+                "versions": _versions(),
+            }
+            (tmp / "train.json").write_text(json.dumps(info, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+
+    publish_on_main(write)
     return out
 
 

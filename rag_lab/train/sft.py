@@ -7,8 +7,15 @@ truncates with ``keep_start``, which would cut the completion). TRL gets ``input
 ``completion_mask``, so it adds no second EOS and no BOS, and builds the labels (-100 on the prompt)
 from our mask. The ids are exactly what the model sees at inference: a prompt tokenized alone, then
 the generated tokens.
+
+Data-parallel (``launch``, :mod:`rag_lab.train.parallel`): ``batch_size`` is the global batch; each of N
+processes takes ``batch_size / N`` rows of it (``per_device_train_batch_size``), and the length-grouped
+order is drawn over the global batch (:func:`trainer_class`: transformers groups by the per-process batch,
+so N processes would see other batches than one), so N processes make the updates of one. TRL averages the
+loss over the global batch's completion tokens (``average_tokens_across_devices``).
 """
 
+import functools
 import logging
 import math
 import time
@@ -24,6 +31,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
+from rag_lab.train.parallel import processes, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 if TYPE_CHECKING:
@@ -77,7 +85,8 @@ def sft_config(
         bf16=False,
         gradient_checkpointing=False,
         max_steps=steps,
-        per_device_train_batch_size=batch_size,
+        # batch_size is the global batch: this process's share of it
+        per_device_train_batch_size=share(batch_size, "batch_size"),
         learning_rate=lr,
         lr_scheduler_type="cosine",
         warmup_steps=warmup_steps,
@@ -88,8 +97,31 @@ def sft_config(
         data_seed=seed,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
+        # said even where no GPU is: under `accelerate launch`, transformers takes CPU processes for
+        # data-parallel ones only when told they are on the CPU
+        use_cpu=not torch.cuda.is_available(),
     )
     return SFTConfig(**(shared | settings))
+
+
+@functools.cache
+def trainer_class() -> type["SFTTrainer"]:
+    """TRL's ``SFTTrainer`` whose ``group_by_length`` order is drawn over the global batch (per-process
+    batch x processes x accumulation): transformers' ``LengthGroupedSampler`` groups by the per-process
+    batch, so under N processes its megabatches, and so the batches, would differ from one process's.
+    Every process draws the same order (the same seed); accelerate's loader hands each its share."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+    from trl import SFTTrainer
+
+    class GlobalBatchSFTTrainer(SFTTrainer):
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = self.train_dataset if train_dataset is None else train_dataset
+            if self.args.train_sampling_strategy != "group_by_length" or processes() == 1:
+                return super()._get_train_sampler(train_dataset)
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps * processes()
+            return LengthGroupedSampler(batch, dataset=dataset, model_input_name="input_ids")
+
+    return GlobalBatchSFTTrainer
 
 
 @dataclass(frozen=True)
@@ -139,7 +171,6 @@ def sft(
     the trainer (its ``model`` a PEFT model with LoRA) and the run's stats. A run stopped early (a
     callback's ``should_training_stop``) raises, so that no partial model is taken for a finished one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if tokenizer.pad_token is None:
@@ -149,7 +180,7 @@ def sft(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU
     on_gpu = default_device(model) == "cuda"
-    placement = {"use_cpu": not on_gpu} if torch.cuda.is_available() else {}
+    placement = {"use_cpu": not on_gpu}
     args = sft_config(
         work_dir,
         steps,
@@ -170,7 +201,7 @@ def sft(
         save_total_limit=2,
         **placement,
     )
-    trainer = SFTTrainer(
+    trainer = trainer_class()(
         model=model,
         args=args,
         train_dataset=dataset,

@@ -24,7 +24,6 @@ support overlap (no LLM judge runs on 2 CPU cores).
 import json
 import logging
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ from rag_lab.config import PositiveInt, check_ranges, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
-from rag_lab.launch import launch_of
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
@@ -45,6 +43,7 @@ from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
 from rag_lab.train.heldout import HeldOut
+from rag_lab.train.parallel import barrier
 from rag_lab.train.resume import load_model, readable
 from rag_lab.train.start import starting_model
 
@@ -141,11 +140,8 @@ class R3RAG(Agent):
         env, questions = self.training_env(env), train[: self.train_limit]
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "ppo"
         done = self.result_dir(cache.files_digest(start), questions, env, root)
-        if not (done / "ppo.json").exists():
-            if launch_of(self.run_config) is not None:
-                self.launched(start, done)
-            else:
-                self.train(generator, env, questions, done, dev)
+        if not (done / "ppo.json").exists():  # in every process of a launched run (rag_lab.launched)
+            self.train(generator, env, questions, done, dev)
         self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
         rows = list(read_records(done / "log.jsonl"))
         out = Path(out_dir)
@@ -178,6 +174,7 @@ class R3RAG(Agent):
         )  # fmt: skip
         if not trainer.accelerator.is_main_process:
             trainer.run(work, None)
+            barrier()  # until the main process published the model
             return
         with cache.publish(done) as tmp:
             rows = trainer.run(work, tmp)
@@ -193,21 +190,7 @@ class R3RAG(Agent):
             }
             atomic_write_text(tmp / "ppo.json", json.dumps(info, indent=1) + "\n")
         shutil.rmtree(work, ignore_errors=True)
-
-    def launched(self, start: Path, done: Path) -> None:
-        """PPO as a data-parallel job under the run's ``launch`` (:mod:`rag_lab.launch`): ``accelerate launch
-        --config_file <work>/accelerate.yaml -m rag_lab.policies.r3rag.job <work>/job.json`` (:mod:`.job`)."""
-        launch = launch_of(self.run_config)
-        work = done.with_name(f"{done.name}.work")
-        work.mkdir(parents=True, exist_ok=True)
-        cold = self.cold_start is not None
-        job = {"run_config": self.run_config, "start": str(start), "cold_started": cold, "done": str(done)}
-        atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
-        config = launch.write_config(work / "accelerate.yaml")
-        command = launch.command(config, "rag_lab.policies.r3rag.job", str(work / "job.json"))
-        log.info("r3rag PPO: %s", " ".join(command))
-        if subprocess.run(command).returncode != 0 or not (done / "ppo.json").exists():
-            raise RagLabError(f"launch: the PPO job failed ({' '.join(command)}); its output is above")
+        barrier()
 
     def result_dir(self, start: str, questions: list[QAExample], env: Env, root: Path) -> Path:
         """Where the trained model is cached: ``<root>/r3rag/<key>``; ``root`` is ``cache_dir`` under the

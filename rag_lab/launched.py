@@ -1,0 +1,40 @@
+"""One process of a run's training under ``launch`` (:mod:`rag_lab.launch`): ``accelerate launch -m
+rag_lab.launched <run dir>/launch/job.json`` starts N of them. Each rebuilds the run from its resolved
+config (``job.json``: the config the runner wrote to the run dir, and the run dir) as the runner does
+(:func:`rag_lab.run.components`) and calls the policy's ``fit``; the trainers split each global batch
+between the processes and the main process publishes (:mod:`rag_lab.train.parallel`). The main process
+fits into the run dir (``checkpoints/``: curves, a resumable trainer's checkpoints); every other process
+into ``launch/rank<i>/`` (what it writes there beside the main process is a copy, and no two processes
+write one file). The runner waits, then its own ``fit`` finds the published results, and it evaluates in
+one process.
+"""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def main(job_file: str) -> None:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rag_lab.errors import one_line_errors
+    from rag_lab.run import components, fit
+    from rag_lab.seeding import seed_everything
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with one_line_errors():
+        job = json.loads(Path(job_file).read_text())
+        cfg = OmegaConf.create(job["run_config"])
+        seed_everything(cfg.seed)
+        data = instantiate(cfg.data)
+        train_data = instantiate(cfg.train_data) if cfg.get("train_data") else data
+        env, policy = components(cfg, job["run_config"], data, train_data)
+        rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
+        fit(cfg, policy, env, data, train_data, run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,79 @@
+"""What every trainer does to run data-parallel: the same code in 1 or N processes (issue 50).
+
+A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started by ``accelerate launch``
+(:mod:`rag_lab.train.job`: each rebuilds the run and calls the policy's ``fit``). In each trainer:
+
+- data every process needs but one should make (teacher demonstrations, offline rollouts, indexes):
+  :func:`main_first`, so the main process builds the cache and the others read it;
+- a global batch split into equal shares, one per process (:func:`share`), so N processes make the
+  update of one (TRL's trainers take the share as ``per_device_train_batch_size``; accelerate's
+  data loader hands process i every N-th share of the global batch);
+- the result published by the main process alone (:func:`publish_on_main`), the others waiting for it.
+
+In one process (no ``accelerate launch``) each helper is the plain single-process step. Hand-written: only
+these few lines over accelerate's ``PartialState`` (its process index, barrier and
+``main_process_first``); process groups and gradient all-reduce are accelerate's and torch's.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rag_lab.errors import RagLabError
+
+
+def state():
+    """accelerate's ``PartialState`` (one process unless launched by ``accelerate launch``), on the CPU
+    where no GPU is (gloo between CPU processes: without ``cpu``, accelerate takes a CPU-only launched
+    process for a single one), as TRL's trainers and R3-RAG's PPO make it."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def processes() -> int:
+    """How many processes train together: ``WORLD_SIZE``, as ``accelerate launch`` (and torchrun, and
+    accelerate's ``debug_launcher``) sets it for each process; 1 when not launched. Read from the
+    environment, so asking starts no process group."""
+    import os
+
+    return max(1, int(os.environ.get("WORLD_SIZE") or 1))
+
+
+def is_main() -> bool:
+    return processes() == 1 or state().is_main_process
+
+
+def barrier() -> None:
+    """Every process waits here for the others (nothing in one process)."""
+    if processes() > 1:
+        state().wait_for_everyone()
+
+
+def share(global_batch: int, key: str) -> int:
+    """This process's share of a global batch of ``global_batch`` (named ``key`` in errors): equal shares,
+    or a one-line error (checked at compose as well: :func:`rag_lab.launch.divides`)."""
+    n = processes()
+    if global_batch % n:
+        raise RagLabError(
+            f"launch: {n} processes do not divide {key}={global_batch} (each takes an equal share)"
+        )
+    return global_batch // n
+
+
+@contextlib.contextmanager
+def main_first() -> Iterator[None]:
+    """The main process runs the block first (building a cache), then the others (reading it)."""
+    if processes() == 1:
+        yield
+        return
+    with state().main_process_first():
+        yield
+
+
+def publish_on_main(write: Callable[[], Path]) -> None:
+    """``write()`` (which publishes a result) in the main process only; every process waits until it did."""
+    if is_main():
+        write()
+    barrier()
