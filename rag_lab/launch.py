@@ -172,13 +172,19 @@ def _trainers(run) -> list[tuple[str, type, dict]]:
     """(where, class, settings) of the run's policy and of a stopping rule it trains."""
     from omegaconf import OmegaConf
 
-    from rag_lab.config import locate
+    from rag_lab.config import locate, schema_for
 
-    settings = OmegaConf.to_container(run.policy, resolve=True)
+    def with_defaults(target: str, node: dict) -> dict:  # the node over its signature's defaults
+        schema = schema_for(target)
+        return (OmegaConf.to_container(OmegaConf.structured(schema)) if schema is not dict else {}) | node
+
+    settings = with_defaults(run.policy._target_, OmegaConf.to_container(run.policy, resolve=True))
     parts = [("policy", locate(run.policy._target_), settings)]
     stopper = settings.get("stopper")
     if isinstance(stopper, dict) and stopper.get("_target_"):
-        parts.append(("policy.stopper", locate(stopper["_target_"]), stopper))
+        parts.append(
+            ("policy.stopper", locate(stopper["_target_"]), with_defaults(stopper["_target_"], stopper))
+        )
     return parts
 
 

@@ -1,13 +1,15 @@
-"""A few updates of one trainer on a fixed global batch, in however many processes launched it; rank 0 saves
-the weights to ``OUT``. Run by tests/test_data_parallel.py, which compares 1 process with 2.
+"""A few updates of each trainer on a fixed global batch, in however many processes launched it; rank 0 saves
+the weights. Run by tests/test_data_parallel.py, which compares 1 process with 2.
 
-    python tests/data_parallel.py TRAINER MODEL_DIR WORK OUT.pt
-    python tests/data_parallel.py TRAINER MODEL_DIR WORK OUT.pt --fork 2   # 1 process, then 2 forked from it
+    python tests/data_parallel.py TRAINERS MODEL_DIR WORK OUT
+    python tests/data_parallel.py TRAINERS MODEL_DIR WORK OUT --fork 2   # 1 process, then 2 forked from it
 
-TRAINER: ``sft`` (rag_lab.train.sft: the cold start's and the tiny LM's SFT). ``--fork N``: the one-process
-run into ``OUT``, then the same on N processes forked from this one by accelerate's ``debug_launcher``
-(gloo over a file store; the imports are not paid again) into ``OUT`` with ``.fork`` before its suffix, each
-with its own work dir. One thread each: a child forked from a process whose OpenMP pool ran can hang.
+TRAINERS, comma-separated, each saved to ``OUT/<trainer>.pt``: ``sft`` (rag_lab.train.sft: the cold
+start's, APEX's executor's and the tiny LM's SFT), ``dpo`` (EVO-RAG's DPO epoch), ``grpo`` (DAPO's and
+APEX's planner's GRPO, rollouts fixed). ``--fork N``: the one-process runs, then the same on N processes
+forked from this one by accelerate's ``debug_launcher`` (gloo over a file store; the imports are not paid
+again) into ``OUT-N/``, each with its own work dir. One thread each: a child forked from a process whose
+OpenMP pool ran can hang.
 """
 
 import sys
@@ -40,17 +42,95 @@ def sft(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return trainer.model, {"loss": stats["mean_loss"]}
 
 
-TRAINERS = {"sft": sft}
+def tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(f"{model_dir}/tokenizer")
 
 
-def main(trainer: str, model_dir: str, work: str, out: str) -> None:
+def model_of(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def dpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """EVO-RAG's DPO epoch (rag_lab.policies.evorag.dpo.dpo_epoch) on 16 fixed pairs, a global batch of 4."""
+    from types import SimpleNamespace
+
+    from rag_lab.policies.evorag.dpo import dpo_epoch
+
+    rows = [{"prompt": p, "chosen": c, "rejected": p.split()[0]} for p, c in pairs(16)]
+    settings = SimpleNamespace(lora=None, beta=0.1, lr=1e-2, batch_size=4, grad_accum=1, dpo_epochs=1,
+                               save_steps=100, bf16=False)  # fmt: skip
+    generator = SimpleNamespace(device="cpu", tokenizer=tokenizer(model_dir), context_length=64, chat=False)
+    model, stats = dpo_epoch(model_of(model_dir), generator, rows, settings, work, 0, "test DPO")
+    return model, {"steps": stats["steps"]}
+
+
+def grpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """TRL's GRPOTrainer in DAPO's setting (rag_lab.policies.dapo.trainer.dapo_config): 2 steps of 4 questions
+    x 2 samples, rollouts fixed (a function of the prompt and the sample's place in its group, so one process
+    and two play the same) with one token per completion masked out as retrieved, a reward that differs
+    within each group."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from rag_lab.generators.base import Sampling
+    from rag_lab.policies.dapo.trainer import dapo_config
+
+    tok = tokenizer(model_dir)
+    vocab, group = len(tok), 2
+
+    def rollouts(prompts: list, trainer) -> dict:
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        for i, prompt in enumerate(prompts):
+            ids = tok(prompt, add_special_tokens=False).input_ids
+            j = i % group
+            completion = [(sum(ids) * 31 + j * 7 + t) % (vocab - 3) + 3 for t in range(2 + j + len(ids) % 3)]
+            out["prompt_ids"].append(ids)
+            out["completion_ids"].append(completion)
+            out["logprobs"].append([0.0] * len(completion))
+            out["env_mask"].append([1] + [0] + [1] * (len(completion) - 2))
+        return out
+
+    def reward(completions, completion_ids, **_) -> list[float]:
+        return [float(len(ids) % 3) + 0.1 * ids[0] / vocab for ids in completion_ids]
+
+    sizes = dict(seed=0, save_steps=100, bf16=False, steps=2, questions_per_step=4, group_size=group, lr=1e-2)
+    sampling = dict(
+        train_sampling=Sampling(temperature=1.0), sampling=Sampling(max_new_tokens=8), max_turns=2
+    )
+    policy = SimpleNamespace(**sizes, **sampling, epsilon=0.2, epsilon_high=0.28, kl_coef=0.0)
+    trainer = GRPOTrainer(
+        model=model_of(model_dir),
+        reward_funcs=[reward],
+        args=dapo_config(policy, work, [1.0], "cpu"),
+        train_dataset=Dataset.from_list([{"prompt": p} for p, _ in pairs(8)]),
+        processing_class=tok,
+        rollout_func=rollouts,
+    )
+    trainer.train()
+    return trainer.model, {"steps": trainer.state.global_step}
+
+
+TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo}
+
+
+def main(trainers: str, model_dir: str, work: str, out: str) -> None:
+    """Each of the comma-separated ``trainers`` in turn; rank 0 saves ``<out>/<trainer>.pt``."""
     from rag_lab.train.parallel import barrier, is_main, processes
 
-    model, stats = TRAINERS[trainer](model_dir, Path(work) / f"p{processes()}")
-    if is_main():
-        weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        torch.save({"weights": weights, "stats": stats, "processes": processes()}, out)
-    barrier()
+    for trainer in trainers.split(","):
+        model, stats = TRAINERS[trainer](model_dir, Path(work) / f"{trainer}-p{processes()}")
+        if is_main():
+            weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            torch.save(
+                {"weights": weights, "stats": stats, "processes": processes()}, Path(out) / f"{trainer}.pt"
+            )
+        barrier()
 
 
 def forked(*args: str) -> None:
@@ -63,10 +143,11 @@ def forked(*args: str) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:5]
     torch.set_num_threads(1)
+    Path(args[3]).mkdir(parents=True, exist_ok=True)
     main(*args)
     if "--fork" in sys.argv:
         from accelerate import debug_launcher
 
-        out = Path(args[3])
-        forked_args = (*args[:3], str(out.with_suffix(".fork" + out.suffix)))
-        debug_launcher(forked, forked_args, num_processes=int(sys.argv[sys.argv.index("--fork") + 1]))
+        n = int(sys.argv[sys.argv.index("--fork") + 1])
+        Path(f"{args[3]}-{n}").mkdir(parents=True, exist_ok=True)
+        debug_launcher(forked, (*args[:3], f"{args[3]}-{n}"), num_processes=n)

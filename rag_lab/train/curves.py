@@ -13,6 +13,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from rag_lab.records import RecordWriter, atomic_write_text, read_records
+from rag_lab.train.parallel import is_main
 
 # (title, the row keys it plots) per panel of the png
 Panels = list[tuple[str, list[str]]]
@@ -21,17 +22,17 @@ Panels = list[tuple[str, list[str]]]
 class CurveLog(TrainerCallback):
     """Appends each logged step (its finite numbers; ``finish(row)`` renames or adds keys) to ``path``; on
     a resume, first drops the rows after the checkpoint (a killed run's steps are trained again and logged
-    once)."""
+    once). Under ``launch`` the main process writes (the rows are the whole batch's: TRL gathers them)."""
 
     def __init__(self, path: Path, resumed_at: int = 0, finish: Callable[[dict], dict] | None = None):
         self.path, self.resumed_at, self.finish = Path(path), resumed_at, finish or (lambda row: row)
-        if self.path.exists():
+        if self.path.exists() and is_main():
             kept = [r for r in read_records(self.path) if r["step"] <= resumed_at]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.writer = RecordWriter(self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
             return
         row = {"step": state.global_step, "time": time.time()}
         row |= {k: v for k, v in logs.items() if isinstance(v, int | float) and math.isfinite(v)}

@@ -85,7 +85,8 @@ class HeldOutCallback(TrainerCallback):
     it is) at the steps :meth:`HeldOut.due` picks, each row handed to ``write``. A run resumed at step
     ``resumed_at`` measures from there on (the rows before are in the log already; the Trainer calls
     ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number). A
-    trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains."""
+    trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains. Under ``launch``
+    the main process measures (the others go on to the next step's gradient exchange and wait there)."""
 
     def __init__(
         self,
@@ -108,9 +109,11 @@ class HeldOutCallback(TrainerCallback):
         self.write(heldout_row(step, self.questions, episodes, self.scorer))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.resumed_at == 0 and self.questions:
+        if self.resumed_at == 0 and self.questions and state.is_world_process_zero:
             self.measure(0, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
         if self.questions and self.settings.due(state.global_step, state.max_steps):
             self.measure(state.global_step, model)

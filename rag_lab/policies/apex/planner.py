@@ -36,6 +36,7 @@ from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
 from rag_lab.train.heldout import HeldOutCallback
+from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ def planner_config(config: PlannerRL, work: Path, device: str):
         config.seed,
         config.save_steps,
         num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.questions_per_step * config.group_size,
+        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel)
+        per_device_train_batch_size=share(config.questions_per_step, "policy.planner.questions_per_step")
+        * config.group_size,
         num_generations=config.group_size,
         learning_rate=config.lr,
         beta=config.beta,
@@ -169,9 +172,13 @@ def train_planner(
         "device": str(trainer.args.device),
         "bf16": trainer.args.bf16,
     }
-    with cache.publish(out) as tmp:
-        generator.model.save_pretrained(tmp)
-        (tmp / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
-        (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
+
+    def write() -> None:
+        with cache.publish(out) as tmp:
+            generator.model.save_pretrained(tmp)
+            (tmp / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+            (tmp / "train.json").write_text(json.dumps(stats | {"processes": processes()}, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+
+    publish_on_main(write)  # every process trained on its groups; the main one publishes
     return stats

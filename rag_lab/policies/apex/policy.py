@@ -94,6 +94,20 @@ class APEX(APEXPipeline):
         self.generator: HFGenerator | None = None
 
     @staticmethod
+    def global_batches(s: dict) -> dict[str, int]:
+        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): the planner's
+        questions per step (whole groups each) and the executor's SFT batch."""
+        planner = dict(s.get("planner") or {})
+        sizes = {
+            "planner.questions_per_step": int(planner.get("questions_per_step", PlannerRL.questions_per_step))
+        }
+        if s.get("executor"):
+            sizes["executor.batch_size"] = int(
+                dict(s["executor"]).get("batch_size", ColdStartConfig.batch_size)
+            )
+        return sizes
+
+    @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """Switches that contradict each other (:mod:`rag_lab.config`)."""
         problems = []

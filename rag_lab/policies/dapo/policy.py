@@ -124,6 +124,12 @@ class DAPO(Agent):
         self.generator = None
 
     @staticmethod
+    def global_batches(s: dict) -> dict[str, int]:
+        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): a step's questions,
+        so that each process plays whole groups."""
+        return {"questions_per_step": int(s["questions_per_step"])}
+
+    @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """What the declarations cannot say (:mod:`rag_lab.config`): the clip range, the stages, names."""
         problems = []

@@ -25,6 +25,7 @@ from rag_lab.train.curves import CurveLog
 from rag_lab.train.grpo import grpo_config
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.lora import peft_config
+from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ def dapo_config(policy, work: Path, reward_weights: list[float], device: str):
         policy.save_steps,
         policy.bf16,
         max_steps=policy.steps,
-        per_device_train_batch_size=policy.questions_per_step * policy.group_size,
+        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel)
+        per_device_train_batch_size=share(policy.questions_per_step, "policy.questions_per_step")
+        * policy.group_size,
         num_generations=policy.group_size,
         steps_per_generation=1,
         num_iterations=1,
@@ -147,17 +150,24 @@ def train_stage(
     if trainer.state.global_step < policy.steps:
         raise stopped_early(f"DAPO stage {stage}", trainer.state.global_step, policy.steps, work)
     model = trainer.model.merge_and_unload() if peft else trainer.model
+    stats = {
+        "stage": str(stage),
+        "steps": policy.steps,
+        "seconds": time.perf_counter() - began,
+        "resumed_from": curve.resumed_at or None,
+        "device": str(trainer.args.device),
+        "bf16": trainer.args.bf16,
+        "processes": processes(),
+    }
+    # every process trained on its groups; the main one publishes
+    publish_on_main(lambda: publish_stage(model, stats, work, done))
+
+
+def publish_stage(model, stats: dict, work: Path, done: Path) -> None:
+    """The stage's model, curve and stats, published to ``done`` in one rename; the work dir removed."""
     with cache.publish(done) as tmp:
         model.save_pretrained(tmp)
         shutil.copy2(work / "log.jsonl", tmp / "log.jsonl")
-        stats = {
-            "stage": str(stage),
-            "steps": policy.steps,
-            "seconds": time.perf_counter() - began,
-            "resumed_from": curve.resumed_at or None,
-            "device": str(trainer.args.device),
-            "bf16": trainer.args.bf16,
-        }
         (tmp / "train.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -21,6 +21,7 @@ from rag_lab.policies.evorag.preference import Branch
 from rag_lab.train.curves import CurveLog
 from rag_lab.train.dpo import dpo_config
 from rag_lab.train.lora import peft_config
+from rag_lab.train.parallel import share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
         settings.bf16,
         beta=settings.beta,
         learning_rate=settings.lr,
-        per_device_train_batch_size=settings.batch_size,
+        # batch_size: the global batch; this process's share of it (rag_lab.train.parallel)
+        per_device_train_batch_size=share(settings.batch_size, "policy.batch_size"),
         gradient_accumulation_steps=settings.grad_accum,
         num_train_epochs=settings.dpo_epochs,
         max_length=getattr(generator, "context_length", None) or 1024,

@@ -155,6 +155,12 @@ class EvoRAG(Agent):
         self.generator = None
 
     @staticmethod
+    def global_batches(s: dict) -> dict[str, int]:
+        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): DPO's batch. The
+        rollouts, branches and preference-model epoch run on the main process (:mod:`.trainer`)."""
+        return {"batch_size": int(s["batch_size"])}
+
+    @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """What the schema cannot say (:mod:`rag_lab.config`): stages, actions, bounds, the reward."""
         problems = []

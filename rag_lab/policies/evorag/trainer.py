@@ -36,6 +36,7 @@ from rag_lab.policies.evorag import branches as br
 from rag_lab.policies.evorag.dpo import dpo_epoch, dpo_rows
 from rag_lab.policies.evorag.preference import Branch, PreferenceModel
 from rag_lab.records import atomic_write_text, read_records
+from rag_lab.train.parallel import is_main, main_first, processes, publish_on_main
 from rag_lab.train.resume import load_model, load_torch
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,8 @@ def policy_epoch(policy, generator, data: dict, seed: int, work: Path, what: str
     rows = dpo_rows(
         [node["prompt"] for node in data["nodes"]], node_pairs, bool(getattr(generator, "chat", False))
     )
-    atomic_write_text(work / "pairs.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    if is_main():
+        atomic_write_text(work / "pairs.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if (merged / "config.json").exists():
         return load_model(merged, like=generator.model), json.loads((work / "dpo.json").read_text())
     start = Path(generator.model.name_or_path)
@@ -158,9 +160,13 @@ def policy_epoch(policy, generator, data: dict, seed: int, work: Path, what: str
     else:
         model = load_model(start, like=generator.model)
         model, stats = dpo_epoch(model, generator, rows, policy, work / "dpo", seed, what)
-    with cache.publish(merged) as tmp:
-        model.save_pretrained(tmp)
-    write_json(work / "dpo.json", stats)
+
+    def write() -> None:
+        with cache.publish(merged) as tmp:
+            model.save_pretrained(tmp)
+        write_json(work / "dpo.json", stats)
+
+    publish_on_main(write)  # every process trained its share of each batch; the main one publishes
     return load_model(merged, like=generator.model), stats
 
 
@@ -188,17 +194,29 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
     work.mkdir(parents=True, exist_ok=True)
     what, began = f"EVO-RAG stage {stage} cycle {cycle}", time.perf_counter()
     seed = policy.seed * 1000 + stage * 100 + cycle
-    data = collect(policy, generator, env, stage, cycle, questions, work)
+    # under launch: the main process rolls out and branches, and fits the preference model (its heads on a
+    # frozen encoder: seconds), the others read them; DPO trains in every process (rag_lab.train.parallel)
+    with main_first():
+        data = collect(policy, generator, env, stage, cycle, questions, work)
     data["counts"]["pairs_pm"] = sum(
         map(len, pairs(data, policy.preference.margin, policy.preference.pairs_per_state))
     )
     data["counts"]["pairs_dpo"] = sum(map(len, pairs(data, policy.margin, policy.pairs_per_state)))
     log.info("%s: %s", what, ", ".join(f"{k} {v}" for k, v in data["counts"].items()))
-    pm_stats = pm_epoch(policy, pm, data, seed, work)
+    with main_first():
+        pm_stats = pm_epoch(policy, pm, data, seed, work)
     model, dpo_stats = policy_epoch(policy, generator, data, seed, work, what)
     trained = generator.with_model(model)
-    em = dev_em(policy, trained, env, dev, work)
+    with main_first():
+        em = dev_em(policy, trained, env, dev, work)
     log.info("%s: dev EM %.3f, preference accuracy %s", what, em, pm_stats["pm/accuracy"])
+    publish_on_main(
+        lambda: publish_cycle(done, work, model, data, em, pm_stats, dpo_stats, stage, cycle, began)
+    )
+
+
+def publish_cycle(done: Path, work: Path, model, data, em, pm_stats, dpo_stats, stage, cycle, began) -> None:
+    """The cycle's model, heads, pairs, curve and summary, published to ``done`` in one rename."""
     with cache.publish(done) as tmp:
         model.save_pretrained(tmp)
         shutil.copy2(work / "pm.pt", tmp / "pm.pt")
@@ -211,5 +229,6 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
         summary |= {f"dpo/{k}": v for k, v in dpo_stats.items() if k not in ("device", "bf16")}
         summary["device"] = dpo_stats.get("device", str(model.device))
         summary["bf16"] = dpo_stats.get("bf16", False)
+        summary["processes"] = processes()
         write_json(tmp / "cycle.json", summary)
     shutil.rmtree(work, ignore_errors=True)
