@@ -6,10 +6,10 @@ the weights. Run by tests/test_data_parallel.py, which compares 1 process with 2
 
 TRAINERS, comma-separated, each saved to ``OUT/<trainer>.pt``: ``sft`` (rag_lab.train.sft: the cold
 start's, APEX's executor's and the tiny LM's SFT), ``dpo`` (EVO-RAG's DPO epoch), ``grpo`` (DAPO's and
-APEX's planner's GRPO, rollouts fixed). ``--fork N``: the one-process runs, then the same on N processes
-forked from this one by accelerate's ``debug_launcher`` (gloo over a file store; the imports are not paid
-again) into ``OUT-N/``, each with its own work dir. One thread each: a child forked from a process whose
-OpenMP pool ran can hang.
+APEX's planner's GRPO, rollouts fixed), ``qnet`` (Stop-RAG's Q-network). ``--fork N``: the one-process
+runs, then the same on N processes forked from this one by accelerate's ``debug_launcher`` (gloo over a
+file store; the imports are not paid again) into ``OUT-N/``, each with its own work dir. One thread each:
+a child forked from a process whose OpenMP pool ran can hang.
 """
 
 import sys
@@ -116,7 +116,41 @@ def grpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return trainer.model, {"steps": trainer.state.global_step}
 
 
-TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo}
+def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """Stop-RAG's Q(λ) training (rag_lab.policies.stoprag.trainer) with a tiny BERT encoder that trains too,
+    on 12 toy trajectories, batches of 8 states; dropout 0, the heads' and the encoder's (its draws differ
+    between 1 and 2 processes)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from rag_lab.policies.stoprag.offline import Trajectory
+    from rag_lab.policies.stoprag.policy import StopRAG
+    from rag_lab.policies.stoprag.qnet import QNetwork
+    from rag_lab.retrievers.dense import resolve_model
+
+    encoder = work / "encoder"
+    tok = AutoTokenizer.from_pretrained(resolve_model("sentence-transformers/all-MiniLM-L6-v2"))
+    tok.save_pretrained(encoder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    BertModel(config).save_pretrained(encoder)
+    trajs = []
+    for i in range(12):
+        rewards = [0.0] + [0.9 if t >= 1 + i % 3 else 0.1 for t in range(1, 5)]
+        passages = [[f"Page {i}-{t}: fact number {t} about thing {i}."] for t in range(1, 5)]
+        trajs.append(Trajectory(f"q{i}", f"Question {i} asks about thing {i}?", passages, rewards))
+    policy = StopRAG(iterations=4, encoder=str(encoder), max_length=64, freeze_encoder=False, dropout=0.0,
+                     batch_size=8, epochs=2, lr=1e-2, checkpoint_every=100, val_fraction=0.0)  # fmt: skip
+    policy.qnet = QNetwork(**policy.qnet_args)
+    before = {k: v.clone() for k, v in policy.qnet.state_dict().items()}
+    policy.train(trajs, work)
+    moved = sorted(k for k, v in policy.qnet.state_dict().items() if not torch.equal(v, before[k]))
+    # the main process logs the loss
+    return policy.qnet, {"loss": policy.stats.get("train", {}).get("loss"), "moved": len(moved)}
+
+
+TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet}
 
 
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:

@@ -84,3 +84,30 @@ def test_the_processes_must_divide_the_policys_global_batches():
         compose(["policy=r3rag", "launch=cpu2", "launch.config.num_processes=3", "policy.ppo.batch_size=16"])
     compose(["policy=r3rag", "launch=cpu2", "launch.config.num_processes=4", "policy.ppo.batch_size=16"])
     compose(["policy=top_title", "launch=cpu2", "launch.config.num_processes=3"])
+
+
+class SingleProcess:
+    """A policy that trains and names no global batches: its trainer is not data-parallel."""
+
+    trains = True
+
+    def __init__(self, lr: float = 0.1):
+        self.lr = lr
+
+
+def test_a_trainer_without_global_batches_is_refused_before_a_launched_run_trains():
+    from omegaconf import OmegaConf
+
+    from rag_lab.launch import single_process_trainers
+
+    run = OmegaConf.create({"policy": {"_target_": "test_launch.SingleProcess"}})
+    [(key, why)] = single_process_trainers(run)
+    assert key == "config" and why.startswith("policy=SingleProcess trains in one process only")
+    for name in [
+        "stoprag",
+        "dapo",
+        "evorag",
+        "r3rag",
+        "apex",
+    ]:  # the five methods' trainers are all data-parallel
+        assert single_process_trainers(compose([f"policy={name}"])) == [], name

@@ -73,6 +73,7 @@ from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
 from rag_lab.records import atomic_write_json
+from rag_lab.train.parallel import is_main, main_first, processes
 from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,12 @@ class StopRAG:
         self.qnet: QNetwork | None = None
         self.stats: dict = {}
 
+    @staticmethod
+    def global_batches(s: dict) -> dict[str, int]:
+        """What the processes of a launched run split (:mod:`rag_lab.launch`): the Q-network's batch of
+        states (:mod:`.trainer`); the offline rollouts run on the main process."""
+        return {"batch_size": int(s["batch_size"])}
+
     # ---------------------------------------------------------------------------------------------
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         out_dir = Path(out_dir)
@@ -194,17 +201,18 @@ class StopRAG:
         offline = self.offline_path(env, questions, out_dir)
         counting = CountingGenerator(env.generator)
         env = env.with_generator(counting)
-        trajs = collect(
-            self.pipeline,
-            env,
-            questions,
-            offline,
-            self.samples,
-            self.temperature,
-            self.top_p,
-            self.score,
-            batch_size=self.batch_questions,
-        )
+        with main_first():  # under launch: the main process rolls out, the others read its offline data
+            trajs = collect(
+                self.pipeline,
+                env,
+                questions,
+                offline,
+                self.samples,
+                self.temperature,
+                self.top_p,
+                self.score,
+                batch_size=self.batch_questions,
+            )
         self.stats["offline"] = {
             "questions": len(trajs),
             "generator_calls": counting.calls,
@@ -214,7 +222,8 @@ class StopRAG:
         calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
         # the dev questions run to the horizon once: the held-out curve while training, then τ's tuning
         dev = dev[: self.dev_limit]
-        dev_trajs = self.dev_trajectories(env, dev, out_dir)
+        with main_first():
+            dev_trajs = self.dev_trajectories(env, dev, out_dir)
         # a resumed training restores this too (the dev runs it read back from out_dir cost no call)
         self.stats["dev"] = {"generator_calls": counting.calls - calls}
         horizon = self.pipeline.iterations
@@ -227,11 +236,12 @@ class StopRAG:
         self.stats["generator_calls"] = (
             self.stats["offline"]["generator_calls"] + self.stats["dev"]["generator_calls"]
         )
+        self.stats["processes"] = processes()  # that trained the Q-network (launch)
         # stoprag.json first: a kill between the two leaves no qnet.pt, and the rerun writes both
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
         plain = plain_data({"tau": self.tau, "stats": self.stats})
         save_atomic({"model": self.trainable_state(), **plain}, final)
-        if done is not None and not done.exists():
+        if done is not None and not done.exists() and is_main():
             with cache.publish(done) as tmp:
                 for name in ("qnet.pt", "stoprag.json", "tau_curve.csv", "tau_curve.png", "tau_curve.svg"):
                     if (out_dir / name).exists():

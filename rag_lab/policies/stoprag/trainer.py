@@ -9,6 +9,15 @@ torch's RNG states (:func:`rng_state`: the heads' dropout), the log rows and the
 pure function of the seed and the step (:func:`batches`), λ of the step. With a frozen encoder the states
 are encoded once (:func:`encoded_states`, kept beside the offline data).
 
+Data-parallel under ``launch`` (:mod:`rag_lab.train.parallel`): each of N processes takes every N-th state
+of each batch (``batch[rank::N]``), its loss a sum over its states; the gradients are summed across the
+processes (accelerate's ``reduce``) before the optimiser step, so N processes make the step of one (the
+heads' dropout draws differ: the same update in distribution, and exactly with ``dropout=0``). The main
+process writes the checkpoints and the log and measures the held-out curve; the frozen encoder's states are
+encoded by the main process first (:func:`~rag_lab.train.parallel.main_first`). Hand-written because
+the loss bootstraps from the network's own forward passes on states outside the batch (a DDP wrapper syncs
+one forward's gradients).
+
 Hand-written: no RL library has the full-width forward-view Q(λ) of a two-action stopping MDP.
 """
 
@@ -28,6 +37,7 @@ from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.records import atomic_write_text
 from rag_lab.train.heldout import rng_kept
+from rag_lab.train.parallel import is_main, main_first, processes, state
 from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
@@ -186,6 +196,33 @@ def training_mode(qnet: QNetwork) -> None:
         qnet.encoder.eval()
 
 
+def shared_step(loss_of: QLoss, batch: list, lam: float, opt, params: list) -> torch.Tensor:
+    """The batch's summed loss and its gradient, this process's states (every N-th) and the others' summed
+    (module docstring); the optimiser steps. Returns the whole batch's loss."""
+    n = processes()
+    mine = batch[state().process_index :: n] if n > 1 else batch
+    opt.zero_grad()
+    loss = loss_of(mine, lam) if mine else torch.zeros((), device=loss_of.device)
+    if mine:
+        loss.backward()
+    if n > 1:
+        from accelerate.utils import reduce
+
+        # the gradients, which parameters have one (a parameter no loss reaches keeps None: AdamW then
+        # leaves it alone, weight decay included), and the loss, summed over the processes in one exchange
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        has = torch.tensor([float(p.grad is not None) for p in params], device=loss_of.device)
+        flat = torch.cat([g.flatten() for g in grads] + [has, loss.detach().view(1)])
+        summed, offset = reduce(flat, reduction="sum"), 0
+        reached = summed[-1 - len(params) : -1]
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            p.grad = summed[offset : offset + g.numel()].view_as(g) if reached[i] > 0 else None
+            offset += g.numel()
+        loss = summed[-1]
+    opt.step()
+    return loss
+
+
 def train_qnet(
     policy,
     trajs: list[Trajectory],
@@ -200,7 +237,8 @@ def train_qnet(
     on the start's row (step 0, no network: fixed T) and on each checkpoint's row."""
     from transformers import get_cosine_schedule_with_warmup
 
-    qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)
+    with main_first():  # the main process encodes the frozen encoder's states, the others read them
+        qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)
     policy.stats["states"] = loss_of.states
     params = [p for p in qnet.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=policy.lr, weight_decay=policy.weight_decay)
@@ -221,25 +259,24 @@ def train_qnet(
         log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
     if rng is not None:
         set_rng_state(rng)
-    if heldout is not None and not rows:
+    main = is_main()
+    if heldout is not None and not rows and main:
         rows.append({"step": 0} | heldout(None))
     log_path = out_dir / "train_log.jsonl"  # the checkpoint's rows: none after it, none twice
-    atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
-    bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({policy.target})", unit="step")
+    if main:
+        atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
+    bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({policy.target})", unit="step", disable=not main)
     training_mode(qnet)
     for batch in batches(loss_of.train_pairs, policy.batch_size, policy.seed, step):
         if step >= total:
             break
         lam = lambda_at(step / total, *policy.lambdas)
-        loss = loss_of(batch, lam)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = shared_step(loss_of, batch, lam, opt, params)
         sched.step()
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item() / policy.batch_size:.4f}", lam=f"{lam:.2f}")
-        if step % policy.checkpoint_every == 0 or step == total:
+        if (step % policy.checkpoint_every == 0 or step == total) and main:
             lr = sched.get_last_lr()[0]
             row = {"step": step, "loss": loss.item() / len(batch), "lambda": lam, "lr": lr}
             if loss_of.val_pairs:
