@@ -60,7 +60,8 @@ LAUNCHED = {
                      "policy.batch_size=2", "policy.cold_start.limit=4", "policy.cold_start.max_steps=2"],
     "apex_synth": ["policy.planner.train_limit=4", "policy.planner.questions_per_step=2",
                    "policy.planner.group_size=2", "policy.planner.epochs=1",
-                   "policy.planner.max_new_tokens=16", "policy.executor.limit=4", "policy.executor.max_steps=2"],
+                   "policy.planner.max_new_tokens=16", "policy.executor.limit=4",
+                   "policy.executor.max_steps=2"],
     "stoprag_synth": ["policy.iterations=3", "policy.samples=2", "policy.train_limit=20", "policy.epochs=1",
                       "policy.dev_limit=4", "generator=teacher"],
 }  # fmt: skip
