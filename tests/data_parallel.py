@@ -6,7 +6,8 @@ the weights. Run by tests/test_data_parallel.py, which compares 1 process with 2
 
 TRAINERS, comma-separated, each saved to ``OUT/<trainer>.pt``: ``sft`` (rag_lab.train.sft: the cold
 start's, APEX's executor's and the tiny LM's SFT), ``dpo`` (EVO-RAG's DPO epoch), ``grpo`` (DAPO's and
-APEX's planner's GRPO, rollouts fixed), ``qnet`` (Stop-RAG's Q-network). ``--fork N``: the one-process
+APEX's planner's GRPO, rollouts fixed), ``qnet`` (Stop-RAG's Q-network), ``preference``
+(EVO-RAG's preference model). ``--fork N``: the one-process
 runs, then the same on N processes forked from this one by accelerate's ``debug_launcher`` (gloo over a
 file store; the imports are not paid again) into ``OUT-N/``, each with its own work dir. One thread each:
 a child forked from a process whose OpenMP pool ran can hang.
@@ -150,7 +151,31 @@ def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return policy.qnet, {"loss": policy.stats.get("train", {}).get("loss"), "moved": len(moved)}
 
 
-TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet}
+class ToyEncoder:
+    """A fixed text encoder: 8 numbers drawn from a generator seeded by the text's words."""
+
+    dim = 8
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        seeds = [sum(ord(c) * (i + 1) for i, c in enumerate(t)) for t in texts]
+        return torch.stack([torch.randn(8, generator=torch.Generator().manual_seed(s)) for s in seeds])
+
+
+def preference(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """EVO-RAG's preference model (rag_lab.policies.evorag.preference): 2 epochs over 20 pairs in batches
+    of 8 (the last of 4)."""
+    from rag_lab.policies.evorag.preference import Branch, PreferenceModel
+
+    pm = PreferenceModel(ToyEncoder(), seed=0)
+    before = pm.heads.weight.detach().clone()
+    chosen = [Branch(p, "search", 1.0) for p, _ in pairs(20)]
+    rejected = [Branch(c, "answer", 0.0) for _, c in pairs(20)]
+    losses = pm.fit(list(zip(chosen, rejected, strict=True)), epochs=2, lr=1e-2, batch_size=8, seed=0)
+    moved = int(not torch.equal(before, pm.heads.weight))
+    return pm.heads, {"loss_first": losses[0], "loss_last": losses[1], "moved": moved}
+
+
+TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet, "preference": preference}
 
 
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:

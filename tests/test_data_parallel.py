@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "data_parallel.py"
 
 
-TRAINERS = ["sft", "dpo", "grpo", "qnet"]
+TRAINERS = ["sft", "dpo", "grpo", "qnet", "preference"]
 
 
 def test_two_processes_make_the_updates_of_one(tiny_lm, tmp_path):

@@ -8,7 +8,10 @@ A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started 
 - a global batch split into equal shares, one per process (:func:`share`), so N processes make the
   update of one (TRL's trainers take the share as ``per_device_train_batch_size``; accelerate's
   data loader hands process i every N-th share of the global batch);
-- the result published by the main process alone (:func:`publish_on_main`), the others waiting for it.
+- the result published by the main process alone (:func:`publish_on_main`), the others waiting for it;
+- a hand-written training loop (Stop-RAG's Q-network, EVO-RAG's preference model) takes every N-th item of
+  each batch and sums the gradients across the processes before its optimiser steps
+  (:func:`shared_backward`), so N processes make the step of one.
 
 In one process (no ``accelerate launch``) each helper is the plain single-process step. Hand-written: only
 these few lines over accelerate's ``PartialState`` (its process index, barrier and
@@ -16,8 +19,9 @@ these few lines over accelerate's ``PartialState`` (its process index, barrier a
 """
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from rag_lab.errors import RagLabError
 
@@ -77,3 +81,31 @@ def publish_on_main(write: Callable[[], Path]) -> None:
     if is_main():
         write()
     barrier()
+
+
+def shared_backward(batch: Sequence[Any], loss_of: Callable[[list], Any], params: list) -> Any:
+    """The gradient of ``loss_of(batch)`` into ``params``' ``.grad``, this process computing it on its share
+    of the batch (every N-th item) and the shares summed across the processes (accelerate's ``reduce``, one
+    exchange); the whole batch's loss. ``loss_of`` must add over items (a sum, or a mean scaled by its share
+    of the batch). A parameter no process's loss reached keeps ``grad`` None, so the optimiser leaves it
+    alone (weight decay included), as in one process."""
+    import torch
+
+    n = processes()
+    mine = list(batch[state().process_index :: n]) if n > 1 else list(batch)
+    loss = loss_of(mine) if mine else None
+    if loss is not None:
+        loss.backward()
+    if n == 1:
+        return loss
+    from accelerate.utils import reduce
+
+    device = params[0].device
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    reached = torch.tensor([float(p.grad is not None) for p in params], device=device)
+    own = loss.detach().view(1) if loss is not None else torch.zeros(1, device=device)
+    summed, offset = reduce(torch.cat([g.flatten() for g in grads] + [reached, own]), reduction="sum"), 0
+    for p, g, hit in zip(params, grads, summed[-1 - len(params) : -1], strict=True):
+        p.grad = summed[offset : offset + g.numel()].view_as(g) if hit > 0 else None
+        offset += g.numel()
+    return summed[-1]

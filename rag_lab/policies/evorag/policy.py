@@ -156,8 +156,9 @@ class EvoRAG(Agent):
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): DPO's batch. The
-        rollouts, branches and preference-model epoch run on the main process (:mod:`.trainer`)."""
+        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): DPO's batch (the
+        preference model's is split item by item; the rollouts and branches run on the main process:
+        :mod:`.trainer`)."""
         return {"batch_size": int(s["batch_size"])}
 
     @staticmethod

@@ -22,6 +22,7 @@ Hand-written: a multi-head Bradley-Terry model over a frozen encoder is a linear
 which no library packages; TRL's ``RewardTrainer`` trains a single-score sequence classifier.
 """
 
+import functools
 import itertools
 import math
 import random
@@ -35,6 +36,7 @@ from torch.nn import functional as F
 
 from rag_lab.errors import RagLabError
 from rag_lab.rewards.evorag import COMPONENTS
+from rag_lab.train.parallel import shared_backward
 
 # |R(x+) − R(x−)| at least this for a pair (sec. 3.3's Δ).
 DELTA = 0.3
@@ -130,7 +132,8 @@ class PreferenceModel(nn.Module):
         """Minimise L_RM over ``pairs`` with AdamW, the data order seeded; each epoch's mean loss."""
         if not pairs:
             raise RagLabError("preference model: no pairs to train on (no branches differed by Δ)")
-        opt = torch.optim.AdamW(self.heads.parameters(), lr=lr)
+        params = list(self.heads.parameters())
+        opt = torch.optim.AdamW(params, lr=lr)
         rng, order, losses = random.Random(seed), list(range(len(pairs))), []
         self.embed([b.text for pair in pairs for b in pair])  # one encoder pass over every text
         for _ in range(epochs):
@@ -138,13 +141,19 @@ class PreferenceModel(nn.Module):
             total = 0.0
             for start in range(0, len(order), batch_size):
                 batch = [pairs[i] for i in order[start : start + batch_size]]
-                loss = pairwise_loss(self([p.text for p, _ in batch]), self([n.text for _, n in batch]))
                 opt.zero_grad()
-                loss.backward()
+                # the batch's mean loss; under launch each process its share (rag_lab.train.parallel)
+                loss = shared_backward(batch, functools.partial(self.loss, of=len(batch)), params)
                 opt.step()
                 total += loss.item() * len(batch)
             losses.append(total / len(pairs))
         return losses
+
+    def loss(self, pairs: Sequence[tuple[Branch, Branch]], of: int | None = None):
+        """L_RM's mean over ``pairs`` (:func:`pairwise_loss`); ``of``: over a batch of that many, of which
+        ``pairs`` is a share (its sum over the shares is the batch's mean)."""
+        loss = pairwise_loss(self([p.text for p, _ in pairs]), self([n.text for _, n in pairs]))
+        return loss if of is None else loss * len(pairs) / of
 
     @torch.no_grad()
     def accuracy(self, pairs: Sequence[tuple[Branch, Branch]]) -> float:

@@ -134,10 +134,14 @@ def pm_epoch(policy, pm: PreferenceModel, data: dict, seed: int, work: Path) -> 
         p for node in pairs(data, policy.preference.margin, policy.preference.pairs_per_state) for p in node
     ]
     stats = {"pm/pairs": len(flat), "pm/accuracy": pm.accuracy(flat) if flat else None, "pm/loss": None}
-    if flat:
+    if flat:  # under launch, every process on its share of each batch (rag_lab.train.parallel)
         stats["pm/loss"] = pm.fit(flat, 1, policy.preference.lr, policy.preference.batch_size, seed)[0]
-    torch.save(pm.heads.state_dict(), weights_path)
-    write_json(stats_path, stats)
+
+    def write() -> None:
+        torch.save(pm.heads.state_dict(), weights_path)
+        write_json(stats_path, stats)
+
+    publish_on_main(write)
     return stats
 
 
@@ -194,8 +198,8 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
     work.mkdir(parents=True, exist_ok=True)
     what, began = f"EVO-RAG stage {stage} cycle {cycle}", time.perf_counter()
     seed = policy.seed * 1000 + stage * 100 + cycle
-    # under launch: the main process rolls out and branches, and fits the preference model (its heads on a
-    # frozen encoder: seconds), the others read them; DPO trains in every process (rag_lab.train.parallel)
+    # under launch: the main process rolls out and branches, the others read them; the preference model and
+    # DPO train in every process, each on its share of every batch (rag_lab.train.parallel)
     with main_first():
         data = collect(policy, generator, env, stage, cycle, questions, work)
     data["counts"]["pairs_pm"] = sum(
@@ -203,8 +207,7 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
     )
     data["counts"]["pairs_dpo"] = sum(map(len, pairs(data, policy.margin, policy.pairs_per_state)))
     log.info("%s: %s", what, ", ".join(f"{k} {v}" for k, v in data["counts"].items()))
-    with main_first():
-        pm_stats = pm_epoch(policy, pm, data, seed, work)
+    pm_stats = pm_epoch(policy, pm, data, seed, work)
     model, dpo_stats = policy_epoch(policy, generator, data, seed, work, what)
     trained = generator.with_model(model)
     with main_first():

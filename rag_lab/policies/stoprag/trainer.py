@@ -9,8 +9,8 @@ torch's RNG states (:func:`rng_state`: the heads' dropout), the log rows and the
 pure function of the seed and the step (:func:`batches`), λ of the step. With a frozen encoder the states
 are encoded once (:func:`encoded_states`, kept beside the offline data).
 
-Data-parallel under ``launch`` (:mod:`rag_lab.train.parallel`): each of N processes takes every N-th state
-of each batch (``batch[rank::N]``), its loss a sum over its states; the gradients are summed across the
+Data-parallel under ``launch`` (:func:`rag_lab.train.parallel.shared_backward`): each of N processes takes
+every N-th state of each batch, its loss a sum over its states; the gradients are summed across the
 processes (accelerate's ``reduce``) before the optimiser step, so N processes make the step of one (the
 heads' dropout draws differ: the same update in distribution, and exactly with ``dropout=0``). The main
 process writes the checkpoints and the log and measures the held-out curve; the frozen encoder's states are
@@ -37,7 +37,7 @@ from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.records import atomic_write_text
 from rag_lab.train.heldout import rng_kept
-from rag_lab.train.parallel import is_main, main_first, processes, state
+from rag_lab.train.parallel import is_main, main_first, shared_backward
 from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
@@ -196,33 +196,6 @@ def training_mode(qnet: QNetwork) -> None:
         qnet.encoder.eval()
 
 
-def shared_step(loss_of: QLoss, batch: list, lam: float, opt, params: list) -> torch.Tensor:
-    """The batch's summed loss and its gradient, this process's states (every N-th) and the others' summed
-    (module docstring); the optimiser steps. Returns the whole batch's loss."""
-    n = processes()
-    mine = batch[state().process_index :: n] if n > 1 else batch
-    opt.zero_grad()
-    loss = loss_of(mine, lam) if mine else torch.zeros((), device=loss_of.device)
-    if mine:
-        loss.backward()
-    if n > 1:
-        from accelerate.utils import reduce
-
-        # the gradients, which parameters have one (a parameter no loss reaches keeps None: AdamW then
-        # leaves it alone, weight decay included), and the loss, summed over the processes in one exchange
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        has = torch.tensor([float(p.grad is not None) for p in params], device=loss_of.device)
-        flat = torch.cat([g.flatten() for g in grads] + [has, loss.detach().view(1)])
-        summed, offset = reduce(flat, reduction="sum"), 0
-        reached = summed[-1 - len(params) : -1]
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            p.grad = summed[offset : offset + g.numel()].view_as(g) if reached[i] > 0 else None
-            offset += g.numel()
-        loss = summed[-1]
-    opt.step()
-    return loss
-
-
 def train_qnet(
     policy,
     trajs: list[Trajectory],
@@ -259,11 +232,9 @@ def train_qnet(
         log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
     if rng is not None:
         set_rng_state(rng)
-    main = is_main()
-    if heldout is not None and not rows and main:
-        rows.append({"step": 0} | heldout(None))
-    log_path = out_dir / "train_log.jsonl"  # the checkpoint's rows: none after it, none twice
-    if main:
+    main, log_path = is_main(), out_dir / "train_log.jsonl"
+    if main:  # the main process measures and logs; the checkpoint's rows: none after it, none twice
+        rows += [{"step": 0} | heldout(None)] if heldout is not None and not rows else []
         atomic_write_text(log_path, "".join(json.dumps(row) + "\n" for row in rows))
     bar = tqdm(total=total, initial=step, desc=f"Stop-RAG Q({policy.target})", unit="step", disable=not main)
     training_mode(qnet)
@@ -271,7 +242,9 @@ def train_qnet(
         if step >= total:
             break
         lam = lambda_at(step / total, *policy.lambdas)
-        loss = shared_step(loss_of, batch, lam, opt, params)
+        opt.zero_grad()
+        loss = shared_backward(batch, lambda states, lam=lam: loss_of(states, lam), params)
+        opt.step()
         sched.step()
         step += 1
         bar.update(1)
