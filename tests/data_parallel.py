@@ -7,7 +7,7 @@ the weights. Run by tests/test_data_parallel.py, which compares 1 process with 2
 TRAINERS, comma-separated, each saved to ``OUT/<trainer>.pt``: ``sft`` (rag_lab.train.sft: the cold
 start's, APEX's executor's and the tiny LM's SFT), ``dpo`` (EVO-RAG's DPO epoch), ``grpo`` (DAPO's and
 APEX's planner's GRPO, rollouts fixed), ``qnet`` (Stop-RAG's Q-network), ``preference``
-(EVO-RAG's preference model). ``--fork N``: the one-process
+(EVO-RAG's preference model), ``ppo`` (R3-RAG's PPO update). ``--fork N``: the one-process
 runs, then the same on N processes forked from this one by accelerate's ``debug_launcher`` (gloo over a
 file store; the imports are not paid again) into ``OUT-N/``, each with its own work dir. One thread each:
 a child forked from a process whose OpenMP pool ran can hang.
@@ -15,6 +15,8 @@ a child forked from a process whose OpenMP pool ran can hang.
 
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling r3rag_data_parallel.py
 
 import torch
 
@@ -175,7 +177,19 @@ def preference(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return pm.heads, {"loss_first": losses[0], "loss_last": losses[1], "moved": moved}
 
 
-TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet, "preference": preference}
+def ppo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """R3-RAG's PPO update (tests/r3rag_data_parallel.py: six episodes, each process every N-th)."""
+    from r3rag_data_parallel import update
+    from transformers import AutoModelForCausalLM
+
+    model, stats, _ = update(model_dir)
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    moved = sum(not torch.equal(model.state_dict()[f"lm.{k}"], v) for k, v in initial.items())
+    keys = ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio")
+    return model, {k: stats[k] for k in keys} | {"moved": moved}
+
+
+TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet, "preference": preference, "ppo": ppo}
 
 
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:

@@ -36,12 +36,15 @@ def global_batch(vocab: int) -> tuple[list, list[list[float]]]:
     return samples, rewards
 
 
-def main(model_dir: str, out: str) -> None:
+def update(model_dir: str):
+    """The PPO update of this process's episodes; (the trained model with its value head, the update's stats,
+    the accelerator)."""
     from dataclasses import replace
 
     from transformers import AutoModelForCausalLM
 
-    from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, make_accelerator, score, update
+    from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, make_accelerator, score
+    from rag_lab.policies.r3rag.ppo import update as ppo_update
     from rag_lab.policies.r3rag.samples import tensors
 
     torch.manual_seed(0)
@@ -56,10 +59,15 @@ def main(model_dir: str, out: str) -> None:
     batch = tensors(local, pad_id=0)
     batch = score(model, reference, batch, settings.micro_batch)
     batch = advantages(local, [rewards[i] for i in mine], batch, settings, accelerator)
-    stats = update(model, optimizer, batch, settings, accelerator, seed=0)
+    stats = ppo_update(model, optimizer, batch, settings, accelerator, seed=0)
+    return accelerator.unwrap_model(model), stats, accelerator
+
+
+def main(model_dir: str, out: str) -> None:
+    model, stats, accelerator = update(model_dir)
     if accelerator.is_main_process:
-        state = {k: v.detach().cpu() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-        torch.save({"weights": state, "stats": stats, "processes": world}, out)
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        torch.save({"weights": state, "stats": stats, "processes": accelerator.num_processes}, out)
     accelerator.wait_for_everyone()
 
 

@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "data_parallel.py"
 
 
-TRAINERS = ["sft", "dpo", "grpo", "qnet", "preference"]
+TRAINERS = ["sft", "dpo", "grpo", "qnet", "preference", "ppo"]
 
 
 def test_two_processes_make_the_updates_of_one(tiny_lm, tmp_path):
@@ -49,6 +49,8 @@ def test_two_processes_make_the_updates_of_one(tiny_lm, tmp_path):
             not torch.equal(one["weights"][k], v) for k, v in initial.items() if k in one["weights"]
         )
         assert moved, trainer
+    ppo = torch.load(tmp_path / "out" / "ppo.pt")["stats"]
+    assert ppo["clip_fraction"] > 0  # the clip bound on some tokens over PPO's three passes
 
 
 # each method's paper-scale-free run under launch=cpu2: SHORT_TRAINING's sizes with two questions a step

@@ -1,5 +1,6 @@
-"""R3-RAG's PPO data-parallel under accelerate: two CPU processes (gloo), each with half the episodes of a
-global batch, make the same update, and log the same losses, as one process with all of it."""
+"""R3-RAG's PPO data-parallel under accelerate, the slow set: two CPU processes started by ``accelerate
+launch`` make the update of one (the forked twin of this test runs in tests/test_data_parallel.py with every
+other trainer), and ``launch=cpu2`` trains a whole run's cold start and PPO in two processes."""
 
 import json
 import os
@@ -29,13 +30,6 @@ def launch(processes: int, model: str, out: Path, fork: bool = False) -> None:
     done = subprocess.run([*command, model, str(out), *extra], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-
-
-def test_two_processes_make_the_update_of_one_on_the_same_global_batch(tiny_lm, tmp_path):
-    """One process, then two forked from it (accelerate's debug launcher: gloo, the same ``Accelerator``
-    code path as under ``accelerate launch``, without paying three interpreters' imports)."""
-    launch(2, tiny_lm, tmp_path / "one.pt", fork=True)
-    check_same_update(tiny_lm, tmp_path / "one.pt", tmp_path / "one.fork.pt")
 
 
 @pytest.mark.slow

@@ -153,7 +153,7 @@ class PreferenceModel(nn.Module):
         """L_RM's mean over ``pairs`` (:func:`pairwise_loss`); ``of``: over a batch of that many, of which
         ``pairs`` is a share (its sum over the shares is the batch's mean)."""
         loss = pairwise_loss(self([p.text for p, _ in pairs]), self([n.text for _, n in pairs]))
-        return loss if of is None else loss * len(pairs) / of
+        return loss if of is None or of == len(pairs) else loss * len(pairs) / of
 
     @torch.no_grad()
     def accuracy(self, pairs: Sequence[tuple[Branch, Branch]]) -> float:
