@@ -221,3 +221,25 @@ def cli(module: str, args: list[str], capfd, monkeypatch, cwd=None, env=None) ->
                 rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out, err = capfd.readouterr()
     return rc, out + err
+
+
+# Tests of 5 s or more (pytest --durations), started first: xdist's workers then share the short ones that
+# remain, and the suite does not end waiting on one long test that started last.
+LONG_FIRST = [
+    "test_data_parallel.py",
+    "test_launchers.py",
+    "test_tiny_world.py::test_tiny_lm_trains_once_and_runs_a_policy",
+    "test_stoprag.py::test_a_killed_fit_resumes_to_the_uninterrupted_numbers",
+    "test_serve_openai.py",
+    "test_tiny_world.py",
+    "test_stop_transfer.py",
+    "test_evorag.py::test_a_killed_cycle_resumes_to_the_uninterrupted_numbers",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.nodeid.rsplit("/", 1)[-1]
+        return next((i for i, first in enumerate(LONG_FIRST) if name.startswith(first)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order

@@ -129,15 +129,18 @@ def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     from rag_lab.policies.stoprag.policy import StopRAG
     from rag_lab.policies.stoprag.qnet import QNetwork
     from rag_lab.retrievers.dense import resolve_model
+    from rag_lab.train.parallel import main_first
 
     encoder = work / "encoder"
-    tok = AutoTokenizer.from_pretrained(resolve_model("sentence-transformers/all-MiniLM-L6-v2"))
-    tok.save_pretrained(encoder)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)  # fmt: skip
-    BertModel(config).save_pretrained(encoder)
+    with main_first():  # the processes share the work dir: the main one writes the encoder
+        if not (encoder / "config.json").exists():
+            tok = AutoTokenizer.from_pretrained(resolve_model("sentence-transformers/all-MiniLM-L6-v2"))
+            tok.save_pretrained(encoder)
+            torch.manual_seed(0)
+            sizes = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+            config = BertConfig(vocab_size=tok.vocab_size, **sizes, max_position_embeddings=128,
+                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+            BertModel(config).save_pretrained(encoder)
     trajs = []
     for i in range(12):
         rewards = [0.0] + [0.9 if t >= 1 + i % 3 else 0.1 for t in range(1, 5)]
@@ -145,6 +148,7 @@ def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
         trajs.append(Trajectory(f"q{i}", f"Question {i} asks about thing {i}?", passages, rewards))
     policy = StopRAG(iterations=4, encoder=str(encoder), max_length=64, freeze_encoder=False, dropout=0.0,
                      batch_size=8, epochs=2, lr=1e-2, checkpoint_every=100, val_fraction=0.0)  # fmt: skip
+    torch.manual_seed(1)  # the heads' initialisation, alike in every process
     policy.qnet = QNetwork(**policy.qnet_args)
     before = {k: v.clone() for k, v in policy.qnet.state_dict().items()}
     policy.train(trajs, work)
