@@ -45,6 +45,22 @@ def processes() -> int:
     return max(1, int(os.environ.get("WORLD_SIZE") or 1))
 
 
+def rank() -> int:
+    """This process's index among the launched ones (0 when not launched)."""
+    return state().process_index if processes() > 1 else 0
+
+
+def own_key(key: str) -> str:
+    """``key`` (a seed string) made this process's own: unchanged in the main process, so one process draws
+    what it drew before; ``<key>/<rank>`` in the others."""
+    return f"{key}/{rank()}" if rank() else key
+
+
+def own_seed(seed: int) -> int:
+    """``seed`` made this process's own (:func:`own_key`'s rule, for integer seeds)."""
+    return seed + 7_919 * rank()
+
+
 def is_main() -> bool:
     return processes() == 1 or state().is_main_process
 

@@ -46,7 +46,7 @@ from rag_lab.env.protocols.base import State, Turn
 from rag_lab.env.protocols.tagged import DAPOTagged
 from rag_lab.generators.base import Sampling, render
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.train.parallel import processes, state
+from rag_lab.train.parallel import own_key, own_seed
 
 
 def is_flat(totals: np.ndarray) -> bool:
@@ -127,16 +127,13 @@ class SearchRollouts:
 
     def play(self, questions: list[QAExample], group: int, step: int) -> Batch:
         """``group`` episodes of each question; flat groups re-drawn (dynamic sampling)."""
-        # under launch each process plays its own groups: its own refill draws and sampling seeds (rank 0's
-        # are one process's)
-        rank = state().process_index if processes() > 1 else 0
-        rng = random.Random(f"{self.seed}/{step}" + (f"/{rank}" if rank else ""))
+        # under launch each process plays its own groups: its own refill draws and sampling seeds
+        rng = random.Random(own_key(f"{self.seed}/{step}"))
         n = len(questions)
         batch = Batch(list(questions), [[] for _ in range(n)], [[] for _ in range(n)], [np.zeros(0)] * n)
         todo, rounds, dropped = list(range(n)), 0, 0
         while todo:
-            seed = self.seed * 1_000_003 + step * 101 + rounds + rank * 7_919
-            sampling = replace(self.sampling, seed=seed)
+            sampling = replace(self.sampling, seed=own_seed(self.seed * 1_000_003 + step * 101 + rounds))
             episodes, texts, totals = self.groups([batch.questions[i] for i in todo], group, sampling)
             for slot, ep, tx, tot in zip(todo, episodes, texts, totals, strict=True):
                 batch.episodes[slot], batch.texts[slot], batch.totals[slot] = ep, tx, tot
