@@ -16,6 +16,8 @@ from rag_lab.ranges import OneOf, Range, check_ranges, field_checks, problems, s
 # Numeric settings of the methods that take any value, each with the reason.
 UNBOUNDED = {
     "seed": "any integer seeds",
+    "sample_seed": "any integer seeds (a dataset's sample of questions)",
+    "train_seed": "any integer seeds (the tiny LM's recipe)",
     "StopRAG.tau": "a margin of Q-values (or logits): any real; null tunes it",
     "EvoRAG.stages": "a list checked as a whole (check_settings: a subset of [1, 2] in order)",
 }
@@ -35,10 +37,11 @@ def targets(node) -> set[str]:
 
 
 def method_settings() -> list[tuple[str, dataclasses.Field]]:
-    """(target's class, field) for every setting of the policies', the rewards' and the cold start's
-    config files (read as files: composing each would take seconds)."""
+    """(target's class, field) for every setting of the policies', the rewards', the cold start's, the
+    retrievers', the generators', the judges' and the datasets' config files (read as files: composing each
+    would take seconds)."""
     found = set()
-    for group in ("policy", "reward", "cold_start"):
+    for group in ("policy", "reward", "cold_start", "retriever", "generator", "judge", "data"):
         for path in sorted((CONF_DIR / group).glob("*.yaml")):
             found |= targets(yaml.safe_load(path.read_text()) or {})
     out = []
@@ -51,7 +54,8 @@ def method_settings() -> list[tuple[str, dataclasses.Field]]:
 
 def test_every_numeric_method_setting_declares_its_range():
     settings = method_settings()
-    assert {"EvoRAG", "PPOSettings", "ColdStartConfig", "PlannerRL", "StopRAG", "multistage_answer"} <= {
+    assert {"EvoRAG", "PPOSettings", "ColdStartConfig", "PlannerRL", "StopRAG", "multistage_answer",
+            "BM25Retriever", "DenseRetriever", "HFGenerator", "tiny_lm", "VLLMGenerator", "SynthDataset"} <= {
         target for target, _ in settings
     }
     undeclared = sorted(
@@ -101,6 +105,13 @@ OUT_OF_RANGE = [
     (["policy=apex", "reward=sepr", "reward.threshold=1.5"], r"'reward\.threshold' must be in \[0, 1\]"),
     # the agents' greedy temperature
     (["policy=agent", "policy.temperature=-1"], r"'policy\.temperature' must be >= 0"),
+    # the retrievers, the generators, the generated world
+    (["retriever=bm25", "retriever.k1=-1"], r"'retriever\.k1' must be >= 0, got -1"),
+    (["retriever=bm25", "retriever.b=1.5"], r"'retriever\.b' must be in \[0, 1\], got 1\.5"),
+    (["generator=hf", "generator.model=x", "generator.batch_size=0"], r"'generator\.batch_size' must be >= 1"),
+    (["generator=tiny", "generator.hidden=0"], r"'generator\.hidden' must be >= 1, got 0"),
+    (["generator=tiny", "generator.lr=0"], r"'generator\.lr' must be > 0, got 0"),
+    (["data.withhold_rate=1.5"], r"'data\.withhold_rate' must be in \[0, 1\], got 1\.5"),
 ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import normalize_answer
 from rag_lab.generators.base import Generator, Sampling
+from rag_lab.ranges import NonNegative, PositiveInt
 from rag_lab.records import RecordWriter, read_records
 
 # The DAPO paper's judge instruction (appendix B.4), with the normalised prediction and golds.
@@ -52,7 +53,11 @@ def ask_model(generator, texts: Sequence[str], sampling: Sampling, who: str, err
 
 class LLMJudge:
     def __init__(
-        self, generator: Generator, n: int = 1, temperature: float = 0.0, cache_path: str | None = None
+        self,
+        generator: Generator,
+        n: PositiveInt = 1,
+        temperature: NonNegative = 0.0,
+        cache_path: str | None = None,
     ):
         if generator is None:
             raise JudgeError("judge=llm needs a generator: set generator=<name> or judge.generator=<config>")

@@ -26,6 +26,7 @@ import torch
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.generators.decode import Decoded, decode
+from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.dense import resolve_model
 
 # Below this many parameters a causal LM is launch-bound on a GPU: the tiny LM (0.3M) generates and trains
@@ -51,7 +52,7 @@ class HFGenerator:
         dtype: str = "auto",
         # auto (default_device: a GPU when there is one, unless the model is small) | cpu | cuda | cuda:N
         device: str = "auto",
-        batch_size: int = 32,
+        batch_size: PositiveInt = 32,
         seed: int = 0,
         # return per-token log-probs (trainable policies need them; costs memory for long outputs)
         logprobs: bool = True,

@@ -20,6 +20,7 @@ from typing import Any
 
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -30,11 +31,11 @@ class OpenAIGenerator:
         base_url: str = "http://127.0.0.1:8000/v1",
         model: str = "default",
         api_key_env: str = "OPENAI_API_KEY",
-        concurrency: int = 8,
-        timeout: float = 60.0,
-        max_retries: int = 3,
+        concurrency: PositiveInt = 8,
+        timeout: Positive = 60.0,
+        max_retries: NonNegativeInt = 3,
         # seconds before the first retry; doubled each time
-        backoff: float = 1.0,
+        backoff: NonNegative = 1.0,
         # prompts as chat messages (/v1/chat/completions) rather than text (/v1/completions)
         chat: bool = True,
     ):

@@ -11,16 +11,17 @@ from collections.abc import Sequence
 
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, render
+from rag_lab.ranges import OpenUnit, PositiveInt
 
 
 class VLLMGenerator:
     def __init__(
         self,
         model: str,
-        tensor_parallel_size: int = 1,
+        tensor_parallel_size: PositiveInt = 1,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.85,
-        max_model_len: int | None = None,
+        gpu_memory_utilization: OpenUnit = 0.85,
+        max_model_len: PositiveInt | None = None,
         seed: int = 0,
         logprobs: bool = True,
         # prompts as chat messages (instruction-tuned models)

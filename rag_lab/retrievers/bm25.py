@@ -23,6 +23,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from rag_lab import cache
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
+from rag_lab.ranges import NonNegative, Probability
 from rag_lab.retrievers.base import Hit, filter_hits
 from rag_lab.retrievers.cache import index_dir
 from rag_lab.retrievers.tokenize import Tokenizer
@@ -35,19 +36,19 @@ class BM25Retriever:
     def __init__(
         self,
         corpus: Corpus,
-        k1: float = 1.5,
-        b: float = 0.75,
+        k1: NonNegative = 1.5,
+        b: Probability = 0.75,
         # lucene | robertson | atire | bm25l | bm25+
         method: str = "lucene",
         # bm25l / bm25+ only
-        delta: float = 0.5,
+        delta: NonNegative = 0.5,
         stopwords: str | None = "en",
         # a Snowball language (e.g. english), or null
         stemmer: str | None = None,
         # bm25s (fast) | rank_bm25 (reference)
         backend: str = "bm25s",
         # rank_bm25's BM25Okapi floor for negative idf (0 reproduces bm25s robertson exactly)
-        epsilon: float = 0.25,
+        epsilon: NonNegative = 0.25,
         cache_dir: str | None = None,
         show_progress: bool = True,
     ):

@@ -141,13 +141,13 @@ class DenseRetriever:
         # any faiss index_factory string: Flat, HNSW32, IVF4096,PQ64, ...
         index_factory: str = "Flat",
         # search-time parameters, applied where the index type has them
-        nprobe: int = 32,
-        ef_search: int = 128,
+        nprobe: PositiveInt = 32,
+        ef_search: PositiveInt = 128,
         # store embeddings as float16 on disk (half the space; search runs in float32)
         fp16: bool = False,
-        shard_size: int = 100_000,
+        shard_size: PositiveInt = 100_000,
         # passages sampled to train IVF / PQ indexes
-        train_size: int = 200_000,
+        train_size: PositiveInt = 200_000,
         cache_dir: str | None = None,
         show_progress: bool = True,
     ):

@@ -8,6 +8,7 @@ no retrieval library we depend on provides over arbitrary retrievers.
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from rag_lab.data.base import Corpus
+from rag_lab.ranges import NonNegative, PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 
 
@@ -37,9 +38,9 @@ class RRFRetriever:
         self,
         corpus: Corpus,
         retrievers: Mapping[str, Retriever | Callable[..., Retriever]],
-        rrf_k: float = 60,
+        rrf_k: NonNegative = 60,
         # how deep each retriever's list goes into the fusion
-        depth: int = 100,
+        depth: PositiveInt = 100,
         weights: Mapping[str, float] | None = None,
     ):
         self.retrievers = {name: build(corpus, spec) for name, spec in retrievers.items()}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from rag_lab.data.base import Corpus
+from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 from rag_lab.retrievers.dense import resolve_model
 from rag_lab.retrievers.fusion import build
@@ -20,9 +21,9 @@ class CrossEncoderReranker:
         corpus: Corpus,
         base: Retriever | Callable[..., Retriever],
         model: str = "BAAI/bge-reranker-v2-m3",
-        depth: int = 10,
-        batch_size: int = 32,
-        max_length: int = 512,
+        depth: PositiveInt = 10,
+        batch_size: PositiveInt = 32,
+        max_length: PositiveInt = 512,
         device: str | None = None,
     ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer

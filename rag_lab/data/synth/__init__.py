@@ -24,6 +24,7 @@ from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth import formats
 from rag_lab.data.synth.questions import make_questions
 from rag_lab.data.synth.world import build_world
+from rag_lab.ranges import NonNegativeInt, PositiveInt, Probability
 from rag_lab.records import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "dev", "test")
@@ -48,19 +49,19 @@ class SynthDataset:
         self,
         cache_dir: str,
         seed: int = 0,
-        n_people: int = 400,
-        n_cities: int = 60,
-        n_countries: int = 12,
-        n_films: int = 150,
-        n_companies: int = 60,
-        n_bands: int = 30,
-        withhold_rate: float = 0.05,
-        max_hops: int = 4,
-        dev_size: int = 300,
-        test_size: int = 500,
+        n_people: PositiveInt = 400,
+        n_cities: PositiveInt = 60,
+        n_countries: PositiveInt = 12,
+        n_films: PositiveInt = 150,
+        n_companies: PositiveInt = 60,
+        n_bands: PositiveInt = 30,
+        withhold_rate: Probability = 0.05,
+        max_hops: PositiveInt = 4,
+        dev_size: NonNegativeInt = 300,
+        test_size: NonNegativeInt = 500,
         name: str = "synth",
         question_types: list[str] | None = None,
-        question_max_hops: int | None = None,
+        question_max_hops: PositiveInt | None = None,
     ):
         """``question_types`` (null: all of :data:`QUESTION_TYPES`) and ``question_max_hops`` (null: any)
         select the questions every split holds, from the same generated world."""

@@ -21,6 +21,7 @@ from rag_lab import cache
 from rag_lab.config import ConfigError, takes
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
+from rag_lab.ranges import PositiveInt
 from rag_lab.train.tiny.recipe import Recipe, train
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def checkpoint_dir(name: str | None) -> Path:
 def tiny_lm(
     data,
     cache_dir: str,
-    generate_batch_size: int = 64,
+    generate_batch_size: PositiveInt = 64,
     seed: int = 0,
     device: str = "auto",
     checkpoint: str | None = None,

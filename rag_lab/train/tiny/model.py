@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rag_lab.errors import RagLabError
+from rag_lab.ranges import PositiveInt
 from rag_lab.train.sft import log_last_step, sft_config, sft_dataset
 
 if TYPE_CHECKING:
@@ -62,13 +63,13 @@ class TinySizes:
     """The model's sizes, declared once: the recipe's settings (:class:`~rag_lab.train.tiny.recipe.Recipe`)
     and the stages' config (:class:`TinyConfig`) both have them; the defaults are the shipped model's."""
 
-    hidden: int = 64
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 256
+    hidden: PositiveInt = 64
+    layers: PositiveInt = 4
+    heads: PositiveInt = 4
+    kv_heads: PositiveInt = 2
+    intermediate: PositiveInt = 256
     # Positions. Longer demonstrations lose the start of their prompt, never the completion.
-    max_length: int = 1024
+    max_length: PositiveInt = 1024
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from rag_lab.config import takes
 from rag_lab.env.protocols.base import PROTOCOLS, identify
 from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.errors import RagLabError
+from rag_lab.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.demonstrations import sample, teacher_demonstrations
 from rag_lab.train.tiny.model import TinyConfig, TinySizes
@@ -80,41 +81,41 @@ class Recipe(TinySizes):
     :class:`~rag_lab.train.tiny.model.TinySizes`'."""
 
     # demonstrations per protocol, in words (sampled from the teacher's rollouts on the training split)
-    words_per_protocol: int = 60_000
-    k: int = 3
-    iterations: int = 6
+    words_per_protocol: PositiveInt = 60_000
+    k: PositiveInt = 3
+    iterations: PositiveInt = 6
     # the protocols to demonstrate (null: every protocol)
     protocols: list[str] | None = None
     # the reading stage first: reading_steps batches of reading_batch_size items (0: none)
-    reading_steps: int = 6000
-    reading_batch_size: int = 32
+    reading_steps: NonNegativeInt = 6000
+    reading_batch_size: PositiveInt = 32
     # the reading items' layout, or a list of layouts taking turns batch by batch: "drill" (reading_pages),
     # "qa" (qa_reading_item, up to reading_max_pages), "stoprag_intermediate" (one page, one question,
     # Stop-RAG's question-first prompt), "demos" (every teacher demonstration, renamed)
     reading_layout: str | Sequence[str] = ("qa", "stoprag_intermediate", "demos")
-    reading_max_pages: int = 5
+    reading_max_pages: PositiveInt = 5
     # questions per qa reading item, at most (about any of its pages)
-    reading_max_questions: int = 6
+    reading_max_questions: PositiveInt = 6
     # a protocol stage last, cached apart (the model before it is reused): tune_steps batches of
     # reading_batch_size in tune_layout (the reading layouts; "demos:<protocol>" weights a protocol), at
     # tune_lr, each completion ending with its protocol's stop (0: none)
-    tune_steps: int = 2000
+    tune_steps: NonNegativeInt = 2000
     tune_layout: str | Sequence[str] = TUNE_LAYOUT
-    tune_lr: float = 1e-3
+    tune_lr: Positive = 1e-3
     # a chain stage after it, cached apart: chain_steps batches of reading_batch_size in chain_layout at
     # chain_lr, where demos:cot draws the teacher's chain-of-thought over each training question's gold
     # passages (policy=oracle_rag policy.reader=cot) as well as over retrieved ones (IRCoT's) (0: none)
-    chain_steps: int = 5000
+    chain_steps: NonNegativeInt = 5000
     chain_layout: str | Sequence[str] = CHAIN_LAYOUT
-    chain_lr: float = 1e-3
+    chain_lr: Positive = 1e-3
     # the vocabulary (its token ids follow the counts) is counted over the corpus, the training items and
     # every demonstration of up to this many words (0: none); these texts train nothing
-    vocab_demo_words: int = 80
+    vocab_demo_words: NonNegativeInt = 80
     # passes over the demonstrations (the SFT step count follows from it and the batch size)
-    epochs: float = 1.0
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup_steps: int = 50
+    epochs: NonNegative = 1.0
+    batch_size: PositiveInt = 16
+    lr: Positive = 3e-3
+    warmup_steps: NonNegativeInt = 50
     completion_only_loss: bool = True
     # the names' words as their syllables (Lia ##kria ##burg: build_tokenizer's pieces), not one token each
     name_pieces: bool = True
