@@ -108,7 +108,7 @@ OUT_OF_RANGE = [
     # the retrievers, the generators, the generated world
     (["retriever=bm25", "retriever.k1=-1"], r"'retriever\.k1' must be >= 0, got -1"),
     (["retriever=bm25", "retriever.b=1.5"], r"'retriever\.b' must be in \[0, 1\], got 1\.5"),
-    (["generator=hf", "generator.model=x", "generator.batch_size=0"], r"'generator\.batch_size' must be >= 1"),
+    (["generator=hf", "generator.model=x", "generator.batch_size=0"], r"generator\.batch_size. must be >= 1"),
     (["generator=tiny", "generator.hidden=0"], r"'generator\.hidden' must be >= 1, got 0"),
     (["generator=tiny", "generator.lr=0"], r"'generator\.lr' must be > 0, got 0"),
     (["data.withhold_rate=1.5"], r"'data\.withhold_rate' must be in \[0, 1\], got 1\.5"),
