@@ -54,10 +54,20 @@ def method_settings() -> list[tuple[str, dataclasses.Field]]:
 
 def test_every_numeric_method_setting_declares_its_range():
     settings = method_settings()
-    assert {"EvoRAG", "PPOSettings", "ColdStartConfig", "PlannerRL", "StopRAG", "multistage_answer",
-            "BM25Retriever", "DenseRetriever", "HFGenerator", "tiny_lm", "VLLMGenerator", "SynthDataset"} <= {
-        target for target, _ in settings
-    }
+    assert {
+        "EvoRAG",
+        "PPOSettings",
+        "ColdStartConfig",
+        "PlannerRL",
+        "StopRAG",
+        "multistage_answer",
+        "BM25Retriever",
+        "DenseRetriever",
+        "HFGenerator",
+        "tiny_lm",
+        "VLLMGenerator",
+        "SynthDataset",
+    } <= {target for target, _ in settings}
     undeclared = sorted(
         f"{target}.{f.name}"
         for target, f in settings
