@@ -20,7 +20,6 @@ these few lines over accelerate's ``PartialState`` (its process index, barrier a
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from rag_lab.errors import RagLabError
@@ -92,7 +91,7 @@ def main_first() -> Iterator[None]:
         yield
 
 
-def publish_on_main(write: Callable[[], Path]) -> None:
+def publish_on_main(write: Callable[[], object]) -> None:
     """``write()`` (which publishes a result) in the main process only; every process waits until it did."""
     if is_main():
         write()
