@@ -17,16 +17,28 @@ PAPER_EXPERIMENTS = ["dapo_2wiki", "evorag_hotpotqa", "r3rag_hotpotqa", "apex_mu
 def test_the_big_model_configs_compose_for_every_paper_experiment(experiment, launch, tmp_path):
     cfg = compose([f"+experiment={experiment}", f"launch={launch}"])
     built = instantiate(cfg.launch)
-    assert isinstance(built, Launch) and built.processes == 8
+    gpus = 4 if experiment == "compare_musique" else 8  # its DAPO and APEX rows: 4 questions a step
+    assert isinstance(built, Launch) and built.processes == gpus
     written = built.write_config(tmp_path / "accelerate.yaml")
     read = ClusterConfig.from_yaml_file(str(written))  # accelerate's own reader: every key known
-    assert read.mixed_precision == "bf16" and read.num_processes == 8
+    assert read.mixed_precision == "bf16" and read.num_processes == gpus
     assert str(read.distributed_type) in {"DistributedType.DEEPSPEED", "DistributedType.FSDP",
                                           "DistributedType.MULTI_GPU"}  # fmt: skip
     if launch == "zero3":
         assert read.deepspeed_config["zero_stage"] == 3
     if launch == "fsdp":
         assert read.fsdp_config["fsdp_version"] == 2
+
+
+@pytest.mark.parametrize("experiment", PAPER_EXPERIMENTS)
+def test_each_paper_experiment_names_zero3_and_each_of_its_rows_divides(experiment):
+    rows = [""]
+    if experiment == "compare_musique":  # every trained row of the sweep, with the experiment's launch
+        rows = [f"+experiment/compare_synth={r}" for r in ("stoprag", "dapo", "evorag", "r3rag", "apex")]
+    for row in rows:
+        cfg = compose([f"+experiment={experiment}"] + ([row] if row else []))
+        assert cfg.launch.config.distributed_type == "DEEPSPEED", (experiment, row)
+        assert cfg.launch.config.deepspeed_config.zero_stage == 3
 
 
 def test_every_launch_option_is_read_by_accelerate(tmp_path):

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import cache
-from rag_lab.config import NonNegative, OpenUnit, Positive, PositiveInt, Range, takes
+from rag_lab.config import NonNegative, OneOf, OpenUnit, Positive, PositiveInt, Range, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.errors import RagLabError
@@ -86,6 +86,9 @@ class DAPO(Agent):
         # drop groups whose rewards are all equal and re-draw them, at most max_rounds rollouts a step
         dynamic_sampling: bool = True,
         max_rounds: PositiveInt = 4,
+        # what makes a group flat: its total rewards all equal ("reward", METHODS.md's reading) or its
+        # episodes all right or all wrong ("correct", DAPO's own rule: Yu et al. 2025, sec. 3.2)
+        flat_by: Annotated[str, OneOf("reward", "correct")] = "reward",
         # the first `train_limit` training questions (null: all)
         train_limit: PositiveInt | None = None,
         lora: LoRA | None = None,
@@ -117,6 +120,7 @@ class DAPO(Agent):
             temperature=train_temperature, top_p=top_p, max_new_tokens=self.sampling.max_new_tokens
         )
         self.dynamic_sampling, self.max_rounds, self.train_limit = dynamic_sampling, max_rounds, train_limit
+        self.flat_by = flat_by
         self.lora, self.cold_start, self.train_data = lora, cold_start, train_data
         self.save_steps, self.bf16, self.cache_dir, self.seed = save_steps, bf16, cache_dir, seed
         self.run_config, self.heldout = run_config, heldout or HeldOut(n=0)

@@ -16,10 +16,14 @@ of the env: :meth:`rag_lab.env.Env.with_generator`), and returns one training se
 - the extra columns the rewards read: ``rollouts`` (the rollout text the engine parsed, which the
   rewards score instead of TRL's re-decoding: see :class:`OnRollouts`) and ``answers`` (the golds).
 
-Dynamic sampling (hand-written: TRL has none; DAPO's own rule): a group whose total rewards are all
-equal has zero advantage and gives no gradient. Such a group is dropped and refilled with a fresh
-group of a question drawn from the training pool, re-drawn while any group is flat, for at most
-``max_rounds`` rounds; groups still flat after that stay (their advantage is 0) and are counted.
+Dynamic sampling (hand-written: TRL has none): a group whose total rewards are all equal has zero
+advantage and gives no gradient (``flat_by="reward"``, METHODS.md's reading). Such a group is dropped and
+refilled with a fresh group of a question drawn from the training pool, re-drawn while any group is
+flat, for at most ``max_rounds`` rounds; groups still flat after that stay (their advantage is 0) and are
+counted. ``flat_by="correct"`` is DAPO's own rule (Yu et al. 2025, sec. 3.2: prompts whose accuracy is 0
+or 1 are filtered out): a group is flat when its episodes are all right or all wrong, whatever the other
+reward terms say. Under multi-stage rewards the two differ: an all-wrong group still spreads by r_a's
+β·RC, r_s and r_f, and trains on them without any signal of correctness.
 Deviation, and why: DAPO over-samples until the batch is full with no cap; the cap keeps a step's
 cost bounded where most questions are all-wrong (a weak start), and ``stats`` reports it. A refilled
 row's ``answers`` column replaces the dataset's (TRL gives extra columns precedence); its prompt in
@@ -46,6 +50,7 @@ from rag_lab.env.protocols.base import State, Turn
 from rag_lab.env.protocols.tagged import DAPOTagged
 from rag_lab.generators.base import Sampling, render
 from rag_lab.generators.hf import HFGenerator
+from rag_lab.rewards.dapo import answer_correct
 from rag_lab.train.parallel import own_key, own_seed
 
 
@@ -95,12 +100,14 @@ class SearchRollouts:
         dynamic_sampling: bool,
         max_rounds: int,
         seed: int,
+        flat_by: str = "reward",
     ):
         self.env, self.generator, self.protocol = env.with_generator(generator), generator, DAPOTagged()
         self.pool = list(questions)
         self.by_prompt = {self.key(self.first_prompt(q)): q for q in self.pool}
         self.rewards, self.k, self.max_turns, self.sampling = list(rewards), k, max_turns, sampling
         self.dynamic_sampling, self.max_rounds, self.seed = dynamic_sampling, max_rounds, seed
+        self.flat_by = flat_by
         # the last step's counts (the training log reads them)
         self.stats: dict[str, float] = {}
 
@@ -131,27 +138,40 @@ class SearchRollouts:
         rng = random.Random(own_key(f"{self.seed}/{step}"))
         n = len(questions)
         batch = Batch(list(questions), [[] for _ in range(n)], [[] for _ in range(n)], [np.zeros(0)] * n)
+        rights: list[np.ndarray] = [np.zeros(0)] * n
         todo, rounds, dropped = list(range(n)), 0, 0
         while todo:
             sampling = replace(self.sampling, seed=own_seed(self.seed * 1_000_003 + step * 101 + rounds))
             episodes, texts, totals = self.groups([batch.questions[i] for i in todo], group, sampling)
             for slot, ep, tx, tot in zip(todo, episodes, texts, totals, strict=True):
                 batch.episodes[slot], batch.texts[slot], batch.totals[slot] = ep, tx, tot
+                rights[slot] = self.right(batch.questions[slot], tx)
             rounds += 1
-            flat = [i for i in todo if is_flat(batch.totals[i])]
+            flat = [i for i in todo if self.flat(batch.totals[i], rights[i])]
             if not self.dynamic_sampling or not flat or rounds >= self.max_rounds:
                 break
             dropped += len(flat)
             for i in flat:  # a fresh question for each flat group
                 batch.questions[i] = self.pool[rng.randrange(len(self.pool))]
             todo = flat
-        flat_left = sum(is_flat(t) for t in batch.totals)
+        flat_left = sum(self.flat(t, r) for t, r in zip(batch.totals, rights, strict=True))
         self.stats = {
             "sampling/rounds": rounds,
             "sampling/dropped_groups": dropped,
             "sampling/flat_groups_kept": int(flat_left),
+            # groups with right and wrong episodes: the ones whose advantage says something of correctness
+            "sampling/mixed_groups": sum(bool(np.ptp(r)) for r in rights),
         }
         return batch
+
+    def flat(self, totals: np.ndarray, rights: np.ndarray) -> bool:
+        """Whether a group is dropped by dynamic sampling (``flat_by``: see the module docstring)."""
+        return is_flat(totals) or (self.flat_by == "correct" and not np.ptp(rights))
+
+    @staticmethod
+    def right(question: QAExample, texts: list[str]) -> np.ndarray:
+        """1 where an episode's answer is right (Acc, the monitor's rule), per episode of a group."""
+        return np.asarray(answer_correct(texts, [list(question.answers)] * len(texts)), dtype=float)
 
     def groups(self, questions: list[QAExample], group: int, sampling: Sampling):
         """Episodes (``group`` per question, one batched engine run), their texts and total rewards."""

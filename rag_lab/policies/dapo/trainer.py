@@ -38,7 +38,7 @@ PANELS = [
     ("retrieval count (RC)", ["rc"]),
     ("accuracy / format rate", ["acc", "format_rate"]),
     ("loss", ["loss"]),
-    ("dynamic sampling", ["sampling/dropped_groups", "sampling/flat_groups_kept"]),
+    ("dynamic sampling", ["sampling/dropped_groups", "sampling/flat_groups_kept", "sampling/mixed_groups"]),
     ("completion tokens", ["completions/mean_length"]),
 ]
 
@@ -115,6 +115,7 @@ def train_stage(
         max_turns=policy.max_turns,
         sampling=policy.train_sampling,
         dynamic_sampling=policy.dynamic_sampling,
+        flat_by=policy.flat_by,
         max_rounds=policy.max_rounds,
         seed=policy.seed,
     )
