@@ -11,8 +11,14 @@ trains (:func:`single_process_trainers`).
 
 Each option is an accelerate config file, written as a config node: ``launch=cpu2`` (two CPU processes
 over gloo, what the tests run), ``launch=ddp`` (one process per GPU, bf16), ``launch=zero3`` (DeepSpeed
-ZeRO-3, bf16), ``launch=fsdp`` (FSDP2, bf16); ``launch.config.num_processes=8`` and every other key of
-accelerate's config file override as usual.
+ZeRO-3, bf16), ``launch=fsdp`` (FSDP2, bf16); ``launch.config.num_processes=8`` (all processes, on all
+machines, as accelerate counts them) and every other key of accelerate's config file override as usual.
+
+On a Slurm cluster (``hydra/launcher=slurm``: one job a sweep point, on ``launch.config.num_machines``
+nodes, one task a node) every node's task runs the runner. Node 0 is the runner above; each other node
+waits for node 0's ``job.json`` of the same Slurm job and runs ``accelerate launch`` on it with its own
+rank (:meth:`Launch.on_cluster`: ``machine_rank`` from ``SLURM_NODEID``, ``main_process_ip`` the job's
+first node), trains its share, and writes nothing into the run dir but ``launch/``.
 
 Hand-written: only the glue between a Hydra config and ``accelerate launch`` and the checks made before
 anything trains (the program on ``PATH``, accelerate's own reading of the config file, GPUs where the
@@ -22,16 +28,26 @@ accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 
 import json
 import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
+
+# hydra/launcher=slurm's GPUs a node: launch's processes in all over its machines
+OmegaConf.register_new_resolver(
+    "rag_lab_per_node", lambda total, machines: int(total) // int(machines), replace=True
+)
 
 # distributed types that need one CUDA device per process (accelerate.utils.DistributedType's names)
 NEEDS_GPUS = {"MULTI_GPU", "DEEPSPEED", "FSDP", "MEGATRON_LM"}
@@ -41,6 +57,26 @@ def resolve(program: str) -> str | None:
     """``program``'s path: beside this interpreter first (a venv's ``bin/``, on ``PATH`` or not), then on
     ``PATH``; None when neither has it."""
     return shutil.which(program, path=str(Path(sys.executable).parent)) or shutil.which(program)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list, as ``scontrol show hostnames`` prints it first.
+
+    >>> first_host("gpu[007-009,012],cpu1"), first_host("a1,a2"), first_host("node5")
+    ('gpu007', 'a1', 'node5')
+    """
+    match = re.match(r"([^,\[]+)(?:\[([^],-]+))?", nodelist.strip())
+    if not match:
+        raise ValueError(f"not a Slurm node list: {nodelist!r}")
+    return match.group(1) + (match.group(2) or "")
+
+
+def slurm_nodes(env: Mapping[str, str]) -> tuple[int, int, str] | None:
+    """(nodes, this node's rank, the first node's host) of a Slurm job on several nodes; None elsewhere."""
+    n = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    if n <= 1:
+        return None
+    return n, int(env.get("SLURM_NODEID") or 0), first_host(env.get("SLURM_JOB_NODELIST") or "")
 
 
 class Launch:
@@ -56,8 +92,28 @@ class Launch:
 
     @property
     def processes(self) -> int:
-        """Processes in all (per machine times machines)."""
-        return int(self.config.get("num_processes", 1)) * int(self.config.get("num_machines", 1))
+        """Processes in all, on every machine (accelerate's ``num_processes``)."""
+        return int(self.config.get("num_processes", 1))
+
+    @property
+    def per_machine(self) -> int:
+        """Processes on each machine (accelerate's ``num_processes // num_machines``)."""
+        return self.processes // max(1, int(self.config.get("num_machines", 1)))
+
+    def on_cluster(self, env: Mapping[str, str] = os.environ) -> "Launch":
+        """This launch on this node of a multi-node Slurm job (``machine_rank``, the first node's address); as
+        it is elsewhere."""
+        nodes = slurm_nodes(env)
+        if nodes is None:
+            return self
+        n, rank, host = nodes
+        port = int(self.config.get("main_process_port") or 29500)
+        where = {"num_machines": n, "machine_rank": rank, "main_process_ip": host, "main_process_port": port}
+        return Launch(self.config | where, self.program)
+
+    @property
+    def node(self) -> int:
+        return int(self.config.get("machine_rank", 0))
 
     def write_config(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,30 +128,53 @@ class Launch:
     def run_job(self, module: str, job: dict, work: Path) -> None:
         """``accelerate launch --config_file <work>/accelerate.yaml -m <module> <work>/job.json`` with ``job``
         written to that file; waits for it, and a failed job is one line (its own output is above it)."""
-        from rag_lab.errors import RagLabError
         from rag_lab.records import atomic_write_text
 
         work.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
-        command = self.command(self.write_config(work / "accelerate.yaml"), module, str(work / "job.json"))
+        slurm_job = os.environ.get("SLURM_JOB_ID")
+        atomic_write_text(work / "job.json", json.dumps(job | {"slurm_job": slurm_job}, default=str) + "\n")
+        self._run(module, work / "job.json", work)
+
+    def follow(self, module: str, work: Path, timeout: float = 3600.0, poll: float = 2.0) -> None:
+        """A node other than 0 of a Slurm job: wait for node 0's ``<work>/job.json`` of this Slurm job, then
+        run this node's processes on it (their files under ``<work>/node<rank>/``)."""
+        from rag_lab.errors import RagLabError
+
+        job_file, slurm_job, waited = work / "job.json", os.environ.get("SLURM_JOB_ID"), 0.0
+        while not (job_file.exists() and json.loads(job_file.read_text()).get("slurm_job") == slurm_job):
+            if waited >= timeout:
+                raise RagLabError(f"launch: node {self.node} waited {timeout:.0f} s for node 0's {job_file}")
+            time.sleep(poll)
+            waited += poll
+        self._run(module, job_file, work / f"node{self.node}")
+
+    def _run(self, module: str, job_file: Path, work: Path) -> None:
+        from rag_lab.errors import RagLabError
+
+        command = self.command(self.write_config(work / "accelerate.yaml"), module, str(job_file))
         log.info("launch: %s", " ".join(command))
         if subprocess.run(command).returncode != 0:
             raise RagLabError(f"launch: the training job failed ({' '.join(command)}); its output is above")
 
-    def check_environment(self) -> list[tuple[str, str]]:
-        """What this machine lacks for the config: GPUs, DeepSpeed. Checked right before training (a
-        login node composes a cluster job's config without the GPUs the job will have)."""
+    def check_environment(self, env: Mapping[str, str] = os.environ) -> list[tuple[str, str]]:
+        """What this machine lacks for the config: GPUs, DeepSpeed, the nodes. Checked right before training
+        (a login node composes a cluster job's config without the GPUs the job will have)."""
         import torch
 
         kind, problems = str(self.config.get("distributed_type", "NO")), []
+        machines, nodes = int(self.config.get("num_machines", 1)), slurm_nodes(env)
+        if machines > 1 and (nodes is None or nodes[0] != machines):
+            here = "no Slurm job on several nodes" if nodes is None else f"a Slurm job on {nodes[0]} nodes"
+            why = (f"{machines} machines, and this is {here} (hydra/launcher=slurm starts one job on "
+                   "launch.config.num_machines nodes)")  # fmt: skip
+            problems.append(("config.num_machines", why))
         if kind in NEEDS_GPUS and not self.config.get("use_cpu"):
             have = torch.cuda.device_count()
             if have == 0:
                 problems.append(("config.distributed_type", f"{kind} needs GPUs and this machine has none "
                                  "(launch=cpu2 runs data-parallel on CPU processes)"))  # fmt: skip
-            elif int(self.config.get("num_processes", 1)) > have:
-                wanted = self.config["num_processes"]
-                why = f"{wanted} processes, one per GPU, and this machine has {have} GPU(s)"
+            elif self.per_machine > have:
+                why = f"{self.per_machine} processes on this machine, one per GPU, and it has {have} GPU(s)"
                 problems.append(("config.num_processes", why))
         if kind == "DEEPSPEED":
             import importlib.util
@@ -129,6 +208,10 @@ class Launch:
         for key in ("num_processes", "num_machines"):
             if not (isinstance(config.get(key, 1), int) and config.get(key, 1) >= 1):
                 problems.append((f"config.{key}", f"{config.get(key)!r}: a whole number, 1 or more"))
+        if not problems and config.get("num_processes", 1) % config.get("num_machines", 1):
+            n, machines = config["num_processes"], config["num_machines"]
+            why = f"{n} processes in all do not split over {machines} machines"
+            problems.append(("config.num_processes", why))
         if problems or run is None or not run.get("policy"):
             return problems
         return problems + divides(Launch(config).processes, run)

@@ -70,15 +70,31 @@ def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logg
     calls this without ``config``), and this process's ``fit`` then finds their published results."""
     launch = launch_of(config) if config is not None else None
     if launch is not None:
+        launch = launch.on_cluster()  # a Slurm job on several nodes: this node's rank and the first node
         job = {"run_config": config, "run_dir": str(run_dir)}
         launch.run_job("rag_lab.launched", job, run_dir / "launch")
     train = train_data.split(cfg.train_split)
     policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
+def follows(cfg: DictConfig, run_dir: Path) -> bool:
+    """On a node other than 0 of a Slurm job on several nodes: this node's processes of node 0's launched
+    training job, and nothing written but ``<run dir>/launch/node<i>/`` (node 0 evaluates and writes)."""
+    if not cfg.launch or not getattr(locate(cfg.policy._target_), "trains", False):
+        return False
+    launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)}).on_cluster()
+    if launch.node == 0:
+        return False
+    log.info("node %d of %s: training this node's share of node 0's job", launch.node, run_dir)
+    launch.follow("rag_lab.launched", run_dir / "launch")
+    return True
+
+
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
     check_launch(cfg)
+    if follows(cfg, run_dir):
+        return {}
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
     train_data = instantiate(cfg.train_data) if cfg.train_data else data
     examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)

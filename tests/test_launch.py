@@ -55,7 +55,8 @@ def test_the_command_runs_a_module_under_accelerate_with_the_written_config(tmp_
         "launch", "--config_file", str(config), "-m", "rag_lab.launched", "job.json"]  # fmt: skip
     assert yaml.safe_load(config.read_text())["num_processes"] == 2 and launch.processes == 2
     assert launch_of({"launch": None}) is None and launch_of(None) is None
-    assert launch_of({"launch": {"config": {"num_processes": 3, "num_machines": 2}}}).processes == 6
+    two_machines = launch_of({"launch": {"config": {"num_processes": 6, "num_machines": 2}}})
+    assert (two_machines.processes, two_machines.per_machine) == (6, 3)  # accelerate's count: all machines
 
 
 def test_what_the_machine_lacks_is_named(monkeypatch):
@@ -67,7 +68,7 @@ def test_what_the_machine_lacks_is_named(monkeypatch):
             "(launch=cpu2 runs data-parallel on CPU processes)") in zero3.check_environment()  # fmt: skip
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     problems = dict(zero3.check_environment())
-    assert problems["config.num_processes"] == "8 processes, one per GPU, and this machine has 4 GPU(s)"
+    assert problems["config.num_processes"] == "8 processes on this machine, one per GPU, and it has 4 GPU(s)"
     assert instantiate(compose(["launch=cpu2"]).launch).check_environment() == []  # CPU processes need none
 
 
@@ -81,6 +82,10 @@ def test_what_the_machine_lacks_is_named(monkeypatch):
             r"'launch\.config': accelerate does not read it: 'GPUS' is not",
         ),
         ("launch.config.num_machines=0", r"'launch\.config\.num_machines': 0: a whole number, 1 or more"),
+        (
+            "launch.config.num_machines=4",
+            r"'launch\.config\.num_processes': 2 processes in all do not split over 4",
+        ),
         ("+launch.processes=2", r"'launch\.processes' \(rag_lab\.launch\.Launch\): Key 'processes' not in"),
     ],
 )
@@ -123,3 +128,80 @@ def test_a_trainer_without_global_batches_is_refused_before_a_launched_run_train
         "apex",
     ]:  # the five methods' trainers are all data-parallel
         assert single_process_trainers(compose([f"policy={name}"])) == [], name
+
+
+SLURM_2 = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
+           "SLURM_JOB_NODELIST": "gpu[017-018]"}  # fmt: skip
+
+
+def test_on_a_slurm_job_of_two_nodes_each_node_takes_its_rank_and_meets_the_first():
+    launch = instantiate(
+        compose(["launch=zero3", "launch.config.num_machines=2", "launch.config.num_processes=16"]).launch
+    )
+    node = launch.on_cluster(SLURM_2).config
+    assert (node["num_machines"], node["machine_rank"], node["main_process_ip"]) == (2, 1, "gpu017")
+    assert node["main_process_port"] == 29500 and node["num_processes"] == 16 and launch.per_machine == 8
+    assert launch.on_cluster({"SLURM_JOB_NUM_NODES": "1"}) is launch and launch.on_cluster({}) is launch
+    cpu = instantiate(compose(["launch=cpu2", "launch.config.num_machines=2"]).launch)
+    assert dict(cpu.check_environment({}))["config.num_machines"].startswith(
+        "2 machines, and this is no Slurm"
+    )
+    assert cpu.check_environment(SLURM_2) == []
+
+
+def test_the_slurm_launcher_asks_the_nodes_and_gpus_of_launch():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from rag_lab.config import CONF_DIR
+
+    def launcher(*overrides):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", ["hydra/launcher=slurm", *overrides], return_hydra_config=True)
+        return cfg.hydra.launcher.nodes, cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.tasks_per_node
+
+    assert launcher() == (1, 1, 1)
+    assert launcher("launch=zero3") == (1, 8, 1)
+    assert launcher("launch=zero3", "launch.config.num_machines=2", "launch.config.num_processes=16") == (
+        2,
+        8,
+        1,
+    )
+
+
+def test_a_node_after_the_first_runs_node_0s_job_of_the_same_slurm_job(tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    from rag_lab.errors import RagLabError
+
+    ran = []
+    monkeypatch.setattr(
+        subprocess, "run", lambda command: ran.append(command) or subprocess.CompletedProcess(command, 0)
+    )
+    for key, value in SLURM_2.items():
+        monkeypatch.setenv(key, value)
+    launch = instantiate(compose(["launch=cpu2", "launch.config.num_machines=2"]).launch).on_cluster(SLURM_2)
+    work = tmp_path / "launch"
+    work.mkdir()
+    (work / "job.json").write_text(json.dumps({"run_config": {}, "slurm_job": "76"}))  # an earlier job's
+    with pytest.raises(RagLabError, match=r"node 1 waited 0 s for node 0's .*job\.json"):
+        launch.follow("rag_lab.launched", work, timeout=0)
+    assert ran == []
+    (work / "job.json").write_text(json.dumps({"run_config": {}, "slurm_job": "77"}))
+    launch.follow("rag_lab.launched", work, timeout=0)
+    assert ran[0][-1] == str(work / "job.json") and ran[0][3] == str(work / "node1" / "accelerate.yaml")
+    assert yaml.safe_load((work / "node1" / "accelerate.yaml").read_text())["machine_rank"] == 1
+
+
+def test_the_runner_on_a_node_after_the_first_trains_its_share_and_writes_no_results(tmp_path, monkeypatch):
+    from rag_lab.run import run
+
+    for key, value in SLURM_2.items():
+        monkeypatch.setenv(key, value)
+    followed = []
+    monkeypatch.setattr(Launch, "follow", lambda self, module, work: followed.append((self.node, module, work)))
+    cfg = compose(["policy=dapo", "generator=tiny", "launch=cpu2", "launch.config.num_machines=2"])
+    assert run(cfg, tmp_path / "run") == {}
+    assert followed == [(1, "rag_lab.launched", tmp_path / "run" / "launch")]
+    assert not (tmp_path / "run").exists()  # node 0 writes the run dir
