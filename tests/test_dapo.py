@@ -260,6 +260,7 @@ def test_dynamic_sampling_drops_and_refills_all_equal_groups(data, base):
         "sampling/rounds": 1,
         "sampling/dropped_groups": 0,
         "sampling/flat_groups_kept": 1,
+        "sampling/mixed_groups": 0,
     }
 
 

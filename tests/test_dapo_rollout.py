@@ -129,6 +129,7 @@ def test_rounds_drops_and_the_cap_are_counted():
         "sampling/rounds": 3,
         "sampling/dropped_groups": 2,
         "sampling/flat_groups_kept": 0,
+        "sampling/mixed_groups": 0,
     }
     assert batch.questions[1] is pool[1] and batch.questions[0].id == rollouts.calls[2][0][0]
     # always flat: max_rounds rounds, then the flat groups stay (counted)
@@ -139,11 +140,50 @@ def test_rounds_drops_and_the_cap_are_counted():
         "sampling/rounds": 2,
         "sampling/dropped_groups": 2,
         "sampling/flat_groups_kept": 2,
+        "sampling/mixed_groups": 0,
     }
     off = scripted(pool, [], dynamic_sampling=False)
     off.play(pool[:2], group=3, step=0)
     assert len(off.calls) == 1 and off.stats["sampling/flat_groups_kept"] == 2
     assert make(pool).stats == {}  # before the first step: nothing to log
+
+
+class Answers(SearchRollouts):
+    """``groups`` replaced: every group's totals spread (0, 1, 2, ...); question i's episodes answer right
+    in the first ``right[i]`` of them (by its id; a refill's: none)."""
+
+    def groups(self, questions, group, sampling):
+        self.calls.append([q.id for q in questions])
+        texts = [
+            [
+                f"<answer>{q.answers[0] if j < self.right_of.get(q.id, 0) else 'wrong'}</answer>"
+                for j in range(group)
+            ]
+            for q in questions
+        ]
+        episodes = [[Episode(q.id, q.question)] * group for q in questions]
+        return episodes, texts, [np.arange(group, dtype=float) for _ in questions]
+
+
+@pytest.mark.parametrize("flat_by", ["reward", "correct"])
+def test_flat_by_correct_drops_the_groups_all_right_or_all_wrong_whatever_their_other_rewards(flat_by):
+    pool = questions(30)
+    rollouts = make(pool, flat_by=flat_by, max_rounds=2)
+    rollouts.__class__, rollouts.calls = Answers, []
+    rollouts.right_of = {"q0": 0, "q1": 1, "q2": 3}  # all wrong, mixed, all right
+    batch = rollouts.play(pool[:3], group=3, step=0)
+    if flat_by == "reward":  # every group's totals spread: none dropped
+        assert rollouts.calls == [["q0", "q1", "q2"]] and batch.questions == pool[:3]
+        assert rollouts.stats["sampling/dropped_groups"] == 0 and rollouts.stats["sampling/mixed_groups"] == 1
+    else:  # q0 and q2 dropped and refilled (the refills all wrong: kept after the cap, counted)
+        assert len(rollouts.calls) == 2 and len(rollouts.calls[1]) == 2 and batch.questions[1] is pool[1]
+        assert batch.questions[0] is not pool[0] and batch.questions[2] is not pool[2]
+        assert rollouts.stats == {
+            "sampling/rounds": 2,
+            "sampling/dropped_groups": 2,
+            "sampling/flat_groups_kept": 2,
+            "sampling/mixed_groups": 1,
+        }
 
 
 def test_sampling_seeds_differ_by_round_step_and_seed_and_replay_exactly():

@@ -200,7 +200,9 @@ def test_the_runner_on_a_node_after_the_first_trains_its_share_and_writes_no_res
     for key, value in SLURM_2.items():
         monkeypatch.setenv(key, value)
     followed = []
-    monkeypatch.setattr(Launch, "follow", lambda self, module, work: followed.append((self.node, module, work)))
+    monkeypatch.setattr(
+        Launch, "follow", lambda self, module, work: followed.append((self.node, module, work))
+    )
     cfg = compose(["policy=dapo", "generator=tiny", "launch=cpu2", "launch.config.num_machines=2"])
     assert run(cfg, tmp_path / "run") == {}
     assert followed == [(1, "rag_lab.launched", tmp_path / "run" / "launch")]
