@@ -15,6 +15,8 @@ def starting_model(
 ) -> tuple[Path, object]:
     """(the starting weights' directory, a generator acting with them) for ``policy=<method>`` from the run's
     generator ``base``; ``trains``: whether any stage will train (else the run's model is used as it is)."""
+    if hasattr(base, "trainable"):  # generator=vllm: train a transformers copy (rag_lab.generators.vllm)
+        base = base.trainable()
     if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
         raise RagLabError(f"policy={method} trains a transformers model: set generator=tiny, smollm2 or hf")
     start = Path(base.model.name_or_path)

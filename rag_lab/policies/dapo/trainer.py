@@ -43,9 +43,10 @@ PANELS = [
 ]
 
 
-def dapo_config(policy, work: Path, reward_weights: list[float], device: str):
+def dapo_config(policy, work: Path, reward_weights: list[float], device: str, vllm: dict | None = None):
     """TRL's ``GRPOConfig`` in DAPO's setting (module docstring), at the sizes of ``policy`` (a
-    :class:`~rag_lab.policies.dapo.policy.DAPO`), on ``device`` (:func:`rag_lab.train.grpo.grpo_config`)."""
+    :class:`~rag_lab.policies.dapo.policy.DAPO`), on ``device`` (:func:`rag_lab.train.grpo.grpo_config`);
+    ``vllm``: TRL's vLLM keys when the run's generator is vLLM (rollouts through its engine)."""
     return grpo_config(
         work,
         device,
@@ -69,7 +70,14 @@ def dapo_config(policy, work: Path, reward_weights: list[float], device: str):
         temperature=policy.train_sampling.temperature,
         max_completion_length=policy.max_turns * policy.sampling.max_new_tokens,
         remove_unused_columns=False,
+        **(vllm or {}),
     )
+
+
+def vllm_settings(env: Env) -> dict:
+    """TRL's vLLM keys where the run's generator is vLLM (``generator=vllm``), else none."""
+    settings = getattr(env.generator, "trl_settings", None)
+    return settings() if settings else {}
 
 
 def curve_row(rollouts: SearchRollouts):
@@ -130,7 +138,9 @@ def train_stage(
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[fn for fn, _ in rewards + monitors],
-        args=dapo_config(policy, work, [w for _, w in rewards + monitors], generator.device),
+        args=dapo_config(
+            policy, work, [w for _, w in rewards + monitors], generator.device, vllm_settings(env)
+        ),
         train_dataset=dataset,
         processing_class=generator.tokenizer,
         peft_config=peft,

@@ -1,0 +1,145 @@
+"""``generator=vllm`` in training, on CPU: vLLM replaced by a fake engine (a transformers copy of the model),
+TRL's ``GRPOTrainer`` with ``use_vllm`` as DAPO runs it. Before each step's rollouts TRL loads the trained
+weights into the engine, DAPO's multi-turn rollouts generate through that engine, and the run then
+evaluates on an engine of the trained weights."""
+
+import copy
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rag_lab.env import Env
+from rag_lab.generators.base import Sampling
+from rag_lab.generators.hf import HFGenerator
+from rag_lab.retrievers.bm25 import BM25Retriever
+from rag_lab.train.heldout import HeldOut
+
+from test_dapo import base, length, policy  # noqa: F401 (base: the toy LM fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class FakeLLM:
+    """vLLM's ``LLM.generate`` on its own copy of the weights; every call checks them against the
+    trainer's live model (``source``): the rollouts must see the weights the trainer has now."""
+
+    def __init__(self, generator: HFGenerator, source):
+        self.source, self.weights = source, copy.deepcopy(source).eval()
+        self.generator, self.calls = generator.with_model(self.weights), []
+
+    def generate(self, texts, params, use_tqdm=False):
+        live = dict(self.source.named_parameters())
+        synced = all(torch.equal(p, live[n]) for n, p in self.weights.named_parameters())
+        self.calls.append((synced, float(sum(p.sum() for p in self.weights.parameters()))))
+        sampling = Sampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                            max_new_tokens=params.max_tokens, stop=tuple(params.stop or ()),
+                            include_stop=params.include_stop_str_in_output, seed=params.seed)  # fmt: skip
+        outputs = self.generator.generate(texts, sampling)
+        return [
+            SimpleNamespace(
+                outputs=[
+                    SimpleNamespace(
+                        text=c.text,
+                        token_ids=c.token_ids,
+                        finish_reason=c.finish_reason,
+                        logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(c.token_ids, c.logprobs)],
+                    )
+                    for c in completions
+                ]
+            )  # fmt: skip
+            for completions in outputs
+        ]
+
+
+class FakeVLLMGeneration:
+    """TRL's ``VLLMGeneration`` (colocate): ``sync_weights`` loads the live model's weights into the engine."""
+
+    generator: HFGenerator = None
+    made: list = []
+
+    def __init__(self, model, accelerator, processing_class, mode="colocate", **settings):
+        self.mode, self.model, self.syncs = mode, model, 0
+        self.llm = FakeLLM(self.generator, model)
+        FakeVLLMGeneration.made.append(self)
+
+    def sync_weights(self):
+        self.syncs += 1
+        self.llm.weights.load_state_dict(self.model.state_dict())
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, base):  # noqa: F811
+    """vLLM's module (its ``SamplingParams``) and TRL's vLLM backend replaced by the fakes above."""
+    import trl.trainer.grpo_trainer as grpo  # before the fake: TRL looks for vLLM when it is imported
+
+    module = types.ModuleType("vllm")
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    module.LLM = lambda **kw: pytest.fail("the run's own engine is built only to evaluate")
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(grpo, "VLLMGeneration", FakeVLLMGeneration)
+    FakeVLLMGeneration.generator = HFGenerator(
+        str(base), str(base / "tokenizer"), chat=False, dtype="float32"
+    )
+    FakeVLLMGeneration.made = []
+    return module
+
+
+def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_update(
+    data, base, fake_vllm, tmp_path
+):  # noqa: F811
+    from rag_lab.generators.vllm import VLLMGenerator
+
+    run_generator = VLLMGenerator(str(base), tokenizer=str(base / "tokenizer"), chat=False, train_memory=0.2)
+    env = Env(data.corpus, BM25Retriever(data.corpus), run_generator)
+    dapo = policy(steps=3, heldout=HeldOut(n=0), cache_dir=str(tmp_path / "cache"))
+    dapo.fit(env, data.split("train"), [], tmp_path / "out")
+
+    [engine] = FakeVLLMGeneration.made
+    assert engine.mode == "colocate" and engine.syncs == 3  # once before each step's rollouts
+    synced, sums = zip(*engine.llm.calls, strict=True)
+    assert all(synced)  # every rollout generated on the weights the trainer had then
+    assert len(set(sums)) >= 3  # and those moved from step to step: the updates reached the engine
+    # evaluation: an engine of the trained weights, with the run's tokenizer and settings, built when used
+    assert isinstance(dapo.generator, VLLMGenerator) and dapo.generator._llm is None
+    assert dapo.generator.model_name.startswith(str(tmp_path / "cache"))
+    assert dapo.generator.tokenizer_name == str(base / "tokenizer") and dapo.generator.chat is False
+
+
+def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
+    from rag_lab.errors import RagLabError
+    from rag_lab.generators.vllm import VLLMGenerator
+
+    colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2).trl_settings()
+    assert colocated == {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2,
+                         "vllm_gpu_memory_utilization": 0.25, "vllm_max_model_length": None}  # fmt: skip
+    served = VLLMGenerator("m", train_mode="server", server_url="http://n1:8000").trl_settings()
+    assert served["vllm_mode"] == "server" and served["vllm_server_base_url"] == "http://n1:8000"
+    with pytest.raises(RagLabError, match="generator.server_url: train_mode=server needs"):
+        VLLMGenerator("m", train_mode="server").trl_settings()
+
+
+def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
+    from rag_lab.generators.vllm import VLLMServerGenerator
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(f"w{i}" for i in ids)
+
+    sent = {}
+
+    class Client:
+        def generate(self, prompts, n, **kw):
+            sent.update(kw, prompts=prompts, n=n)
+            return {
+                "completion_ids": [[1, 2, 3], [4, 5]],
+                "logprobs": [[[-0.1], [-0.2], [-0.3]], [[-1.0], [-2.0]]],
+            }
+
+    generator = VLLMServerGenerator(Client(), Tokenizer(), chat=False, seed=3)
+    [out] = generator.generate(["q"], Sampling(n=2, max_new_tokens=3, stop=("w2",), include_stop=True))
+    assert sent["generation_kwargs"] == {"stop": ["w2"], "include_stop_str_in_output": True, "seed": 3}
+    assert [c.text for c in out] == ["w1 w2", "w4 w5"] and out[0].logprobs == [-0.1, -0.2, -0.3]
+    assert [c.finish_reason for c in out] == ["stop", "stop"]
