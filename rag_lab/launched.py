@@ -6,7 +6,8 @@ between the processes and the main process publishes (:mod:`rag_lab.train.parall
 fits into the run dir (``checkpoints/``: curves, a resumable trainer's checkpoints); every other process
 into ``launch/rank<i>/`` (what it writes there beside the main process is a copy, and no two processes
 write one file). The runner waits, then its own ``fit`` finds the published results, and it evaluates in
-one process.
+one process. A job of ``part`` ``generator`` (``generator=tiny`` where no shipped checkpoint fits) builds only
+the run's generator: the tiny LM's recipe, data-parallel (:mod:`rag_lab.train.tiny.model`), into the cache.
 """
 
 import json
@@ -20,6 +21,7 @@ def main(job_file: str) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from rag_lab.config import build
     from rag_lab.errors import one_line_errors
     from rag_lab.run import components, fit
     from rag_lab.seeding import seed_everything
@@ -31,6 +33,9 @@ def main(job_file: str) -> None:
         seed_everything(cfg.seed)
         data = instantiate(cfg.data)
         train_data = instantiate(cfg.train_data) if cfg.get("train_data") else data
+        if job.get("part") == "generator":  # the tiny LM's recipe (the runner builds it from the cache after)
+            build(cfg.generator, data=data)
+            return
         env, policy = components(cfg, job["run_config"], data, train_data)
         rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
         fit(cfg, policy, env, data, train_data, run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}")

@@ -48,10 +48,11 @@ def data_counts(data) -> dict[str, int]:
 def check_launch(cfg: DictConfig) -> None:
     """Before the run dir is touched: what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed),
     where the policy trains."""
-    if not cfg.launch or not getattr(locate(cfg.policy._target_), "trains", False):
+    trains = getattr(locate(cfg.policy._target_), "trains", False)
+    if not cfg.launch or not (trains or is_tiny(cfg)):
         return
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
-    for key, why in [*launch.check_environment(), *single_process_trainers(cfg)]:
+    for key, why in [*launch.check_environment(), *(single_process_trainers(cfg) if trains else [])]:
         raise ConfigError(f"config 'launch.{key}': {why}")
 
 
@@ -64,38 +65,65 @@ def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, ob
     return env, policy
 
 
+def launched_job(config: dict, run_dir: Path, part: str) -> dict:
+    """What each launched process does (:mod:`rag_lab.launched`): build the run's generator (``part``
+    ``generator``: the tiny LM's recipe) or fit its policy (``fit``)."""
+    return {"run_config": config, "run_dir": str(run_dir), "part": part}
+
+
+def is_tiny(cfg: DictConfig) -> bool:
+    return bool(cfg.generator) and str(cfg.generator.get("_target_", "")).endswith("tiny.generator.tiny_lm")
+
+
+def generator_trains(cfg: DictConfig, data) -> bool:
+    """Whether building the run's generator trains it: ``generator=tiny`` where no shipped checkpoint fits."""
+    if not is_tiny(cfg):
+        return False
+    from rag_lab.train.tiny.generator import checkpoint_dir, recipe_part, recipe_settings, shipped_for
+
+    node = OmegaConf.to_container(cfg.generator, resolve=True)
+    world = getattr(data, "world", data)
+    return (
+        shipped_for(world, recipe_settings(recipe_part(node)), checkpoint_dir(node.get("checkpoint"))) is None
+    )
+
+
 def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None, config=None) -> None:
     """The policy's training on the run's training split, into ``<run dir>/checkpoints``. With the run's
     resolved ``config`` and a ``launch`` in it, N processes train first (:mod:`rag_lab.launched`, which
     calls this without ``config``), and this process's ``fit`` then finds their published results."""
     launch = launch_of(config) if config is not None else None
-    if launch is not None:
-        launch = launch.on_cluster()  # a Slurm job on several nodes: this node's rank and the first node
-        job = {"run_config": config, "run_dir": str(run_dir)}
-        launch.run_job("rag_lab.launched", job, run_dir / "launch")
+    if launch is not None:  # on a Slurm job of several nodes: this node's rank and the first node
+        launch.on_cluster().run_job(
+            "rag_lab.launched", launched_job(config, run_dir, "fit"), run_dir / "launch"
+        )
     train = train_data.split(cfg.train_split)
     policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
-def follows(cfg: DictConfig, run_dir: Path) -> bool:
+def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
     """On a node other than 0 of a Slurm job on several nodes: this node's processes of node 0's launched
-    training job, and nothing written but ``<run dir>/launch/node<i>/`` (node 0 evaluates and writes)."""
-    if not cfg.launch or not getattr(locate(cfg.policy._target_), "trains", False):
+    training jobs (the tiny LM's recipe where it trains, then the policy's fit), and nothing written but
+    ``<run dir>/launch/**/node<i>/`` (node 0 evaluates and writes)."""
+    if not cfg.launch:
         return False
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)}).on_cluster()
     if launch.node == 0:
         return False
-    log.info("node %d of %s: training this node's share of node 0's job", launch.node, run_dir)
-    launch.follow("rag_lab.launched", run_dir / "launch")
+    log.info("node %d of %s: training this node's share of node 0's jobs", launch.node, run_dir)
+    if generator_trains(cfg, data):
+        launch.follow("rag_lab.launched", run_dir / "launch" / "generator")
+    if getattr(locate(cfg.policy._target_), "trains", False):
+        launch.follow("rag_lab.launched", run_dir / "launch")
     return True
 
 
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
     check_launch(cfg)
-    if follows(cfg, run_dir):
-        return {}
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
+    if follows(cfg, run_dir, data):
+        return {}
     train_data = instantiate(cfg.train_data) if cfg.train_data else data
     examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
     config = rundir.prepare(run_dir, cfg, hydra_files)
@@ -111,6 +139,10 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
             )
             return json.loads((run_dir / "metrics.json").read_text())
     seed_everything(cfg.seed)
+    if launch_of(config) is not None and generator_trains(cfg, data):
+        # generator=tiny with no checkpoint that fits: its recipe trains in the launched processes first
+        job = launched_job(config, run_dir, "generator")
+        launch_of(config).on_cluster().run_job("rag_lab.launched", job, run_dir / "launch" / "generator")
 
     env, policy = components(cfg, config, data, train_data)
     generator = env.generator

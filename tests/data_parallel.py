@@ -7,10 +7,10 @@ the weights. Run by tests/test_data_parallel.py, which compares 1 process with 2
 TRAINERS, comma-separated, each saved to ``OUT/<trainer>.pt``: ``sft`` (rag_lab.train.sft: the cold
 start's, APEX's executor's and the tiny LM's SFT), ``dpo`` (EVO-RAG's DPO epoch), ``grpo`` (DAPO's and
 APEX's planner's GRPO, rollouts fixed), ``qnet`` (Stop-RAG's Q-network), ``preference``
-(EVO-RAG's preference model), ``ppo`` (R3-RAG's PPO update). ``--fork N``: the one-process
-runs, then the same on N processes forked from this one by accelerate's ``debug_launcher`` (gloo over a
-file store; the imports are not paid again) into ``OUT-N/``, each with its own work dir. One thread each:
-a child forked from a process whose OpenMP pool ran can hang.
+(EVO-RAG's preference model), ``ppo`` (R3-RAG's PPO update), ``tiny`` (the tiny LM's own loop).
+``--fork N``: the one-process runs, then the same on N processes forked from this one by accelerate's
+``debug_launcher`` (gloo over a file store; the imports are not paid again) into ``OUT-N/``, each with its
+own work dir. One thread each: a child forked from a process whose OpenMP pool ran can hang.
 """
 
 import sys
@@ -193,7 +193,31 @@ def ppo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return model, {k: stats[k] for k in keys} | {"moved": moved}
 
 
-TRAINERS = {"sft": sft, "dpo": dpo, "grpo": grpo, "qnet": qnet, "preference": preference, "ppo": ppo}
+def tiny(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+    """The tiny LM's hand-written loop (rag_lab.train.tiny.model.train_loop: its reading, protocol and chain
+    stages): 3 steps of 5 reading items (rows of different lengths and answer counts: the loss is a mean over
+    the batch's labelled positions, not its rows); its SFT stage is ``sft``'s trainer."""
+    from rag_lab.train.tiny.model import TinyConfig, reading_batch, train_loop
+
+    tok, texts = tokenizer(model_dir), pairs(30)
+    follow = zip(texts, texts[1:], strict=False)
+    items = [(a, b, *((c, d) if i % 2 else ())) for i, ((a, b), (c, d)) in enumerate(follow)]
+    batches = [reading_batch(tok, items[i * 5 : (i + 1) * 5], 64) for i in range(3)]
+    config = TinyConfig(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, lr=1e-2, warmup_steps=1)
+    model = model_of(model_dir)
+    stats = train_loop(model, batches, 3, config, "test reading")
+    return model, {"loss": stats["final_loss"]}
+
+
+TRAINERS = {
+    "sft": sft,
+    "dpo": dpo,
+    "grpo": grpo,
+    "qnet": qnet,
+    "preference": preference,
+    "ppo": ppo,
+    "tiny": tiny,
+}
 
 
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:

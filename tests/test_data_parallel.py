@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "data_parallel.py"
 
 
-TRAINERS = ["sft", "dpo", "grpo", "qnet", "preference", "ppo"]
+TRAINERS = ["sft", "dpo", "grpo", "qnet", "preference", "ppo", "tiny"]
 
 
 def test_two_processes_make_the_updates_of_one(tiny_lm, tmp_path):
@@ -95,3 +95,66 @@ def test_a_method_trains_under_launch_cpu2(experiment, tiny_cfg, tmp_path):
     else:
         assert "cold_start" in cards and len(cards) >= 2, sorted(cards)
     assert all(c.get("processes", c.get("sft", {}).get("processes")) == 2 for c in cards.values()), cards
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg, tmp_path):
+    """``launch=cpu2`` DAPO killed (SIGKILL to the runner and both training processes) once its stage has a
+    checkpoint, then run again: it resumes from that checkpoint, and its trained weights and metrics are
+    those of a run never killed."""
+    import json
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    from rag_lab.run import run
+
+    from conftest import TINY_DATA, TINY_LM
+
+    overrides = [*TINY_DATA, *TINY_LM, "generator.reading_steps=4", "generator.tune_steps=2",
+                 "+experiment=dapo_synth", "hydra.mode=RUN", *LAUNCHED["dapo_synth"], "policy.stages=[1]",
+                 "policy.steps=8", "policy.save_steps=1", "policy.heldout.n=2", "eval.limit=2",
+                 "launch=cpu2", "+launch.config.main_process_port=29536"]  # fmt: skip
+    straight = run(tiny_cfg(*overrides, f"cache_dir={tmp_path / 'a'}"), tmp_path / "run_a")
+
+    killed = [*overrides, f"cache_dir={tmp_path / 'b'}"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "rag_lab.run", *killed, f"hydra.run.dir={tmp_path / 'run_b'}"]
+    job = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 600
+    while not list((tmp_path / "b").glob("dapo/*.work/checkpoint-1/trainer_state.json")):
+        assert job.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGKILL)  # (a checkpoint cut short is skipped on resume: resume.py)
+    job.wait()
+    assert not list((tmp_path / "b").glob("dapo/*/model.safetensors")), "killed after the stage ended"
+    time.sleep(2.0)  # the killed rendezvous' port
+    resumed = run(tiny_cfg(*killed), tmp_path / "run_b")
+
+    [a], [b] = (sorted((tmp_path / x).glob("dapo/*/model.safetensors")) for x in "ab")
+    wa, wb = load_file(a), load_file(b)
+    for name, value in wa.items():
+        torch.testing.assert_close(wb[name], value, rtol=0, atol=1e-6, msg=name)
+    assert resumed["all"] == straight["all"]
+    steps = [json.loads(line).get("step") for line in (b.parent / "log.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s] == sorted({s for s in steps if s})  # each step logged once
+
+
+@pytest.mark.slow
+def test_the_tiny_lms_recipe_trains_under_launch_cpu2(tiny_cfg, tmp_path):
+    """``generator=tiny`` with settings no shipped checkpoint has, ``launch=cpu2``: the runner trains the
+    recipe in two processes first (a launched job of the generator alone), then builds the generator from the
+    cache and evaluates; every stage's card says two processes."""
+    import json
+
+    from rag_lab.run import run
+
+    cfg = tiny_cfg("generator=tiny", "generator.reading_steps=4", "generator.tune_steps=2", "policy=direct",
+                   "launch=cpu2", "+launch.config.main_process_port=29537", "eval.limit=2",
+                   f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    assert run(cfg, tmp_path / "run")["all"]["n"] == 2
+    cards = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("tiny_lm/*/train.json")]
+    assert len(cards) >= 2 and all(card["processes"] == 2 for card in cards)  # base and protocol stage
+    assert (tmp_path / "run" / "launch" / "generator" / "job.json").exists()

@@ -9,6 +9,7 @@ import types
 from types import SimpleNamespace
 
 import pytest
+import test_dapo
 import torch
 
 from rag_lab.env import Env
@@ -17,9 +18,8 @@ from rag_lab.generators.hf import HFGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.heldout import HeldOut
 
-from test_dapo import base, length, policy  # noqa: F401 (base: the toy LM fixture)
-
 pytestmark = pytest.mark.usefixtures("one_thread")
+base, policy = test_dapo.base, test_dapo.policy  # the toy LM fixture, DAPO of toy sizes
 
 
 class FakeLLM:
@@ -45,7 +45,10 @@ class FakeLLM:
                         text=c.text,
                         token_ids=c.token_ids,
                         finish_reason=c.finish_reason,
-                        logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(c.token_ids, c.logprobs)],
+                        logprobs=[
+                            {t: SimpleNamespace(logprob=lp)}
+                            for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+                        ],
                     )
                     for c in completions
                 ]
@@ -55,7 +58,7 @@ class FakeLLM:
 
 
 class FakeVLLMGeneration:
-    """TRL's ``VLLMGeneration`` (colocate): ``sync_weights`` loads the live model's weights into the engine."""
+    """TRL's ``VLLMGeneration`` (colocate): ``sync_weights`` loads the live model's weights into the fake."""
 
     generator: HFGenerator = None
     made: list = []
@@ -71,7 +74,7 @@ class FakeVLLMGeneration:
 
 
 @pytest.fixture
-def fake_vllm(monkeypatch, base):  # noqa: F811
+def fake_vllm(monkeypatch, base):
     """vLLM's module (its ``SamplingParams``) and TRL's vLLM backend replaced by the fakes above."""
     import trl.trainer.grpo_trainer as grpo  # before the fake: TRL looks for vLLM when it is imported
 
@@ -89,7 +92,7 @@ def fake_vllm(monkeypatch, base):  # noqa: F811
 
 def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_update(
     data, base, fake_vllm, tmp_path
-):  # noqa: F811
+):
     from rag_lab.generators.vllm import VLLMGenerator
 
     run_generator = VLLMGenerator(str(base), tokenizer=str(base / "tokenizer"), chat=False, train_memory=0.2)

@@ -48,7 +48,8 @@ from tqdm.auto import tqdm
 
 from rag_lab.errors import RagLabError
 from rag_lab.ranges import PositiveInt
-from rag_lab.train.sft import log_last_step, sft_config, sft_dataset
+from rag_lab.train.parallel import processes, shared_backward
+from rag_lab.train.sft import log_last_step, sft_config, sft_dataset, trainer_class
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -124,18 +125,40 @@ def _log_every(steps: int) -> int:
     return min(25, max(1, steps // 10))
 
 
-def target_loss(model: "Qwen2ForCausalLM", batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def target_loss(
+    model: "Qwen2ForCausalLM", batch: dict[str, torch.Tensor], over: int | None = None
+) -> torch.Tensor:
     """The causal-LM loss of ``model(**batch).loss`` (next-token cross-entropy, mean over the labelled
     positions), with the LM head applied at the labelled positions only. A reading batch has an answer
     or two per row of a few hundred tokens, so scoring every position against the whole vocabulary
     (what ``model(**batch)`` does) is most of the head's cost for nothing; this is the same number
-    (tests/test_tiny_lm.py) at a fraction of the cost (experiments/bench_tiny_training.py)."""
+    (tests/test_tiny_lm.py) at a fraction of the cost (experiments/bench_tiny_training.py). ``over``: the
+    labelled positions to divide by (a share of a global batch: the whole batch's count; else this one's)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     hidden = model.model(**inputs).last_hidden_state[:, :-1]
     targets = batch["labels"][:, 1:]
     keep = targets != -100
     logits = model.lm_head(hidden[keep])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+    if over is None:
+        return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum") / over
+
+
+def step_loss(model: "Qwen2ForCausalLM", batch: dict[str, torch.Tensor], device) -> torch.Tensor:
+    """One step's :func:`target_loss` with its gradient in the parameters. Under ``launch`` each process takes
+    every N-th row of the (global) batch, its loss divided by the whole batch's labelled positions, and the
+    gradients are summed across the processes (:func:`rag_lab.train.parallel.shared_backward`): the update
+    of one process on the whole batch."""
+    if processes() == 1:
+        loss = target_loss(model, {k: v.to(device) for k, v in batch.items()})
+        loss.backward()
+        return loss
+    over = int((batch["labels"][:, 1:] != -100).sum())
+
+    def loss_of(rows: list[int]) -> torch.Tensor:
+        return target_loss(model, {k: v[rows].to(device) for k, v in batch.items()}, over)
+
+    return shared_backward(list(range(len(batch["input_ids"]))), loss_of, list(model.parameters()))
 
 
 def train_loop(
@@ -159,8 +182,7 @@ def train_loop(
     losses, history, tokens, start, every = [], [], 0, time.perf_counter(), _log_every(steps)
     bar = tqdm(range(steps), desc=stage, unit="step")
     for step, batch in zip(bar, batches, strict=False):
-        loss = target_loss(model, {k: v.to(device) for k, v in batch.items()})
-        loss.backward()
+        loss = step_loss(model, batch, device)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
@@ -299,8 +321,8 @@ def sft_trainer(
     config: TinyConfig,
     output_dir: Path,
 ) -> "SFTTrainer":
-    """Stage 2: TRL's ``SFTTrainer`` on ``sft_dataset`` rows, set up for a tiny model on CPU."""
-    from trl import SFTTrainer
+    """Stage 2: TRL's ``SFTTrainer`` on ``sft_dataset`` rows, set up for a tiny model on CPU (under
+    ``launch``: each process its share of every batch, length groups drawn over the global batch)."""
 
     args = sft_config(
         output_dir,
@@ -314,7 +336,7 @@ def sft_trainer(
         logging_steps=_log_every(config.sft_steps),
         save_strategy="no",
     )
-    return SFTTrainer(
+    return trainer_class()(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[log_last_step()]
     )
 

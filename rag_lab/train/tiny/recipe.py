@@ -30,6 +30,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.demonstrations import sample, teacher_demonstrations
+from rag_lab.train.parallel import main_first
 from rag_lab.train.tiny.model import TinyConfig, TinySizes
 from rag_lab.train.tiny.reading import (
     DRILLS,
@@ -173,7 +174,8 @@ def train(data, cache_dir: str, before_chain: Path | None = None, **settings) ->
     chain_layouts = (
         _layouts(recipe.chain_layout, recipe.protocols, "chain_layout") if recipe.chain_steps else []
     )
-    by_protocol, retriever = teacher_demonstrations(data, cache_dir, recipe.k, recipe.iterations)
+    with main_first():  # under launch: the main process builds the cache, the others read it
+        by_protocol, retriever = teacher_demonstrations(data, cache_dir, recipe.k, recipe.iterations)
     needs_facts = recipe.drills or recipe.rename_entities or recipe.reading_steps or recipe.tune_steps
     facts = page_facts(data) if needs_facts or recipe.chain_steps else []
     entities = sorted(set(data.corpus.titles))

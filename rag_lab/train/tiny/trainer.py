@@ -1,15 +1,19 @@
 """The tiny LM's checkpoints: :func:`train_tiny_lm` runs the stages of :mod:`rag_lab.train.tiny.model`
 into a model directory, :func:`tune_tiny_lm` adds the protocol stage to a trained one.
 
-Each directory is published in one rename when training has finished (:func:`rag_lab.cache.publish`),
+Each directory is published in one rename when training has finished (:func:`rag_lab.cache.publish`; under
+``launch`` every process trains the same model on its share of each batch and the main one publishes:
+:func:`publishing`),
 and records in ``train.json`` the config, the data's fingerprint (:func:`fingerprint`), the stats of
 every stage and the library versions; one that exists is reused only when its config and data match.
 Hand-written: transformers' ``Trainer`` checkpoints a run, not a recipe's stages.
 """
 
 import json
+import tempfile
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from itertools import chain
 from pathlib import Path
@@ -18,6 +22,7 @@ import torch
 
 from rag_lab import cache
 from rag_lab.errors import RagLabError
+from rag_lab.train.parallel import barrier, is_main, processes
 from rag_lab.train.tiny.model import TinyConfig, build_model, read, sft_stage
 from rag_lab.train.tiny.tokenizer import build_tokenizer, one_token_names
 
@@ -36,6 +41,19 @@ def fingerprint(
     held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
     tokenizer = [list(special_tokens), *([sorted(pieces)] if pieces else [])]
     return cache.text_digest(json.dumps([list(texts), [list(p) for p in held], *tokenizer]))[:16]
+
+
+@contextmanager
+def publishing(out_dir: Path) -> Iterator[Path]:
+    """:func:`rag_lab.cache.publish` in the main process; in the others of a launched run (which train the
+    same model beside it) a scratch dir that is dropped. Every process leaves once the main one published."""
+    if is_main():
+        with cache.publish(out_dir) as tmp:
+            yield tmp
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+    barrier()
 
 
 def train_tiny_lm(
@@ -68,7 +86,7 @@ def train_tiny_lm(
     if config.reading_steps and not reading:
         raise RagLabError("tiny LM: reading_steps needs reading items (or set reading_steps=0)")
     start = time.perf_counter()
-    with cache.publish(out_dir) as tmp:
+    with publishing(out_dir) as tmp:
         texts_seen = chain(texts, chain.from_iterable(pairs), chain.from_iterable(reading))
         tokenizer = build_tokenizer(texts_seen, special_tokens, pieces)
         tokenizer.save_pretrained(tmp / "tokenizer")
@@ -82,6 +100,7 @@ def train_tiny_lm(
             "vocab_size": len(tokenizer),
             "parameters": sum(p.numel() for p in model.parameters()),
             "device": device_name(),
+            "processes": processes(),
         }
         if config.reading_steps:
             stats["reading"] = read(model, tokenizer, reading, config, one_token_names(tokenizer, entities))
@@ -115,7 +134,7 @@ def tune_tiny_lm(
         return out_dir
     base = json.loads((base_dir / "train.json").read_text())
     start = time.perf_counter()
-    with cache.publish(out_dir) as tmp:
+    with publishing(out_dir) as tmp:
         torch.manual_seed(config.seed)
         tokenizer = AutoTokenizer.from_pretrained(base_dir / "tokenizer")
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(training_device())
@@ -128,6 +147,7 @@ def tune_tiny_lm(
             "parameters": base["parameters"],
             "vocab_size": len(tokenizer),
             "device": device_name(),
+            "processes": processes(),
         }
         stats["tune"] = read(model, tokenizer, items, config, known, "protocol stage")
         tokenizer.save_pretrained(tmp / "tokenizer")
