@@ -146,3 +146,13 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
     assert sent["generation_kwargs"] == {"stop": ["w2"], "include_stop_str_in_output": True, "seed": 3}
     assert [c.text for c in out] == ["w1 w2", "w4 w5"] and out[0].logprobs == [-0.1, -0.2, -0.3]
     assert [c.finish_reason for c in out] == ["stop", "stop"]
+
+
+def test_a_method_whose_rollouts_do_not_go_through_vllm_is_one_line(fake_vllm):
+    from rag_lab.errors import RagLabError
+    from rag_lab.generators.vllm import VLLMGenerator
+    from rag_lab.train.start import starting_model
+
+    for method in ("evorag", "r3rag"):
+        with pytest.raises(RagLabError, match=f"generator=vllm: policy={method} rolls out with transformers"):
+            starting_model(method, VLLMGenerator("m"), None, None, "unused", trains=True)

@@ -16,6 +16,11 @@ def starting_model(
     """(the starting weights' directory, a generator acting with them) for ``policy=<method>`` from the run's
     generator ``base``; ``trains``: whether any stage will train (else the run's model is used as it is)."""
     if hasattr(base, "trainable"):  # generator=vllm: train a transformers copy (rag_lab.generators.vllm)
+        if method != "dapo":
+            raise RagLabError(
+                f"generator=vllm: policy={method} rolls out with transformers while it trains (only DAPO's "
+                "rollouts go through TRL's vLLM engine); set generator=hf generator.model=<the same model>"
+            )
         base = base.trainable()
     if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
         raise RagLabError(f"policy={method} trains a transformers model: set generator=tiny, smollm2 or hf")
