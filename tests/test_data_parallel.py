@@ -138,8 +138,8 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg,
     for name, value in wa.items():
         torch.testing.assert_close(wb[name], value, rtol=0, atol=1e-6, msg=name)
     assert resumed["all"] == straight["all"]
-    steps = [json.loads(line).get("step") for line in (b.parent / "log.jsonl").read_text().splitlines()]
-    assert [s for s in steps if s] == sorted({s for s in steps if s})  # each step logged once
+    rows = [json.loads(line) for line in (b.parent / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))  # each training step logged once
 
 
 @pytest.mark.slow
