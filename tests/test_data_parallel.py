@@ -98,7 +98,7 @@ def test_a_method_trains_under_launch_cpu2(experiment, tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg, tmp_path):
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg, tmp_path, capfd):
     """``launch=cpu2`` DAPO killed (SIGKILL to the runner and both training processes) once its stage has a
     checkpoint, then run again: it resumes from that checkpoint, and its trained weights and metrics are
     those of a run never killed."""
@@ -131,7 +131,9 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg,
     job.wait()
     assert not list((tmp_path / "b").glob("dapo/*/model.safetensors")), "killed after the stage ended"
     time.sleep(2.0)  # the killed rendezvous' port
+    capfd.readouterr()
     resumed = run(tiny_cfg(*killed), tmp_path / "run_b")
+    assert "checkpoint-" in capfd.readouterr().err.split("resuming from", 1)[1][:300]  # the launched processes'
 
     [a], [b] = (sorted((tmp_path / x).glob("dapo/*/model.safetensors")) for x in "ab")
     wa, wb = load_file(a), load_file(b)

@@ -33,7 +33,7 @@ class FakeLLM:
     def generate(self, texts, params, use_tqdm=False):
         live = dict(self.source.named_parameters())
         synced = all(torch.equal(p, live[n]) for n, p in self.weights.named_parameters())
-        self.calls.append((synced, float(sum(p.sum() for p in self.weights.parameters()))))
+        self.calls.append((synced, float(sum(p.detach().sum() for p in self.weights.parameters()))))
         sampling = Sampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
                             max_new_tokens=params.max_tokens, stop=tuple(params.stop or ()),
                             include_stop=params.include_stop_str_in_output, seed=params.seed)  # fmt: skip
