@@ -1,7 +1,7 @@
 """What every trainer does to run data-parallel: the same code in 1 or N processes (issue 50).
 
 A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started by ``accelerate launch``
-(:mod:`rag_lab.train.job`: each rebuilds the run and calls the policy's ``fit``). In each trainer:
+(:mod:`rag_lab.launched`: each rebuilds the run and calls the policy's ``fit``). In each trainer:
 
 - data every process needs but one should make (teacher demonstrations, offline rollouts, indexes):
   :func:`main_first`, so the main process builds the cache and the others read it;
@@ -16,13 +16,29 @@ A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started 
 In one process (no ``accelerate launch``) each helper is the plain single-process step. Hand-written: only
 these few lines over accelerate's ``PartialState`` (its process index, barrier and
 ``main_process_first``); process groups and gradient all-reduce are accelerate's and torch's.
+
+Resuming several CPU processes: transformers' ``Trainer`` loads the optimiser's checkpoint with
+``map_location=args.device``, which is ``cpu:<i>`` in a multi-process CPU run, and torch's loader knows the
+location ``cpu`` only ("don't know how to restore data location ... cpu:0": found by the killed 2-process
+test). :func:`_indexed_cpu` teaches torch's loader (``torch.serialization.register_package``, its extension
+point) that ``cpu:<i>`` is the CPU.
 """
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
+
 from rag_lab.errors import RagLabError
+
+
+def _indexed_cpu(storage, location: str):
+    """A storage to restore at ``cpu:<i>``: the CPU, as it is (None: another location, another loader's)."""
+    return storage if location.startswith("cpu:") else None
+
+
+torch.serialization.register_package(11, lambda _: None, _indexed_cpu)
 
 
 def state():
