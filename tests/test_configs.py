@@ -5,7 +5,7 @@ import re
 import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rag_lab import CONF_DIR
 from rag_lab.cli import check_yaml_files
@@ -106,8 +106,30 @@ def swept_rows() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("name, row", swept_rows(), ids=[f"{n}:{r.split('=')[1]}" for n, r in swept_rows()])
 def test_every_row_of_a_row_sweep_composes_and_validates(name, row):
-    cfg = compose([f"+experiment={name}", row])  # compose validates
+    """Composed as the sweeper orders it (the row's override first), and every setting the row's file gives
+    survives: an experiment's own body must not override its rows (a row labelled untrained that trains)."""
+    import yaml
+
+    from rag_lab import CONF_DIR
+
+    cfg = compose([row, f"+experiment={name}"])  # compose validates
     assert cfg.experiment.name == name
+    group, option = row.removeprefix("+").split("=")
+    given = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}
+
+    def leaves(node, prefix=""):
+        for key, value in node.items():
+            if key == "defaults":
+                continue
+            if isinstance(value, dict) and value:
+                yield from leaves(value, f"{prefix}{key}.")
+            elif not (isinstance(value, str) and "${" in value):
+                yield f"{prefix}{key}", value
+
+    for key, value in leaves(given):
+        got = OmegaConf.select(cfg, key)
+        got = OmegaConf.to_container(got) if isinstance(got, (DictConfig, ListConfig)) else got
+        assert got == value, f"{row}: {key} is {got!r} in the composed run, the row says {value!r}"
 
 
 def test_unknown_override_fails_at_compose_naming_the_key():
