@@ -129,12 +129,16 @@ def _registry(cache_dir: str) -> Path:
 
 def reuse(run_dir: Path, digest: str, cache_dir: str) -> Path | None:
     """Copy the results of the finished run registered under ``digest`` into ``run_dir``; returns that
-    run's directory, or None (none registered, gone, unfinished, or this very directory)."""
+    run's directory, or None (none registered, gone, unfinished, this very directory, or a directory that
+    now holds another config's run: a registry entry outlives the files it names)."""
     entry = _registry(cache_dir) / f"{digest}.json"
     if not entry.exists():
         return None
     source = Path(json.loads(entry.read_text())["run_dir"])
     if source.resolve() == run_dir.resolve() or not all((source / f).exists() for f in RESULT_FILES[:2]):
+        return None
+    if config_hash(yaml.safe_load((source / "config.yaml").read_text()) or {}) != digest:
+        log.info("config %s: %s now holds another config's run; not reused", digest, source)
         return None
     for name in RESULT_FILES:
         if (source / name).exists():

@@ -1,6 +1,7 @@
 """Sweeps over rows of different policies (soft overrides) and runs keyed by their config's hash."""
 
 import json
+import shutil
 
 from omegaconf import OmegaConf
 
@@ -84,6 +85,12 @@ def test_identical_configs_in_a_sweep_and_across_sweeps_run_once(repo_root, tmp_
     # eval.reuse=false runs it again
     third = sweep("c", "policy.k=5", "eval.reuse=false")
     assert not (third[0] / "reused.json").exists()
+    # the last run of that config (c) removed and its dir used by another config: the registry entry names
+    # a dir that now holds that other run, which must not be copied as the first config's
+    shutil.rmtree(tmp_path / "c")
+    sweep("c", "policy.k=7")
+    again = sweep("d", "policy.k=5")
+    assert not (again[0] / "reused.json").exists()
 
 
 def test_a_swept_method_setting_names_the_methods_rows_and_a_reused_run_counts_once(tmp_path):
