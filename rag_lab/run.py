@@ -79,13 +79,11 @@ def generator_trains(cfg: DictConfig, data) -> bool:
     """Whether building the run's generator trains it: ``generator=tiny`` where no shipped checkpoint fits."""
     if not is_tiny(cfg):
         return False
-    from rag_lab.train.tiny.generator import checkpoint_dir, recipe_part, recipe_settings, shipped_for
+    from rag_lab.train.tiny.generator import fitting_checkpoint, recipe_part, recipe_settings
 
     node = OmegaConf.to_container(cfg.generator, resolve=True)
     world = getattr(data, "world", data)
-    return (
-        shipped_for(world, recipe_settings(recipe_part(node)), checkpoint_dir(node.get("checkpoint"))) is None
-    )
+    return fitting_checkpoint(world, node.get("checkpoint"), recipe_settings(recipe_part(node))) is None
 
 
 def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None, config=None) -> None:

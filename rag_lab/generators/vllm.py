@@ -60,12 +60,8 @@ class VLLMGenerator:
         self._vllm = _vllm()
         self.model_name, self.tokenizer_name = model, tokenizer or model
         self.tensor_parallel_size, self.dtype, self.max_model_len = tensor_parallel_size, dtype, max_model_len
-        self.gpu_memory_utilization, self.seed, self.want_logprobs, self.chat = (
-            gpu_memory_utilization,
-            seed,
-            logprobs,
-            chat,
-        )
+        self.gpu_memory_utilization, self.seed = gpu_memory_utilization, seed
+        self.want_logprobs, self.chat = logprobs, chat
         self.train_mode, self.train_memory, self.server_url = train_mode, train_memory, server_url
         self._llm, self._tokenizer = None, None
 

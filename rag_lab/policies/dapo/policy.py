@@ -182,9 +182,8 @@ class DAPO(Agent):
             rows += [r | {"stage": str(stage), "step": offset + r["step"]} for r in logged]
             previous = done.name
         self.generator = generator
-        if self.stages and hasattr(
-            base, "with_weights"
-        ):  # generator=vllm: evaluate on an engine of the weights
+        # generator=vllm: the run evaluates on a vLLM engine of the trained weights
+        if self.stages and hasattr(base, "with_weights"):
             self.generator = base.with_weights(str(done))
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "DAPO training")

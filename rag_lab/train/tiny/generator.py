@@ -171,6 +171,22 @@ def checkpoint_dir(name: str | None) -> Path:
     return path if path.is_absolute() or len(path.parts) > 1 else SHIPPED.parent / path
 
 
+def fitting_checkpoint(data, checkpoint: str | None, settings: dict) -> Path | None:
+    """The shipped checkpoint ``checkpoint`` names when it fits ``data``'s world and the recipe's
+    ``settings``, else None (the recipe trains); a checkpoint that does not exist, or data that is not the
+    generated world, is one line. What :func:`tiny_lm` loads, and what tells the runner whether building
+    the generator trains it (``launch``: :mod:`rag_lab.run`)."""
+    folder = checkpoint_dir(checkpoint)
+    if checkpoint is not None and not (folder / "recipe.json").exists():
+        shipped = sorted(p.parent.name for p in SHIPPED.parent.glob("*/recipe.json"))
+        raise ConfigError(
+            f"generator.checkpoint: {folder} holds no shipped checkpoint (recipe.json); "
+            f"shipped: {', '.join(shipped)}"
+        )
+    _check_trainable(data)
+    return shipped_for(data, settings, folder)
+
+
 @takes(train)
 def tiny_lm(
     data,
@@ -189,15 +205,7 @@ def tiny_lm(
     rag_lab/checkpoints/, or a path; null: ``tiny_lm``, the default's)."""
     settings = recipe_settings(recipe)
     data = getattr(data, "world", data)  # data=synth_easy: the whole world, not its selection of questions
-    folder = checkpoint_dir(checkpoint)
-    if checkpoint is not None and not (folder / "recipe.json").exists():
-        shipped = sorted(p.parent.name for p in SHIPPED.parent.glob("*/recipe.json"))
-        raise ConfigError(
-            f"generator.checkpoint: {folder} holds no shipped checkpoint (recipe.json); "
-            f"shipped: {', '.join(shipped)}"
-        )
-    _check_trainable(data)
-    path = shipped_for(data, settings, folder) or train(
+    path = fitting_checkpoint(data, checkpoint, settings) or train(
         data, cache_dir, before_chain=before_chain_for(data, settings), **settings
     )
     return HFGenerator(
