@@ -168,9 +168,25 @@ def render(table: pd.DataFrame) -> str:
     held = table.drop_duplicates("claim")["claim verdict"].value_counts()
     summary = ", ".join(f"{n} {v}" for v, n in held.items())
     return (
-        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. Δ is A − B (percentage points for EM / F1 / Acc /"
+        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points for EM / F1 / Acc /"
         " SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a question with all its "
         f"seeds (rag_lab/claims.py; the claims: conf/claims.yaml).\n{END}\n"
+    )
+
+
+def headlines(table: pd.DataFrame) -> str:
+    """Each paper's headline is its first claim in the spec; the sentence naming those that hold.
+
+    >>> t = pd.DataFrame({"paper": list("AABCC"), "claim verdict": ["holds", "not shown", "reversed",
+    ...                   "not shown", "holds"]})
+    >>> headlines(t)
+    "Papers whose headline (the paper's first claim) holds: 1 of 3 (A)."
+    """
+    first = table.drop_duplicates("paper", keep="first")
+    held = list(first.loc[first["claim verdict"] == "holds", "paper"])
+    return (
+        f"Papers whose headline (the paper's first claim) holds: {len(held)} of {len(first)}"
+        + (f" ({', '.join(held)})." if held else ".")
     )
 
 

@@ -90,6 +90,7 @@ def test_the_table_replaces_only_its_block(runs, tmp_path):
     text = out.read_text()
     assert text.startswith("# Claims\n\nintro\n\n" + BEGIN) and text.endswith("## Why\n\nnotes by hand\n")
     assert "STALE" not in text and "| Stop-RAG " in text and "Claims: 1 holds." in text
+    assert "Papers whose headline (the paper's first claim) holds: 1 of 1 (Stop-RAG)." in text
     # the line shows the difference and its CI, as the csv has them
     row = pd.read_csv(tmp_path / "claims.csv").iloc[0]
     assert f"{row.delta:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]" in text
