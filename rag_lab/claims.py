@@ -168,9 +168,9 @@ def render(table: pd.DataFrame) -> str:
     held = table.drop_duplicates("claim")["claim verdict"].value_counts()
     summary = ", ".join(f"{n} {v}" for v, n in held.items())
     return (
-        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points for EM / F1 / Acc /"
-        " SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a question with all its "
-        f"seeds (rag_lab/claims.py; the claims: conf/claims.yaml).\n{END}\n"
+        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points"
+        " for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a"
+        f" question with all its seeds (rag_lab/claims.py; the claims: conf/claims.yaml).\n{END}\n"
     )
 
 
@@ -184,9 +184,8 @@ def headlines(table: pd.DataFrame) -> str:
     """
     first = table.drop_duplicates("paper", keep="first")
     held = list(first.loc[first["claim verdict"] == "holds", "paper"])
-    return (
-        f"Papers whose headline (the paper's first claim) holds: {len(held)} of {len(first)}"
-        + (f" ({', '.join(held)})." if held else ".")
+    return f"Papers whose headline (the paper's first claim) holds: {len(held)} of {len(first)}" + (
+        f" ({', '.join(held)})." if held else "."
     )
 
 
