@@ -23,7 +23,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
        policy.cold_start.max_steps=2 policy.heldout.n=4 policy.heldout.every=1 eval.limit=4)
 else
   TESTS=() BENCH=(generator.device=cuda)
-  RUN=(generator=smollm2 policy.cold_start.max_steps=200 policy.steps=16 policy.heldout.n=64 policy.heldout.every=4
+  RUN=(generator=smollm2 policy.cold_start.max_steps=200 policy.steps=16 policy.questions_per_step=4
+       policy.heldout.n=64 policy.heldout.every=4
        eval.limit=100)
 fi
 step() {  # step NAME DEADLINE COMMAND...: its output in NAME.log, its exit status and seconds in steps.tsv

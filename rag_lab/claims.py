@@ -170,7 +170,21 @@ def render(table: pd.DataFrame) -> str:
     return (
         f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points"
         " for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a"
-        f" question with all its seeds (rag_lab/claims.py; the claims: conf/claims.yaml).\n{END}\n"
+        f" question with all its seeds (rag_lab/claims.py; the claims: conf/claims.yaml).{_sources(table)}"
+        f"\n{END}\n"
+    )
+
+
+def _sources(table: pd.DataFrame) -> str:
+    """The sentence naming the claims whose lines come from an earlier table (``--keep``), if any."""
+    if "source" not in table or table["source"].isna().all():
+        return ""
+    earlier = table.dropna(subset=["source"]).drop_duplicates("claim")
+    files = ", ".join(sorted(set(earlier["source"])))
+    return (
+        f" Not run again, kept from {files}: "
+        + "; ".join(f"{r.paper}, {r.rows}" for r in earlier.itertuples())
+        + "."
     )
 
 
@@ -199,13 +213,40 @@ def _int(value) -> str:
     return "—" if value is None or value != value else str(int(value))
 
 
-def write_claims(dirs: list[Path], out: Path, spec: Path = SPEC, readme: Path | None = None) -> str:
+def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
+    """``table`` with each claim that has no runs taken from ``earlier`` (a claims.csv), where that table
+    judged it; its lines' ``source`` names the file. A claim is matched on its words, rows and metrics."""
+    try:
+        old = pd.read_csv(earlier)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise RagLabError(f"{earlier}: cannot read the earlier claims table ({e})") from None
+    missing = {"claim", "rows", "metric", "verdict"} - set(old.columns)
+    if missing:
+        raise RagLabError(f"{earlier}: not a claims table (no column {', '.join(sorted(missing))})")
+    old = old[old["verdict"] != "no runs"]
+    out = []
+    for _, lines in table.groupby(["claim", "rows"], sort=False):
+        if (lines["verdict"] == "no runs").all():
+            before = old.merge(lines[["claim", "rows", "metric"]], on=["claim", "rows", "metric"])
+            if len(before) == len(lines):
+                first = before["source"] if "source" in before else pd.Series(None, index=before.index)
+                lines = before.assign(source=first.fillna(str(earlier)))
+        out.append(lines)
+    return pd.concat(out, ignore_index=True)
+
+
+def write_claims(
+    dirs: list[Path], out: Path, spec: Path = SPEC, readme: Path | None = None, keep: Path | None = None
+) -> str:
     """claims.md (the generated block replaced, the text around it kept) and claims.csv; the block, which
-    also replaces ``readme``'s (between the same markers) when given."""
+    also replaces ``readme``'s (between the same markers) when given. ``keep``: an earlier claims.csv whose
+    lines stand for the claims that have no runs here."""
     runs = find_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
     table = judge(read_spec(spec), runs)
+    if keep is not None:
+        table = kept(table, keep)
     block = render(table)
     old = (
         out.read_text()
@@ -232,9 +273,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", type=Path, default=SPEC, help="the claims (default: conf/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/claims.md"))
     parser.add_argument("--readme", type=Path, help="a page whose claims block is replaced too (README.md)")
+    parser.add_argument("--keep", type=Path, help="an earlier claims.csv, for the claims without runs here")
     args = parser.parse_args(argv)
     with one_line_errors():
-        sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme))
+        sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))
 
 
 if __name__ == "__main__":

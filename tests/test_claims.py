@@ -96,6 +96,35 @@ def test_the_table_replaces_only_its_block(runs, tmp_path):
     assert f"{row.delta:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]" in text
 
 
+def test_keep_takes_only_the_claims_without_runs_from_the_earlier_table(runs, tmp_path):
+    root, _, _ = runs
+    spec = tmp_path / "claims.yaml"
+    entries = [{"paper": "Stop-RAG", "claim": "c", "experiment": "stop", "by": "policy",
+                "rows": ["stoprag", "fixed_iter"], "tests": [{"metric": "acc"}]},
+               {"paper": "X", "claim": "x", "experiment": "other", "by": "policy", "rows": ["a", "b"],
+                "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<"}]}]  # fmt: skip
+    spec.write_text(yaml.safe_dump({"claims": entries}))
+    earlier = tmp_path / "earlier.csv"
+    earlier.write_text(
+        "paper,claim,rows,metric,delta,ci_low,ci_high,p,seeds,questions,verdict,claim verdict\n"
+        "Stop-RAG,c,stoprag − fixed_iter,acc,-9.0,-12.0,-6.0,0.0,3,80,reversed,reversed\n"
+        "X,x,a − b,acc,4.0,1.0,7.0,0.01,3,300,holds,holds\nX,x,a − b,rc,-1.0,-2.0,-0.5,0.0,3,300,holds,holds\n"
+    )
+    out = tmp_path / "claims.md"
+    write_claims([root], out, spec, keep=earlier)
+    table = pd.read_csv(tmp_path / "claims.csv")
+    # the claim with runs is judged on them, not taken from the earlier table; the other keeps its two lines
+    assert list(table["verdict"]) == ["holds", "holds", "holds"] and table["delta"].iloc[0] > 0
+    assert list(table["source"].isna()) == [True, False, False] and table["delta"].iloc[1] == 4.0
+    assert f"Not run again, kept from {earlier}: X, a − b." in out.read_text()
+    # without --keep it has no runs; an earlier table that is not one is a line naming the file
+    write_claims([root], out, spec)
+    assert list(pd.read_csv(tmp_path / "claims.csv")["verdict"]) == ["holds", "no runs", "no runs"]
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(RagLabError, match=r"bad.csv: not a claims table \(no column claim, metric, rows"):
+        write_claims([root], out, spec, keep=tmp_path / "bad.csv")
+
+
 @pytest.mark.parametrize(
     "entry, says",
     [
