@@ -182,7 +182,7 @@ def _sources(table: pd.DataFrame) -> str:
     earlier = table.dropna(subset=["source"]).drop_duplicates("claim")
     files = ", ".join(sorted(set(earlier["source"])))
     return (
-        f" Not run again, kept from {files}: "
+        f" Not run again, kept from the earlier table ({files}; its git history dates it): "
         + "; ".join(f"{r.paper}, {r.rows}" for r in earlier.itertuples())
         + "."
     )
@@ -229,7 +229,7 @@ def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
         if (lines["verdict"] == "no runs").all():
             before = old.merge(lines[["claim", "rows", "metric"]], on=["claim", "rows", "metric"])
             if len(before) == len(lines):
-                first = before["source"] if "source" in before else pd.Series(None, index=before.index)
+                first = before.get("source", pd.Series(None, index=before.index)).astype(object)
                 lines = before.assign(source=first.fillna(str(earlier)))
         out.append(lines)
     return pd.concat(out, ignore_index=True)
