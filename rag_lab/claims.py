@@ -127,12 +127,15 @@ def judge(claims: list[Claim], runs: list[Path]) -> pd.DataFrame:
         for test in claim.tests:
             row = {"paper": claim.paper, "claim": claim.claim, "rows": f"{claim.rows[0]} − {claim.rows[1]}"}
             row["metric"] = test.metric + (f" (margin {test.margin:+g})" if test.margin else "")
-            done = bootstrap_rows(scores_of(a), scores_of(b), (test.metric,)) if a and b else []
+            scale = 100.0 if test.metric in PERCENT else 1.0
+            # p against the margin: the test a non-inferiority claim makes (0 for the others)
+            null = test.margin / scale
+            done = bootstrap_rows(scores_of(a), scores_of(b), (test.metric,), null=null) if a and b else []
             if not done:
                 have = ", ".join(v for v in groups if v != "?") or "none"
                 row |= {"verdict": "no runs", "note": f"{claim.experiment} has {claim.by}: {have}"}
             else:
-                r, scale = done[0], 100.0 if test.metric in PERCENT else 1.0
+                r = done[0]
                 low, high = scale * r["ci_low"], scale * r["ci_high"]
                 row |= {"delta": scale * r["delta"], "ci_low": low, "ci_high": high, "p": r["p_value"]}
                 row |= {"seeds": len({overrides_of(x).get("seed", "0") for x in a}), "questions": r["n"]}
@@ -170,7 +173,8 @@ def render(table: pd.DataFrame) -> str:
     return (
         f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points"
         " for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a"
-        f" question with all its seeds (rag_lab/claims.py; the claims: conf/claims.yaml).{_sources(table)}"
+        " question with all its seeds; p is two-sided, against 0 or, for a test with a margin, against the"
+        f" margin (rag_lab/claims.py; the claims: conf/claims.yaml).{_sources(table)}"
         f"\n{END}\n"
     )
 

@@ -74,6 +74,10 @@ def test_a_non_inferiority_margin_and_a_mixed_claim(runs):
                   (Check("retrieval_count", "<"), Check("acc", ">", -1.0)))  # fmt: skip
     table = judge([claim], runs_)
     assert list(table["verdict"]) == ["holds", "holds"]
+    # the margin test's p is against the margin, not against 0: every draw loses less than 1 point
+    ones_lost = paired_bootstrap([0.0] + ones[1:], ones, null=-0.01)
+    assert table.iloc[1]["p"] == ones_lost.p_value and table.iloc[1]["p"] < 0.05
+    assert paired_bootstrap([0.0] + ones[1:], ones).p_value > 0.05
     strict = Claim("DAPO", "stage 2", "dapo", "policy.stages", ("[1,2]", "[1]"),
                    (Check("retrieval_count", "<"), Check("acc", ">")))  # fmt: skip
     assert list(judge([strict], runs_)["claim verdict"]) == ["not shown", "not shown"]

@@ -47,10 +47,12 @@ def bootstrap_rows(
     theirs: dict[tuple[str, str], dict],
     metrics: tuple[str, ...],
     subset: str = "all",
+    null: float = 0.0,
 ) -> list[dict]:
     """The paired bootstrap (each draw a question with all its seeds: :func:`paired_bootstrap`) of
     ``mine`` − ``theirs`` per metric, over the pairs of ``subset`` both scored (APEX's SEPR: those with a
-    plan; retrieval precision: those with a retrieval); column ``n``: how many pairs."""
+    plan; retrieval precision: those with a retrieval); column ``n``: how many pairs. ``p_value``: against
+    a difference of ``null`` (in the metric's own unit)."""
     rows, fields = [], {f for rec in mine.values() for f in rec}
     if unknown := [m for m in metrics if m not in fields]:
         raise RagLabError(
@@ -65,6 +67,7 @@ def bootstrap_rows(
                 [theirs[k][m] for k in shared],
                 questions=[k[1] for k in shared],
                 seeds=[k[0] for k in shared],
+                null=null,
             )
             rows.append({"metric": m} | result_row(res))
     return rows

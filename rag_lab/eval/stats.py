@@ -69,10 +69,12 @@ def paired_bootstrap(
     seeds: Sequence[str] | None = None,
     n_resamples: int = 10_000,
     seed: int = 0,
+    null: float = 0.0,
 ) -> PairedResult:
     """Paired bootstrap of mean(a) - mean(b) resampling questions: pair i is question ``questions[i]`` in
     seed ``seeds[i]`` (default: each pair its own question, one seed). Each draw takes whole questions
-    with all their seeds' pairs (module docstring).
+    with all their seeds' pairs (module docstring). ``p``: two-sided, against a difference of ``null``
+    (0; a non-inferiority test's margin, e.g. -0.01 for "loses at most one point").
 
     >>> q, s = ["q1", "q1", "q2", "q2"], ["0", "1", "0", "1"]
     >>> r = paired_bootstrap([1, 1, 0, 0], [0, 0, 0, 0], questions=q, seeds=s)
@@ -98,7 +100,7 @@ def paired_bootstrap(
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(diff), size=(n_resamples, len(diff)))
     deltas = diff[idx].mean(axis=1)
-    p = min(1.0, 2 * min(float(np.mean(deltas <= 0)), float(np.mean(deltas >= 0))))
+    p = min(1.0, 2 * min(float(np.mean(deltas <= null)), float(np.mean(deltas >= null))))
     low, high = np.percentile(deltas, [2.5, 97.5])
     per_seed = []
     for s in dict.fromkeys(seeds):
