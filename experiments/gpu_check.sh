@@ -19,11 +19,11 @@ if [ "${SMOKE:-0}" = 1 ]; then
   # the tiny LM on the default world (its shipped checkpoint) for SmolLM2; no bench (it would rewrite the
   # CPU's page); the page stays in $OUT
   TESTS=(tests/test_launch.py) BENCH=()
-  RUN=(generator=tiny policy.steps=2 policy.questions_per_step=2 policy.group_size=2 policy.cold_start.limit=8
-       policy.cold_start.max_steps=2 policy.heldout.n=4 policy.heldout.every=1 eval.limit=4)
+  RUN=(generator=tiny policy.steps=2 policy.questions_per_step=2 policy.group_size=2 experiment.cold_start.limit=8
+       experiment.cold_start.max_steps=2 policy.heldout.n=4 policy.heldout.every=1 eval.limit=4)
 else
   TESTS=() BENCH=(generator.device=cuda)
-  RUN=(generator=smollm2 policy.cold_start.max_steps=200 policy.steps=16 policy.questions_per_step=4
+  RUN=(generator=smollm2 experiment.cold_start.max_steps=200 policy.steps=16 policy.questions_per_step=4
        policy.heldout.n=64 policy.heldout.every=4
        eval.limit=100)
 fi

@@ -12,6 +12,7 @@ from rag_lab.cli import check_yaml_files
 from rag_lab.config import ConfigError, build, compose, group_options, schema_for, validate
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
+from rag_lab.sweeps import soften
 
 from conftest import cli
 
@@ -222,3 +223,17 @@ def test_an_override_that_a_sweep_row_also_sets_is_refused():
     check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.answer.beta=0.5"])
     with pytest.raises(ConfigError, match="reward.search"):
         check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.search=null"])
+
+
+def test_the_gpu_checks_run_keeps_the_whole_cold_start(repo_root):
+    """experiments/gpu_check.sh's run overrides (CPU smoke and GPU sizes) on dapo_synth leave its cold start
+    whole: an override of ``policy.cold_start.*`` there replaced ``${experiment.cold_start}`` with only the
+    keys it set, and the run died without ``split``."""
+    script = (repo_root / "experiments" / "gpu_check.sh").read_text()
+    blocks = re.findall(r"RUN=\((.*?)\)", script, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        # as the runner composes it: dapo_synth is a sweep, so its component overrides are soft (++)
+        cfg = compose(soften(["+experiment=dapo_synth", "policy.stages=[1]", *block.split()]))
+        cold = OmegaConf.to_container(cfg.policy.cold_start, resolve=True)
+        assert cold["split"] == "train" and cold["_target_"].endswith("ColdStartConfig"), cold
