@@ -11,7 +11,8 @@ seventh session's chain, from the shipped default (experiments/results/tiny_lm.m
     python -m rag_lab.run +experiment=tiny_lm generator.checkpoint=/tmp/probe/c6 generator.chain_steps=4000
 
 Every stage draws its items from the same seeded stream, so a continuation first replays the batches of the
-stage before it (renamed alike) and then draws new ones.
+stage before it (renamed alike) and then draws new ones. The card ``--out`` gets records only the last
+stage's ``chain_steps``, not the models it continued: the chain of ``--base`` arguments is the provenance.
 """
 
 import argparse
