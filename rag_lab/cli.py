@@ -1,13 +1,16 @@
 """What the command lines (``python -m rag_lab.run``, ``.score``, ``.serve``, ``.index``, the cold start)
 share: the config tree's yaml checked before Hydra reads it, the config folders a command line adds, the
 ``key=value`` overrides of the commands that compose a config outside ``@hydra.main``, and a job's
-overrides checked against the rows of an experiment's sweep (:func:`check_row_overrides`)."""
+overrides checked against the rows of an experiment's sweep (:func:`check_row_overrides`) and against the
+nodes the config sets by interpolation (:func:`check_below_interpolations`)."""
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR
 from rag_lab.config import ConfigError, group_options
@@ -105,4 +108,35 @@ def check_row_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
                 raise ConfigError(
                     f"override '{override}' sets {key}, which the experiment's row '{row}' sets too: every "
                     f"row would run with it, under its own label; drop the override, or sweep over {key}"
+                )
+
+
+def check_below_interpolations(overrides: Sequence[str], compose_without: Callable[[list[str]], Any]) -> None:
+    """A ``+`` / ``++`` override of a key below a node that the config sets by interpolation
+    (``++policy.cold_start.max_steps=200`` where ``dapo_synth`` says ``policy.cold_start:
+    ${experiment.cold_start}``) would not reach the node it points to: OmegaConf replaces the interpolation
+    with a new node holding only that key, and the run would lack every other one. A multirun's component
+    overrides take ``++`` (:func:`rag_lab.sweeps.soften`), so this is where the trap is. ``compose_without``
+    composes the job's config without the overrides under test; ConfigError naming the override and the key
+    to set instead."""
+    added = [o for o in overrides if o.startswith("+") and "." in o.lstrip("+").partition("=")[0]]
+    if not added:
+        return
+    base = compose_without([o for o in overrides if o not in added])
+    for override in added:
+        key, _, value = override.lstrip("+").partition("=")
+        parts = key.split(".")
+        for depth in range(1, len(parts)):
+            parent = OmegaConf.select(base, ".".join(parts[: depth - 1])) if depth > 1 else base
+            name = parts[depth - 1]
+            if not isinstance(parent, DictConfig) or name not in parent:
+                break
+            if OmegaConf.is_interpolation(parent, name):
+                text = parent._get_node(name)._value()
+                target = re.fullmatch(r"\$\{([\w.]+)\}", text)
+                rest = ".".join(parts[depth:])
+                instead = f"set {target[1]}.{rest}={value} instead" if target else "set the key it points to"
+                raise ConfigError(
+                    f"override '{override}': {'.'.join(parts[:depth])} is {text} in this config, and the "
+                    f"override would replace it with a node holding only {rest}; {instead}"
                 )

@@ -10,6 +10,7 @@ retriever, the dataset to the generator (the tiny LM, the teacher), the training
 and the resolved config to the policy. What the policy trains stays on the policy; evaluation asks it.
 """
 
+import functools
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
-from rag_lab.cli import check_row_overrides, check_yaml_files, user_config_dirs
+from rag_lab.cli import check_below_interpolations, check_row_overrides, check_yaml_files, user_config_dirs
 from rag_lab.config import ConfigError, build, locate, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
@@ -198,6 +199,12 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     return metrics
 
 
+def compose_job(hc, overrides: list[str]) -> DictConfig:
+    """This job's config composed again with other overrides (inside ``main``: Hydra is set up)."""
+    searchpath = [o for o in hc.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+    return hydra.compose("config", overrides=[*overrides, *searchpath])
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
@@ -205,6 +212,7 @@ def main(cfg: DictConfig) -> None:
     hydra_files = {"config": cfg, "hydra": OmegaConf.create({"hydra": hc}), "overrides": hc.overrides.task}
     with one_line_errors():
         check_row_overrides([o.removeprefix("++") for o in hc.overrides.task])
+        check_below_interpolations(hc.overrides.task, functools.partial(compose_job, hc))
         for override in drop_inapplicable(cfg, hc.overrides.task):
             log.info("%s: not a setting of this job's component, left out", override)
         run(cfg, Path(hc.runtime.output_dir), hydra_files)
