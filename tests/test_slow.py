@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from rag_lab.config import compose, group_options
 from rag_lab.run import run
@@ -65,6 +66,19 @@ SHORT_TRAINING = {
 }
 
 
+def to_target(cfg, override: str) -> str:
+    """``policy.cold_start.limit=4`` as ``experiment.cold_start.limit=4`` where the experiment sets
+    ``policy.cold_start: ${experiment.cold_start}`` (an override below the interpolation would replace it)."""
+    key, _, value = override.partition("=")
+    parent, _, rest = key.rpartition(".")
+    node, _, name = parent.rpartition(".")
+    holder = OmegaConf.select(cfg, node) if node else cfg
+    if holder is None or name not in holder or not OmegaConf.is_interpolation(holder, name):
+        return override
+    target = holder._get_node(name)._value().removeprefix("${").removesuffix("}")
+    return f"{target}.{rest}={value}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", group_options("experiment"))
 def test_experiment_smoke(name, tiny_cfg, tmp_path):
@@ -73,7 +87,9 @@ def test_experiment_smoke(name, tiny_cfg, tmp_path):
         pytest.skip("the paper's configuration: needs a GPU, vLLM and the dataset files")
     if not cfg.data._target_.endswith("SynthDataset"):
         pytest.skip("the paper's configuration: needs the dataset files and the hub models")
-    cfg = tiny_cfg(f"+experiment={name}", *SHORT_TRAINING.get(cfg.policy._target_, []))
+    cfg = tiny_cfg(
+        f"+experiment={name}", *[to_target(cfg, o) for o in SHORT_TRAINING.get(cfg.policy._target_, [])]
+    )
     metrics = run(cfg, tmp_path)
     assert metrics["all"]["n"] > 0
 
