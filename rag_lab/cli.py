@@ -119,7 +119,9 @@ def check_below_interpolations(overrides: Sequence[str], compose_without: Callab
     overrides take ``++`` (:func:`rag_lab.sweeps.soften`), so this is where the trap is. ``compose_without``
     composes the job's config without the overrides under test; ConfigError naming the override and the key
     to set instead."""
-    added = [o for o in overrides if o.startswith("+") and "." in o.lstrip("+").partition("=")[0]]
+    keys = {o: o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+")}
+    # a dotted key, not a config group (``+cold_start@experiment.cold_start=shared``, ``+experiment/x=y``)
+    added = [o for o, key in keys.items() if "." in key and not set("@/") & set(key)]
     if not added:
         return
     base = compose_without([o for o in overrides if o not in added])

@@ -240,9 +240,17 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
         "experiment.cold_start.max_steps=3 instead"
     )
     assert not list(tmp_path.rglob("records.jsonl"))
-    # what the error says to set, and soft overrides beside it, pass
+    # what the error says to set, soft overrides beside it and a group placed with a package pass
     check_below_interpolations(
         ["+experiment=dapo_synth", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
+    )
+    check_below_interpolations(
+        [
+            "+experiment=stoprag_synth",
+            "+cold_start@experiment.cold_start=shared",
+            "experiment.cold_start.limit=4",
+        ],
+        compose,
     )
 
 
