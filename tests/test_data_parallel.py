@@ -66,7 +66,9 @@ def test_a_checkpoint_loads_at_an_indexed_cpu_as_transformers_asks_under_several
 # each method's paper-scale-free run under launch=cpu2: SHORT_TRAINING's sizes with two questions a step
 LAUNCHED = {
     "dapo_synth": ["policy.steps=2", "policy.questions_per_step=2", "policy.group_size=2",
-                   "policy.max_new_tokens=16", "policy.cold_start.limit=4", "policy.cold_start.max_steps=2"],
+                   # dapo_synth's policy.cold_start is ${experiment.cold_start}: its sizes are set there
+                   "policy.max_new_tokens=16", "experiment.cold_start.limit=4",
+                   "experiment.cold_start.max_steps=2"],
     "evorag_synth": ["policy.max_cycles=1", "policy.questions_per_cycle=2", "policy.states_per_episode=1",
                      "policy.dev_limit=2", "policy.max_turns=3", "policy.max_new_tokens=16",
                      "policy.batch_size=2", "policy.cold_start.limit=4", "policy.cold_start.max_steps=2"],
