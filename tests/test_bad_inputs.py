@@ -479,6 +479,36 @@ def test_bad_input_ends_in_one_line(case: Case, tmp_path, finished_run, tiny_lm,
         assert not (set(after) - set(before)) & {"records.jsonl", "metrics.json"}
 
 
+def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_path, capfd, monkeypatch):
+    """dapo_synth sets ``policy.cold_start: ${experiment.cold_start}``; in its sweep ``policy.cold_start.
+    max_steps=3`` becomes ``++`` (soft) and would replace the interpolation with ``{max_steps: 3}``: the run
+    died later with a traceback (``Missing key split``). It is refused at once, naming the key to set."""
+    from rag_lab.cli import check_below_interpolations
+    from rag_lab.config import compose
+
+    args = ["+experiment=dapo_synth", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
+    rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)
+    assert rc == 1
+    assert out.splitlines()[-1] == (
+        "error: override '++policy.cold_start.max_steps=3': policy.cold_start is ${experiment.cold_start} in "
+        "this config, and the override would replace it with a node holding only max_steps; set "
+        "experiment.cold_start.max_steps=3 instead"
+    )
+    assert not list(tmp_path.rglob("records.jsonl"))
+    # what the error says to set, soft overrides beside it and a group placed with a package pass
+    check_below_interpolations(
+        ["+experiment=dapo_synth", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
+    )
+    check_below_interpolations(
+        [
+            "+experiment=stoprag_synth",
+            "+cold_start@experiment.cold_start=shared",
+            "experiment.cold_start.limit=4",
+        ],
+        compose,
+    )
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /sys, read-only even for root")
 def test_read_only_output_dir_is_one_line(tmp_path, capfd, monkeypatch):
     if os.geteuid() == 0:
