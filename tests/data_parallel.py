@@ -71,11 +71,11 @@ def dpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     return model, {"steps": stats["steps"]}
 
 
-def grpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
+def grpo(model_dir: str, work: Path, micro_batch: int | None = None) -> tuple[torch.nn.Module, dict]:
     """TRL's GRPOTrainer in DAPO's setting (rag_lab.policies.dapo.trainer.dapo_config): 2 steps of 4 questions
     x 2 samples, rollouts fixed (a function of the prompt and the sample's place in its group, so one process
     and two play the same) with one token per completion masked out as retrieved, a reward that differs
-    within each group."""
+    within each group; each step's forward and backward in passes of ``micro_batch`` sequences (null: one)."""
     from types import SimpleNamespace
 
     from datasets import Dataset
@@ -106,7 +106,9 @@ def grpo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     sampling = dict(
         train_sampling=Sampling(temperature=1.0), sampling=Sampling(max_new_tokens=8), max_turns=2
     )
-    policy = SimpleNamespace(**sizes, **sampling, epsilon=0.2, epsilon_high=0.28, kl_coef=0.0)
+    policy = SimpleNamespace(
+        **sizes, **sampling, micro_batch=micro_batch, epsilon=0.2, epsilon_high=0.28, kl_coef=0.0
+    )
     trainer = GRPOTrainer(
         model=model_of(model_dir),
         reward_funcs=[reward],

@@ -108,6 +108,30 @@ def test_the_planner_loss_is_a_token_mean_as_verls():
         PlannerRL(loss_type="mean")
 
 
+def test_the_planners_micro_batches_accumulate_into_one_update_a_step():
+    """``policy.planner.micro_batch``: a step's 4 x 8 plans in passes of 8, one update per generated batch
+    (the same TRL keys as DAPO's, whose update tests/test_dapo.py checks against one pass)."""
+    from rag_lab.policies.apex.planner import planner_config
+
+    config = planner_config(PlannerRL(micro_batch=8), Path("unused"), "cpu")
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (8, 4)
+    assert config.generation_batch_size == 32
+    whole = planner_config(PlannerRL(), Path("unused"), "cpu")
+    assert (
+        whole.per_device_train_batch_size,
+        whole.gradient_accumulation_steps,
+        whole.generation_batch_size,
+    ) == (
+        32,
+        1,
+        32,
+    )
+    with pytest.raises(
+        RagLabError, match=r"policy\.planner\.micro_batch: 5 does not divide a step's 32 plans"
+    ):
+        PlannerRL(micro_batch=5)
+
+
 def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base, tmp_path):
     """A held-out callback (every step): the planner's log holds its rows at steps 0, 1, 2 beside the
     training rows, each once after a kill at step 1; each row measured with the planner of that step."""

@@ -320,22 +320,29 @@ def test_the_stage_key_is_the_runs_config_but_the_stages(data, base, tmp_path):
 
 def test_the_paper_setup_is_its_table_5():
     """dapo_2wiki: 32 prompts x 32 rollouts a step (1,024 trajectories), 500 steps over the two stages,
-    lr 1e-6, no KL term (the text's choice over the table's kl_loss_coef), one update per batch."""
+    lr 1e-6, no KL term (the text's choice over the table's kl_loss_coef), one update per batch, in passes
+    of one trajectory (ppo_micro_batch_size_per_gpu)."""
     from rag_lab.config import compose
     from rag_lab.policies.dapo.trainer import dapo_config
 
     p = compose(["+experiment=dapo_2wiki"]).policy
-    assert (p.questions_per_step * p.group_size, p.steps * len(p.stages), p.lr, p.kl_coef) == (
+    assert (p.questions_per_step * p.group_size, p.steps * len(p.stages), p.lr, p.kl_coef, p.micro_batch) == (
         1024,
         500,
         1e-6,
         0.0,
+        1,
     )
     args = dapo_config(
         policy(kl_coef=1e-4, questions_per_step=32, group_size=32), Path("unused"), [1.0], "cpu"
     )
     assert (args.per_device_train_batch_size, args.num_generations, args.beta) == (1024, 32, 1e-4)
     assert (args.gradient_accumulation_steps, args.steps_per_generation, args.num_iterations) == (1, 1, 1)
+    args = dapo_config(
+        policy(questions_per_step=32, group_size=32, micro_batch=1), Path("unused"), [1.0], "cpu"
+    )
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (1, 1024)
+    assert (args.generation_batch_size, args.steps_per_generation) == (1024, 1024)
 
 
 def test_a_damaged_stage_is_named_not_loaded_and_a_damaged_checkpoint_is_skipped(data, base, tmp_path):
@@ -395,3 +402,21 @@ def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight
 
 def said(episodes) -> list[str]:
     return ["".join(step.text for step in ep.steps) for ep in episodes]
+
+
+def test_micro_batches_make_the_update_of_one_pass(tiny_lm, tmp_path):
+    """``policy.micro_batch``: each step's 8 episodes in 4 passes of 2 make the update of one pass of 8 (TRL's
+    gradient accumulation over one generated batch: its "dapo" loss divides by the whole batch's tokens)."""
+    from data_parallel import grpo
+    from transformers import AutoModelForCausalLM
+
+    one, _ = grpo(tiny_lm, tmp_path / "one")
+    four, stats = grpo(tiny_lm, tmp_path / "four", micro_batch=2)
+    assert stats["steps"] == 2
+    initial = AutoModelForCausalLM.from_pretrained(tiny_lm).state_dict()
+    mine = four.state_dict()
+    for key, value in one.state_dict().items():
+        # the key projection's bias gets rounding noise only, which Adam scales up (test_data_parallel.py)
+        atol = 1e-4 if key.endswith("k_proj.bias") else 1e-5
+        torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=atol, msg=key)
+    assert sum(not torch.equal(mine[k], v) for k, v in initial.items()), "no weight moved"

@@ -34,7 +34,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.curves import CurveLog
-from rag_lab.train.grpo import grpo_config
+from rag_lab.train.grpo import grpo_config, passes
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
@@ -50,6 +50,9 @@ class PlannerRL:
     # plans per question (G: GRPO compares a group's plans, 2 at least) and questions per step
     group_size: Annotated[int, Range(2)] = 8
     questions_per_step: PositiveInt = 4
+    # plans per forward and backward pass in each process (null: a process's whole step); gradient
+    # accumulation over the step's plans, for a batch that does not fit in memory (rag_lab.train.grpo.passes)
+    micro_batch: PositiveInt | None = None
     epochs: Positive = 3.0
     # the first `train_limit` training questions with a gold plan (null: all)
     train_limit: PositiveInt | None = 200
@@ -67,8 +70,18 @@ class PlannerRL:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key, why in check_ranges(PlannerRL, asdict(self)):
+        for key, why in [*check_ranges(PlannerRL, asdict(self)), *self.check_settings(asdict(self), None)]:
             raise RagLabError(f"policy.planner.{key}: {why}")
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides a step's plans."""
+        plans = s["questions_per_step"] * s["group_size"]
+        if s["micro_batch"] and plans % s["micro_batch"]:
+            return [
+                ("micro_batch", f"{s['micro_batch']} does not divide a step's {plans} plans (questions x G)")
+            ]
+        return []
 
 
 def plan_steps(completions: list[Any], **_: Any) -> list[float]:
@@ -106,9 +119,13 @@ def planner_config(config: PlannerRL, work: Path, device: str):
         config.seed,
         config.save_steps,
         num_train_epochs=config.epochs,
-        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel)
-        per_device_train_batch_size=share(config.questions_per_step, "policy.planner.questions_per_step")
-        * config.group_size,
+        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel), in
+        # passes of micro_batch plans (one update a step either way)
+        **passes(
+            share(config.questions_per_step, "policy.planner.questions_per_step") * config.group_size,
+            config.micro_batch,
+            "policy.planner.micro_batch",
+        ),
         num_generations=config.group_size,
         learning_rate=config.lr,
         beta=config.beta,

@@ -75,6 +75,10 @@ class DAPO(Agent):
         questions_per_step: PositiveInt = 4,
         # (GRPO compares a group's samples: 2 at least)
         group_size: Annotated[int, Range(2)] = 8,
+        # sequences per forward and backward pass in each process (null: a process's whole step, questions x
+        # G / processes): gradient accumulation over the step's episodes, still one update a step, for a
+        # batch that does not fit in memory (the paper's 32 x 32; rag_lab.train.grpo.passes)
+        micro_batch: PositiveInt | None = None,
         lr: Positive = 1e-4,
         epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2,
         epsilon_high: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.28,
@@ -115,6 +119,7 @@ class DAPO(Agent):
         self.weights = {name: float((weights or {}).get(name, 1.0)) for name in self.reward}
         self.stages, self.steps, self.lr = list(stages), steps, lr
         self.questions_per_step, self.group_size = questions_per_step, group_size
+        self.micro_batch = micro_batch
         self.epsilon, self.epsilon_high, self.kl_coef = epsilon, epsilon_high, kl_coef
         self.train_sampling = Sampling(
             temperature=train_temperature, top_p=top_p, max_new_tokens=self.sampling.max_new_tokens
@@ -145,6 +150,10 @@ class DAPO(Agent):
         problems += [
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
+        episodes = s["questions_per_step"] * s["group_size"]
+        if s["micro_batch"] and episodes % s["micro_batch"]:
+            why = f"{s['micro_batch']} does not divide a step's {episodes} episodes (questions_per_step x G)"
+            problems.append(("micro_batch", why))
         terms = OmegaConf.select(run, "reward")
         names = (
             [k for k in terms if not k.startswith("_") and k != "beta"]

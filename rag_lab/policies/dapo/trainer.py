@@ -22,7 +22,7 @@ from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
 from rag_lab.rewards.dapo import answer_correct, retrieval_count
 from rag_lab.train.curves import CurveLog
-from rag_lab.train.grpo import grpo_config
+from rag_lab.train.grpo import grpo_config, passes
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.lora import peft_config
 from rag_lab.train.parallel import processes, publish_on_main, share
@@ -54,11 +54,14 @@ def dapo_config(policy, work: Path, reward_weights: list[float], device: str, vl
         policy.save_steps,
         policy.bf16,
         max_steps=policy.steps,
-        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel)
-        per_device_train_batch_size=share(policy.questions_per_step, "policy.questions_per_step")
-        * policy.group_size,
+        # a step's questions split between the processes, whole groups each (rag_lab.train.parallel), in
+        # passes of policy.micro_batch sequences (one update a step either way)
+        **passes(
+            share(policy.questions_per_step, "policy.questions_per_step") * policy.group_size,
+            policy.micro_batch,
+            "policy.micro_batch",
+        ),
         num_generations=policy.group_size,
-        steps_per_generation=1,
         num_iterations=1,
         learning_rate=policy.lr,
         loss_type="dapo",
