@@ -30,12 +30,15 @@ def grpo_config(
 
 def passes(per_process: int, micro_batch: int | None, key: str) -> dict[str, int]:
     """TRL's batch keys for one update over a process's ``per_process`` generated sequences in passes of
-    ``micro_batch`` sequences (null: one pass); a one-line error naming ``key`` where it does not divide.
+    ``micro_batch`` sequences (null, or more than there are: one pass); a one-line error naming ``key``
+    where it does not divide them.
 
     >>> passes(32, 8, "policy.micro_batch")
     {'per_device_train_batch_size': 8, 'gradient_accumulation_steps': 4, 'steps_per_generation': 4}
+    >>> passes(4, 8, "policy.micro_batch")["per_device_train_batch_size"]
+    4
     """
-    micro = micro_batch or per_process
+    micro = min(micro_batch or per_process, per_process)
     if per_process % micro:
         raise RagLabError(
             f"{key}={micro} does not divide a process's batch of {per_process} sequences (questions per step "

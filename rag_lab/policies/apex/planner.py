@@ -50,7 +50,7 @@ class PlannerRL:
     # plans per question (G: GRPO compares a group's plans, 2 at least) and questions per step
     group_size: Annotated[int, Range(2)] = 8
     questions_per_step: PositiveInt = 4
-    # plans per forward and backward pass in each process (null: a process's whole step); gradient
+    # plans per forward and backward pass in each process, at most (null: a process's whole step); gradient
     # accumulation over the step's plans, for a batch that does not fit in memory (rag_lab.train.grpo.passes)
     micro_batch: PositiveInt | None = None
     epochs: Positive = 3.0
@@ -77,7 +77,7 @@ class PlannerRL:
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides a step's plans."""
         plans = s["questions_per_step"] * s["group_size"]
-        if s["micro_batch"] and plans % s["micro_batch"]:
+        if s["micro_batch"] and s["micro_batch"] < plans and plans % s["micro_batch"]:
             return [
                 ("micro_batch", f"{s['micro_batch']} does not divide a step's {plans} plans (questions x G)")
             ]

@@ -75,9 +75,9 @@ class DAPO(Agent):
         questions_per_step: PositiveInt = 4,
         # (GRPO compares a group's samples: 2 at least)
         group_size: Annotated[int, Range(2)] = 8,
-        # sequences per forward and backward pass in each process (null: a process's whole step, questions x
-        # G / processes): gradient accumulation over the step's episodes, still one update a step, for a
-        # batch that does not fit in memory (the paper's 32 x 32; rag_lab.train.grpo.passes)
+        # sequences per forward and backward pass in each process, at most (null: a process's whole step,
+        # questions x G / processes): gradient accumulation over the step's episodes, still one update a
+        # step, for a batch that does not fit in memory (the paper's 32 x 32; rag_lab.train.grpo.passes)
         micro_batch: PositiveInt | None = None,
         lr: Positive = 1e-4,
         epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2,
@@ -151,7 +151,7 @@ class DAPO(Agent):
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
         episodes = s["questions_per_step"] * s["group_size"]
-        if s["micro_batch"] and episodes % s["micro_batch"]:
+        if s["micro_batch"] and s["micro_batch"] < episodes and episodes % s["micro_batch"]:
             why = f"{s['micro_batch']} does not divide a step's {episodes} episodes (questions_per_step x G)"
             problems.append(("micro_batch", why))
         terms = OmegaConf.select(run, "reward")
