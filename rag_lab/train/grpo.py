@@ -4,8 +4,10 @@ learning rate, dropout off, checkpoints, device and precision), each method's ow
 
 A step's batch (questions x group size, each process its share) is generated at once and trains one
 optimiser update. :func:`passes` splits that update's forward and backward into micro-batches where the
-batch does not fit in memory (TRL's gradient accumulation over one generated batch: its "dapo" loss divides
-by the generated batch's tokens, so the update is the one of a single pass, up to float summation order).
+batch does not fit in memory (TRL's gradient accumulation over one generated batch). Under the "dapo" loss
+(DAPO's, and the planner's default), which divides by the generated batch's tokens, and under "grpo" and
+"dr_grpo", whose passes are of equal size, the update is the one of a single pass up to float summation
+order; "bnpo" averages the tokens of each pass, so its passes weigh tokens slightly differently.
 """
 
 from pathlib import Path
@@ -46,3 +48,12 @@ def passes(per_process: int, micro_batch: int | None, key: str) -> dict[str, int
         )
     n = per_process // micro
     return dict(per_device_train_batch_size=micro, gradient_accumulation_steps=n, steps_per_generation=n)
+
+
+def micro_batch_problems(settings: dict, unit: str) -> list[tuple[str, str]]:
+    """``check_settings``'s line for a ``micro_batch`` that does not divide a step's ``questions_per_step x
+    group_size`` ``unit`` (a larger one is one pass)."""
+    micro, step = settings["micro_batch"], settings["questions_per_step"] * settings["group_size"]
+    if micro and micro < step and step % micro:
+        return [("micro_batch", f"{micro} does not divide a step's {step} {unit} (questions_per_step x G)")]
+    return []

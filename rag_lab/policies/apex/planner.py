@@ -34,7 +34,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.curves import CurveLog
-from rag_lab.train.grpo import grpo_config, passes
+from rag_lab.train.grpo import grpo_config, micro_batch_problems, passes
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
@@ -76,12 +76,7 @@ class PlannerRL:
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides a step's plans."""
-        plans = s["questions_per_step"] * s["group_size"]
-        if s["micro_batch"] and s["micro_batch"] < plans and plans % s["micro_batch"]:
-            return [
-                ("micro_batch", f"{s['micro_batch']} does not divide a step's {plans} plans (questions x G)")
-            ]
-        return []
+        return micro_batch_problems(s, "plans")
 
 
 def plan_steps(completions: list[Any], **_: Any) -> list[float]:

@@ -48,6 +48,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
+from rag_lab.train.grpo import micro_batch_problems
 from rag_lab.train.heldout import HeldOut
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model, readable
@@ -150,10 +151,7 @@ class DAPO(Agent):
         problems += [
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
-        episodes = s["questions_per_step"] * s["group_size"]
-        if s["micro_batch"] and s["micro_batch"] < episodes and episodes % s["micro_batch"]:
-            why = f"{s['micro_batch']} does not divide a step's {episodes} episodes (questions_per_step x G)"
-            problems.append(("micro_batch", why))
+        problems += micro_batch_problems(s, "episodes")
         terms = OmegaConf.select(run, "reward")
         names = (
             [k for k in terms if not k.startswith("_") and k != "beta"]
