@@ -11,7 +11,6 @@ are the gold decompositions SEPR scores against, so its plans score SEPR ~0.97 b
 2. Greedy SEPR on the test questions' plans is measured before and after plan RL. Plan RL is the demo's
    (``PlannerRL``: GRPO with SEPR, groups of 8, 4 questions a step, one epoch over 100 questions, 25 steps)
    and ``--epochs`` / ``--limit`` can lengthen it.
-
 3. Each planner then runs APEX's whole loop on the same test questions (greedy), with the demo's executor
    (make demo's shared cold start, shipped), and its Acc is compared with the wrong planner's by a paired
    bootstrap over questions.
@@ -19,6 +18,10 @@ are the gold decompositions SEPR scores against, so its plans score SEPR ~0.97 b
 It measures the trainer on a planner that has something to learn, not the paper's claim.
 
     python experiments/probe_apex_imperfect_planner.py --out /tmp/apex_probe/s0 --seed 0   # ~3 min, 2 cores
+    python experiments/probe_apex_imperfect_planner.py --pool /tmp/apex_probe/s0 /tmp/apex_probe/s1 ...
+
+``--pool``: plan RL's Acc gain over the wrong planner across seeds, each bootstrap draw a question with all
+its seeds (the ninth session's +18.1 over seeds 0-2).
 """
 
 import argparse
@@ -84,9 +87,23 @@ def loop_acc(env: Env, planner: HFGenerator, questions, loop: dict) -> list[floa
     return [accuracy(ep.prediction, list(q.answers)) for ep, q in zip(episodes, questions, strict=True)]
 
 
+def pool(outs: list[Path]) -> None:
+    """Plan RL − the wrong planner (Acc) over the runs in ``outs`` (one a seed), questions resampled with
+    all their seeds."""
+    a, b, questions, seeds = [], [], [], []
+    for out in outs:
+        acc = json.loads((out / "results.json").read_text())["acc_by_question"]
+        a += acc["plan_rl"]
+        b += acc["wrong"]
+        questions += [str(i) for i in range(len(acc["wrong"]))]
+        seeds += [str(out)] * len(acc["wrong"])
+    print(paired_bootstrap(a, b, questions=questions, seeds=seeds))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--pool", type=Path, nargs="+", help="runs' --out folders: their pooled gain")
     parser.add_argument("--wrong", type=float, default=0.5)
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -94,6 +111,10 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0, help="the cut plans', the SFT's and plan RL's seed")
     args = parser.parse_args()
+    if args.pool:
+        return pool(args.pool)
+    if args.out is None:
+        parser.error("--out (or --pool) is required")
     cfg = compose(["generator=tiny", "policy=apex", "reward=sepr"])
     data = instantiate(cfg.data)
     base = build(cfg.generator, data=data)
@@ -128,7 +149,8 @@ def main() -> None:
     trained = HFGenerator(str(args.out / "plan_rl"), str(tokenizer_dir), **settings)
     results["plan_rl"] = greedy_sepr(trained, test, sepr) | {"steps_trained": stats["steps"]}
     print("after plan RL", results["plan_rl"], flush=True)
-    executor_dir = next(iter(sorted(Path(SHIPPED_COLD).iterdir())))
+    # make demo's shared cold start, the one shipped beside the default LM
+    (executor_dir,) = [d for d in SHIPPED_COLD.iterdir() if d.is_dir()]
     executor = HFGenerator(str(executor_dir), str(executor_dir / "tokenizer"), **settings)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), executor)
     loop = {k: cfg.policy[k] for k in ("plan", "hops", "k", "max_new_tokens", "temperature")}
