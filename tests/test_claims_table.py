@@ -1,0 +1,196 @@
+"""The claims table's bookkeeping (rag_lab/claims.py), pinned where `make mutate` found it loose: the verdict
+on each side of a margin, raw units for a metric that is not a percentage, the rendered line and sentence,
+the spec's defaults and its one-line errors, --keep across two earlier tables, and the block replaced in
+claims.md and the README with nothing around it moved."""
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from rag_lab.claims import (
+    BEGIN,
+    END,
+    Check,
+    Claim,
+    _p,
+    headlines,
+    judge,
+    kept,
+    read_spec,
+    render,
+    verdict,
+    write_claims,
+)
+from rag_lab.errors import RagLabError
+from tests.test_claims import make_run
+
+
+def test_verdicts_on_both_sides_of_a_margin():
+    # "<": A − B must lie below the margin; a CI wholly above it is reversed
+    assert verdict(0.4, 2.0, Check("rc", "<")) == "reversed"
+    assert verdict(-2.0, -0.4, Check("rc", "<")) == "holds"
+    # "<" with a margin: A − B below +0.5 (searches at most half a retrieval more)
+    assert verdict(0.1, 0.3, Check("rc", "<", 0.5)) == "holds"
+    assert verdict(0.6, 0.9, Check("rc", "<", 0.5)) == "reversed"
+    # a CI whose end touches the margin is not wholly on its side
+    assert verdict(0.0, 1.0, Check("acc")) == "not shown"
+    assert verdict(-1.0, 0.0, Check("acc")) == "not shown"
+    assert verdict(-1.0, 0.3, Check("acc", ">", -1.0)) == "not shown"
+
+
+def test_p_values_and_counts_as_written():
+    assert [_p(None), _p(math.nan), _p(0.0004), _p(0.001), _p(0.25)] == ["—", "—", "<0.001", "0.001", "0.250"]
+    t = pd.DataFrame({"paper": list("AABCC"), "claim verdict": ["holds", "not shown", "reversed",
+                      "not shown", "holds"]})  # fmt: skip
+    assert headlines(t) == "Papers whose headline (the paper's first claim) holds: 1 of 3 (A)."
+    assert headlines(t.iloc[2:3]) == "Papers whose headline (the paper's first claim) holds: 0 of 1."
+    t.loc[2, "claim verdict"] = "holds"
+    assert headlines(t) == "Papers whose headline (the paper's first claim) holds: 2 of 3 (A, B)."
+
+
+def _runs(root):
+    ones = [1.0] * 40
+    make_run(root, "e", "policy", "a", 0, {"acc": ones, "retrieval_count": [1.0] * 40})
+    make_run(root, "e", "policy", "b", 0, {"acc": [0.0] * 10 + ones[10:], "retrieval_count": [3.5] * 40})
+    make_run(root, "f", "policy", "a", 0, {"acc": ones, "retrieval_count": [1.0] * 40})
+    make_run(root, "f", "policy", "c", 0, {"acc": ones, "retrieval_count": [1.0] * 40})
+    make_run(root, "f", "other", "x", 0, {"acc": ones})  # no policy override: not a row of the claims
+    (make_run(root, "g", "policy", "a", 0, {"acc": ones}) / "config.yaml").unlink()  # no experiment
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+def test_raw_units_the_margin_label_and_a_claim_with_one_row_missing(tmp_path):
+    claims = [
+        Claim("P", "fewer", "e", "policy", ("a", "b"),
+              (Check("retrieval_count", "<"), Check("acc", ">", -1.0))),
+        Claim("Q", "one row", "f", "policy", ("a", "b"), (Check("acc", ">"),)),
+    ]  # fmt: skip
+    table = judge(claims, _runs(tmp_path))
+    rc, acc, missing = (table.iloc[i] for i in range(3))
+    # retrieval counts stay in retrievals (every question 1.0 − 3.5); Acc is in points (10 of 40 lost: +25)
+    assert (rc["delta"], rc["ci_low"], rc["ci_high"]) == (-2.5, -2.5, -2.5)
+    assert acc["delta"] == pytest.approx(25.0) and acc["metric"] == "acc (margin -1)"
+    assert rc["metric"] == "retrieval_count"
+    # only A has runs: no runs, and the note says which rows the experiment has
+    assert missing["verdict"] == "no runs" and missing["note"] == "f has policy: a, c"
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_the_rendered_lines_and_sentence(tmp_path):
+    claims = [
+        Claim("P", "fewer", "e", "policy", ("a", "b"),
+              (Check("retrieval_count", "<"), Check("acc", ">", 60.0))),
+        Claim("Q", "one row", "f", "policy", ("a", "b"), (Check("acc", ">"),)),
+    ]  # fmt: skip
+    block = render(judge(claims, _runs(tmp_path)))
+    lines = block.splitlines()
+    assert lines[0] == BEGIN and lines[-1] == END
+    header, _, first, margin, second = (_cells(x) for x in lines[1:6])
+    assert header == ["paper", "claim", "A − B", "metric", "Δ [95% CI]", "p", "seeds", "N", "test",
+                      "claim verdict"]  # fmt: skip
+    assert first == ["P", "fewer", "a − b", "retrieval_count", "-2.50 [-2.50, -2.50]", "<0.001", "1", "40",
+                     "holds", "reversed"]  # fmt: skip
+    assert margin[3] == "acc (margin +60)" and margin[4].startswith("+25.00 [")
+    assert margin[6:] == ["1", "40", "reversed", "reversed"]
+    assert second == ["Q", "one row", "a − b", "acc", "—", "—", "—", "—", "no runs", "no runs"]
+    assert lines[-2] == (
+        "Claims: 1 reversed, 1 no runs. Papers whose headline (the paper's first claim) holds: 0 of 2. Δ is"
+        " A − B (percentage points for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over"
+        " questions, each draw a question with all its seeds; p is two-sided, against 0 or, for a test with a"
+        " margin, against the margin (rag_lab/claims.py; the claims: conf/claims.yaml)."
+    )
+
+
+def test_the_spec_defaults_and_its_one_line_errors(tmp_path):
+    spec = tmp_path / "claims.yaml"
+    entry = {"paper": "P", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+             "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<", "margin": 0.5}]}  # fmt: skip
+    spec.write_text(yaml.safe_dump({"claims": [entry]}))
+    assert read_spec(spec)[0].tests == (Check("acc", ">", 0.0), Check("rc", "<", 0.5))
+    with pytest.raises(RagLabError, match=r"^\S*missing.yaml: No such file or directory$"):
+        read_spec(tmp_path / "missing.yaml")
+    spec.write_text("claims:\n  - paper: P\n    claim: [unclosed\n")
+    with pytest.raises(
+        RagLabError, match=r"^\S*claims.yaml:4: malformed yaml \(while parsing a flow sequence\)$"
+    ):
+        read_spec(spec)
+    spec.write_text("claims: \x07\n")  # a reader error: no line to name
+    with pytest.raises(RagLabError, match=r"^\S*claims.yaml: malformed yaml \(unacceptable character"):
+        read_spec(spec)
+    for text in ("- a list\n", "claims: []\n", "claims: 3\n"):
+        spec.write_text(text)
+        with pytest.raises(RagLabError, match=r"claims.yaml: not a claims spec \(a non-empty 'claims' list"):
+            read_spec(spec)
+
+
+def _earlier(tmp_path, name, lines, source=None):
+    path = tmp_path / name
+    cols = "paper,claim,rows,metric,delta,ci_low,ci_high,p,seeds,questions,verdict,claim verdict"
+    path.write_text(cols + (",source" if source else "") + "\n" + "".join(
+        f"{x}" + (f",{source}" if source else "") + "\n" for x in lines))  # fmt: skip
+    return path
+
+
+def test_keep_across_two_earlier_tables_in_the_specs_order(tmp_path):
+    named = (("Z", "z", ("c", "d")), ("X", "x", ("a", "b")), ("Y", "y", ("e", "f")))
+    no_runs = [Claim(p, c, "none", "policy", rows, (Check("acc"),)) for p, c, rows in named]
+    table = judge(no_runs, _runs(tmp_path))
+    earlier = _earlier(tmp_path, "earlier.csv", [
+        "X,x,a − b,acc,4.0,1.0,7.0,0.01,3,300,holds,holds",
+        "Y,y,e − f,acc,,,,,,,no runs,no runs",
+    ])  # fmt: skip
+    older = _earlier(
+        tmp_path,
+        "chained.csv",
+        ["Z,z,c − d,acc,-2.0,-3.0,-1.0,0.0,3,300,reversed,reversed"],
+        source="older.csv",
+    )
+    both = pd.concat([pd.read_csv(earlier), pd.read_csv(older)])
+    both.to_csv(tmp_path / "both.csv", index=False)
+    out = kept(table, tmp_path / "both.csv")
+    # the spec's order (Z, X, Y), each kept line naming the table it came from, a "no runs" line not kept
+    assert list(out["paper"]) == ["Z", "X", "Y"] and list(out["verdict"]) == ["reversed", "holds", "no runs"]
+    assert list(out["source"].iloc[:2]) == ["older.csv", str(tmp_path / "both.csv")]
+    assert out["source"].isna().iloc[2]
+    sentence = render(out).splitlines()[-2]
+    files = f"{tmp_path / 'both.csv'}, older.csv"
+    assert sentence.endswith(
+        f" Not run again, kept from the earlier table ({files}; its git history dates it):"
+        " Z, c − d; X, a − b."
+    )
+    assert "Not run again" not in render(table)
+    with pytest.raises(RagLabError, match=r"^\S*absent.csv: cannot read the earlier claims table"):
+        kept(table, tmp_path / "absent.csv")
+
+
+def test_the_block_goes_in_place_or_after_the_page_and_into_the_readme(tmp_path):
+    root = tmp_path / "runs"
+    _runs(root)
+    spec = tmp_path / "claims.yaml"
+    spec.write_text(yaml.safe_dump({"claims": [{"paper": "P", "claim": "c", "experiment": "e", "by": "policy",
+        "rows": ["a", "b"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
+    out, readme = tmp_path / "claims.md", tmp_path / "README.md"
+    readme.write_text(f"# Tool\n\n{BEGIN}\nOLD\n{END}\n## Next\n")
+    out.write_text(f"# Claims\n{BEGIN}\nOLD\n{END}\n## Why\n")
+    block = write_claims([root], out, spec, readme=readme)
+    assert out.read_text() == f"# Claims\n{block}## Why\n"
+    assert readme.read_text() == f"# Tool\n\n{block}## Next\n"
+    assert list(pd.read_csv(tmp_path / "claims.csv").columns[:2]) == ["paper", "claim"]
+    # a page with one marker or none: the block goes after it
+    for tail in ("half  \n\n", "half X\n"):  # the page's own last line kept as it is
+        out.write_text(f"# Claims\n\n{BEGIN}\n{tail}")
+        write_claims([root], out, spec)
+        assert out.read_text() == f"# Claims\n\n{BEGIN}\n{tail.rstrip(chr(10))}\n\n{block}"
+    readme.write_text(f"# Tool\n{END}\n")
+    with pytest.raises(RagLabError, match=r"^\S*README.md: no claims block"):
+        write_claims([root], out, spec, readme=readme)
+    (tmp_path / "empty").mkdir(), (tmp_path / "also").mkdir()
+    with pytest.raises(
+        RagLabError, match=r"^no run \(a directory with metrics.json\) under \S*empty, \S*also$"
+    ):
+        write_claims([tmp_path / "empty", tmp_path / "also"], out, spec)
