@@ -131,3 +131,114 @@ def test_a_judge_without_a_generator_and_bad_settings_are_one_line_errors(tiny_c
         R3RAGReward(process="vibes")
     with pytest.raises(ConfigError, match=r"parts"):
         compose(["reward=r3rag", "reward.parts=[style]"])
+
+
+def test_the_readers_take_what_a_judge_writes_and_nothing_else():
+    from rag_lab.rewards.r3rag_judges import read_truth
+
+    assert [read_truth(t) for t in ("yes", "No.", "FALSE", '"True"', "", "  ")] == [True, False, False, True,
+                                                                                    None, None]  # fmt: skip
+    assert read_relevance("0.0") == 0.0 and read_relevance("1") == 1.0
+    line = "Coherence: 0.2, Rationality: 0.0, Relevance: 0.9, Fatal: True"
+    assert read_official(line) == (0.2, 0.0, 0.9, True)
+    assert read_official(line.replace("0.2", "1.5")) is None
+
+
+class Recorded(Says):
+    """Says, keeping each call's sampling; ``fail``: the backend raises."""
+
+    def __init__(self, rules, fail: bool = False):
+        super().__init__(rules, chat=False)
+        self.samplings, self.fail = [], fail
+
+    def generate(self, prompts, sampling):
+        if self.fail:
+            raise RuntimeError("connection refused")
+        self.samplings.append(sampling)
+        return super().generate(prompts, sampling)
+
+
+def test_a_judge_asks_greedily_once_per_prompt_and_counts():
+    from rag_lab.rewards.r3rag_judges import Judge, read_truth
+
+    judge = Judge(Recorded({"a": "True", "b": "?", "c": "??"}))
+    assert judge.ask(["a", "b", "a"], read_truth) == [True, None, True]
+    assert judge.ask(["a", "c"], read_truth) == [True, None]
+    assert (judge.calls, judge.unparsed) == (3, 2) and judge.generator.prompts == ["a", "b", "c"]
+    assert all(s.temperature == 0.0 and s.max_new_tokens == 32 for s in judge.generator.samplings)
+    with pytest.raises(RagLabError, match=r"^r3rag judge \(Recorded\) failed: connection refused$"):
+        Judge(Recorded({}, fail=True)).ask(["a"], read_truth)
+    with pytest.raises(RagLabError, match=r"^reward.judge_generator: the r3rag judges need a generator"):
+        Judge().ask(["a"], read_truth)
+
+
+def test_the_batch_parts_and_the_settings_that_change_a_row():
+    _, parts = scored(R3RAGReward())
+    # the answer steps' rewards over episodes (2.0 and 0.0 of four), every step's mean, the shares
+    assert parts["reward/outcome"] == 0.5 and parts["rollout/no_answer"] == 0.25
+    assert parts["reward/step"] == pytest.approx(sum(map(sum, OFFICIAL.values())) / 9)
+    assert scored(R3RAGReward(), ["incorrect"])[1]["reward/process"] == pytest.approx(TWO_THIRDS)
+    (right,), _ = scored(R3RAGReward(factors={"correct": 2.0}), ["correct"])
+    assert right == pytest.approx([THIRD * 2.0, TWO_THIRDS * 2.0, 2.0])
+    # without the outcome part λ_T is 1 in the paper's form too; an unanswered episode gains no answer step
+    (right, none), _ = scored(R3RAGReward(form="paper", parts=["process"]), ["correct", "no_answer"])
+    assert right == pytest.approx([THIRD, TWO_THIRDS, 0.0]) and none == pytest.approx([0.0, THIRD])
+    empty = Episode("q1", "?", [search(), answer("Paris")], "Paris", "answer")  # a search that found nothing
+    assert R3RAGReward().score([empty], [EXAMPLE], no_docs)[0] == [[0.0, 2.0]]
+
+
+def test_what_the_judges_are_asked():
+    example = QAExample("q1", "Where was the founder of Acme born?", ("Paris", "Paris, France"))
+    judge = Recorded(
+        {"Prediction": "no", "Documents": "coherence: 1, rationality: 1, relevance: 1, fatal: yes"}
+    )
+    reward = R3RAGReward(outcome_judge=True, process="official", judge_generator=judge)
+    pages = [Passage("p1", "Acme", "Acme was founded by Ada."), Passage("p2", "Ada", "Ada was born in Rome.")]
+    (row,), _ = reward.score([EPISODES["incorrect"]], [example], lambda i, j: pages)
+    assert row == [0.0, 0.0]  # a fatal step scores 0, the judge says wrong
+    outcome, step = judge.prompts
+    assert "Documents:\nAcme: Acme was founded by Ada.\nAda: Ada was born in Rome.\nScore this step" in step
+    assert outcome == (
+        "Question: Where was the founder of Acme born?\nStandard answers: Paris, Paris, France\n"
+        "Prediction: London\nDoes the prediction give the same answer as one of the standard answers? "
+        "Reply with one word: True or False."
+    )
+    judge = Recorded({"Documents": "unsure"})
+    reward = R3RAGReward(process="relevance", judge_generator=judge)
+    (row,), parts = reward.score([EPISODES["incorrect"]], [example], no_docs)
+    assert row == [0.0, 0.0] and parts["judge/unparsed"] == 1
+    assert judge.prompts[0].startswith(
+        f"Question: {example.question}\nRetrieval query: b\nDocuments:\n(none)\n"
+    )
+    judge = Recorded({"Documents": "relevance"})
+    reward = R3RAGReward(process="official", judge_generator=judge)
+    assert reward.score([EPISODES["incorrect"]], [example], no_docs)[0] == [[0.0, 0.0]]
+
+
+def test_the_official_prompt_and_each_bad_setting_named():
+    from rag_lab.rewards.r3rag_judges import OFFICIAL_PROMPT
+
+    judge = Recorded({"Documents": "?"})
+    (row,), parts = R3RAGReward(process="official", judge_generator=judge).score(
+        [EPISODES["correct"]], [EXAMPLE], no_docs
+    )
+    assert judge.prompts[1] == OFFICIAL_PROMPT.format(
+        question=EXAMPLE.question, history="Step 1: The problem analysis: a\nThe retrieval query: b",
+        analysis="a", query="b", documents="(none)",
+    )  # fmt: skip
+    assert "Earlier steps:\n(none)\n" in judge.prompts[0]
+    three = Episode("q1", "?", [search("p1"), search("p2"), search("x"), answer("Paris")], "Paris", "answer")
+    R3RAGReward(process="official", judge_generator=judge).score([three], [EXAMPLE], no_docs)
+    assert "b\nStep 2: The problem analysis: a\nThe retrieval query: b\nThis step's" in judge.prompts[-1]
+    one_step = Episode("q1", "?", [answer("Paris")], "Paris", "answer")
+    assert R3RAGReward().score([one_step], [EXAMPLE], no_docs)[1]["reward/step"] == 2.0
+    for setting, says in [
+        ({"form": "x"}, "reward.form: 'x' is not one of official, paper"),
+        ({"process": "x"}, "reward.process: 'x' is not one of support, relevance, official"),
+        ({"parts": []}, "reward.parts: []: one or both of process, outcome"),
+        ({"factors": {"bogus": 1.0}},
+         "reward.factors: unknown outcomes ['bogus'] (settable: correct, incorrect, no_answer)"),
+    ]:  # fmt: skip
+        with pytest.raises(RagLabError) as e:
+            R3RAGReward(**setting)
+        assert str(e.value) == says
