@@ -130,6 +130,7 @@ def test_siblings_are_forced_and_forks_are_independent():
         and kinds["answer"].episode.prediction == "Paris"
     )
     assert kinds["search"].episode.steps[1].text == "SEARCH: b"
+    assert [x.episode.stop_reason for _, x in first.siblings] == ["answer", "refuse"]
     # the BACKTRACK fork abandoned its copy of the search, not the node's nor another fork's
     assert kinds["backtrack"].state.turns[0].abandoned
     assert not second.live.state.turns[0].abandoned and not kinds["answer"].state.turns[0].abandoned
@@ -164,3 +165,68 @@ def test_backtrack_undoes_the_latest_search_that_still_holds_evidence():
     assert undoable(state) is first
     first.abandoned = True
     assert undoable(state) is None  # a BACKTRACK here undoes nothing: no sibling of that kind
+
+
+class Recording(Fixed):
+    """Fixed, keeping each search's k and exclusions."""
+
+    def __init__(self):
+        self.calls = []
+
+    def search(self, queries, k, exclude=None):
+        self.calls.append((k, exclude))
+        return super().search(queries, k, exclude)
+
+
+class Seeded(Scripted):
+    def __init__(self, *replies):
+        super().__init__(*replies)
+        self.seeds = []
+
+    def generate(self, prompts, sampling):
+        self.seeds.append(sampling.seed)
+        return super().generate(prompts, sampling)
+
+
+def test_siblings_roll_on_with_the_runs_k_its_exclusions_and_the_next_seed():
+    generator, retriever = Seeded(" b", " b", "SEARCH: c", "SEARCH: c", " e"), Recording()
+    world = Env(Corpus(["p1", "p2"], ["One", "Two"], ["x", "y"]), retriever, generator)
+    nodes = [br.Node(0, 1, Live(Episode("q1", "Where?"), State("Where?"), set()), "answer") for _ in range(2)]
+    counts = {"noop_backtracks": 1, "branches": 3}  # carried over from an earlier call
+    br.roll(EVORAGStep(), world, nodes, ("search", "backtrack"), Sampling(seed=7), 2, 2, counts, True)
+    assert counts == {"noop_backtracks": 3, "branches": 5}
+    # the forced siblings are written with the run's seed, the rest of each branch with the next one
+    assert generator.seeds == [7, 8]
+    assert [k for k, _ in retriever.calls] == [2, 2] and all(e is not None for _, e in retriever.calls)
+    assert [len(x.episode.steps) for n in nodes for _, x in n.siblings] == [2, 2]
+    assert {x.episode.stop_reason for n in nodes for _, x in n.siblings} == {"max_turns"}
+    retriever.calls.clear()
+    node = br.Node(0, 1, Live(Episode("q1", "Where?"), State("Where?"), set()), "answer")
+    br.roll(EVORAGStep(), world, [node], ("search",), Sampling(), 2, 1, counts)
+    assert retriever.calls == [(2, None)]  # exclude_seen is off unless asked
+    assert br.replace_seed(Sampling(seed=7), 3).seed == 10 and br.replace_seed(Sampling(), 3).seed is None
+
+
+def test_the_evidence_held_and_what_the_preference_model_reads():
+    x = live(step("SEARCH: a", "search", "a"), step("SEARCH: b", "search", "b"))
+    x.state.turns[0].abandoned = True
+    assert br.evidence(x) == [P2]
+    episode = Episode("q1", "Where?", [step("SEARCH: a", "search", "a"), step("BACKTRACK", "backtrack"),
+                                       step("ANSWER: Paris", "answer")])  # fmt: skip
+    assert br.pm_text(episode, 3) == "ANSWER: Paris\nQuestion: Where?\nEarlier: a; backtrack"
+    assert br.pm_text(episode, 1).endswith("\nEarlier: (none)")
+
+
+def test_returns_hand_each_episode_its_evidence_and_each_node_its_own_siblings():
+    class Seen:
+        def returns(self, episodes, examples, stage, t_max, evidence):
+            self.evidence = evidence
+            return [float(i) for i in range(len(episodes))]
+
+    a, node = hand_built()
+    other = br.Node(0, 1, live(), "search")
+    other.siblings = [("answer", ended(live(step("ANSWER: Rome", "answer")), "Rome", "answer"))]
+    reward = Seen()
+    values, per_node = br.returns(reward, [a], [node, other], [EXAMPLE], stage=1, t_max=10)
+    assert values == [0.0] and per_node == [[1.0, 2.0, 3.0], [4.0]]
+    assert reward.evidence[0] == [P1, P2] and reward.evidence[-1] == []
