@@ -156,3 +156,28 @@ def test_a_method_whose_rollouts_do_not_go_through_vllm_is_one_line(fake_vllm):
     for method in ("evorag", "r3rag"):
         with pytest.raises(RagLabError, match=f"generator=vllm: policy={method} rolls out with transformers"):
             starting_model(method, VLLMGenerator("m"), None, None, "unused", trains=True)
+
+
+def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(data, base, monkeypatch):
+    """The engine around TRL's vLLM backend speaks as the run's generator does (its tokenizer; chat or
+    plain text), and the episodes go through it."""
+    from rag_lab.policies.dapo import rollout
+
+    env = test_dapo.env_for(data, base)
+    seen = {}
+
+    def engine(vllm_generation, tokenizer, chat):
+        seen.update(backend=vllm_generation, tokenizer=tokenizer, chat=chat)
+        return env.generator
+
+    monkeypatch.setattr(rollout, "engine_generator", engine)
+    questions = data.split("train")[:2]
+    rollouts = rollout.SearchRollouts(
+        env, env.generator, questions, [(test_dapo.length, 1.0)], k=2, max_turns=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=8), dynamic_sampling=False, max_rounds=1, seed=0,
+    )  # fmt: skip
+    trainer = SimpleNamespace(num_generations=2, state=SimpleNamespace(global_step=0), use_vllm=True,
+                              vllm_generation="TRL's backend")  # fmt: skip
+    out = rollouts([rollouts.first_prompt(q) for q in questions for _ in range(2)], trainer)
+    assert seen == {"backend": "TRL's backend", "tokenizer": env.generator.tokenizer, "chat": False}
+    assert len(out["completion_ids"]) == 4 and rollouts.env.generator is env.generator
