@@ -22,8 +22,8 @@ EXAMPLE = QAExample("q1", "Where?", ("Paris",), supporting_ids=("p2",))
 P1, P2 = Passage("p1", "One", "x"), Passage("p2", "Two", "y")
 
 
-def step(text, action, query=None, ids=()):
-    return Step(text=text, action=action, query=query, retrieved_ids=list(ids))
+def step(text, action, query=None, ids=(), error=None):
+    return Step(text=text, action=action, query=query, retrieved_ids=list(ids), error=error)
 
 
 def live(*steps: Step) -> Live:
@@ -230,3 +230,50 @@ def test_returns_hand_each_episode_its_evidence_and_each_node_its_own_siblings()
     values, per_node = br.returns(reward, [a], [node, other], [EXAMPLE], stage=1, t_max=10)
     assert values == [0.0] and per_node == [[1.0, 2.0, 3.0], [4.0]]
     assert reward.evidence[0] == [P1, P2] and reward.evidence[-1] == []
+
+
+def test_the_states_branched_at_fit_their_prompts_and_are_drawn_by_the_seed():
+    from rag_lab.env.fit import TOO_LONG_ERROR
+
+    def episode(n_steps, too_long=()):
+        kinds, errors = ("search", "backtrack"), {t: TOO_LONG_ERROR for t in too_long}
+        steps = [step(f"{kinds[t % 2]} s{t}", kinds[t % 2], f"s{t}", error=errors.get(t))
+                 for t in range(1, n_steps + 1)]  # fmt: skip
+        return live(*steps)
+
+    base = [episode(5, too_long=(2,)), episode(1)]
+    traces = [[f"state {t}" for t in range(1, 6)], ["only"]]
+    counts = {"prompt_too_long": 1}
+    nodes = br.visited(base, traces, None, "seed", counts)
+    assert [(n.index, n.t, n.live, n.actual) for n in nodes] == [
+        (0, 1, "state 1", "backtrack"), (0, 3, "state 3", "backtrack"), (0, 4, "state 4", "search"),
+        (0, 5, "state 5", "backtrack"), (1, 1, "only", "backtrack"),
+    ]  # fmt: skip
+    assert counts["prompt_too_long"] == 2  # added to what was counted before
+    drawn = [
+        [(n.index, n.t) for n in br.visited(base, traces, 2, s, {"prompt_too_long": 0})] for s in "abcdef"
+    ]
+    assert all(
+        d[:2] == sorted(d[:2]) and d[2] == (1, 1) and len(d) == 3 for d in drawn
+    )  # two of four, in order
+    again = [
+        [(n.index, n.t) for n in br.visited(base, traces, 2, s, {"prompt_too_long": 0})] for s in "abcdef"
+    ]
+    assert len(set(map(tuple, drawn))) > 1 and drawn == again  # the seed draws them: the same seed, the same
+
+
+def test_the_base_rollouts_play_each_question_and_trace_its_states():
+    generator, retriever = Scripted("SEARCH: a", "ANSWER: Paris", "SEARCH: b", "SEARCH: c"), Recording()
+    world = Env(Corpus(["p1", "p2"], ["One", "Two"], ["x", "y"]), retriever, generator)
+    questions = [EXAMPLE, QAExample("q2", "Who?", ("Ada",))]
+    lives, traces = br.base_rollouts(EVORAGStep(), world, questions, Sampling(), 2, 2, True)
+    # a batched turn each: q1 searched twice and met the step limit; q2 answered at once
+    assert [x.episode.stop_reason for x in lives] == ["max_turns", "answer"]
+    assert [(x.episode.question_id, x.episode.question, x.state.question) for x in lives] == [
+        ("q1", "Where?", "Where?"), ("q2", "Who?", "Who?"),
+    ]  # fmt: skip
+    assert [len(t) for t in traces] == [2, 1] and not traces[0][0].episode.steps
+    assert len(traces[0][1].episode.steps) == 1  # the state before step 2: one step taken
+    assert retriever.calls and all(k == 2 and e is not None for k, e in retriever.calls)
+    lives, _ = br.base_rollouts(EVORAGStep(), world, questions[:1], Sampling(), 3, 1)
+    assert retriever.calls[-1] == (3, None)
