@@ -8,6 +8,7 @@ import math
 import pandas as pd
 import pytest
 import yaml
+from test_claims import make_run
 
 from rag_lab.claims import (
     BEGIN,
@@ -24,7 +25,6 @@ from rag_lab.claims import (
     write_claims,
 )
 from rag_lab.errors import RagLabError
-from tests.test_claims import make_run
 
 
 def test_verdicts_on_both_sides_of_a_margin():
