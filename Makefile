@@ -34,7 +34,7 @@ install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu
 
 # make demo's rows: the main baselines, the oracle (gold passages, no search), the five methods each beside
 # its start (the same loop before training; Stop-RAG's is fixed_iter). compare_synth has every row.
-DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo_start,dapo,evorag_start,evorag,r3rag_start,r3rag,apex_start,apex
+DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo_start,dapo_stage1,dapo,evorag_start,evorag,r3rag_start,r3rag,apex_start,apex
 demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
 	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
 		'+experiment/compare_synth=$(DEMO_ROWS)'
@@ -51,10 +51,10 @@ claims: install ## The papers' headlines: their experiments over 3 seeds, then e
 		hydra.sweep.dir=$(CLAIMS_DIR)/$$e || exit 1; done
 	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
 
-tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (8 min on an H200, ~3.5 h on 2 cores)
+tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship --from-scratch $(if $(SCORES),--scores $(SCORES))
 	@# make demo's shared cold start (compare_synth's experiment.cold_start, seed 0) ships beside it
-	$(PY) -m rag_lab.train.cold_start generator=tiny cold_start.max_steps=600 seed=0 --ship
+	$(PY) -m rag_lab.train.cold_start generator=tiny cold_start=shared seed=0 --ship
 
 # make test's worker processes (pytest-xdist; each test's caches and tmp dirs are its worker's own)
 TEST_WORKERS ?= 2

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 from bench_rollout import Timed
-from benchlib import peak_rss_mb, publish
+from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -71,6 +71,7 @@ def main() -> None:
         f"{cfg.policy.questions_per_step} questions x {cfg.policy.group_size} rollouts (up to "
         f"{cfg.policy.max_turns} turns, BM25 top {cfg.policy.k}), dynamic sampling on\n\n{table}\n\n"
         f"peak RSS {peak_rss_mb():.0f} MB",
+        lm=shipped_lm(),
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from benchlib import peak_rss_mb, publish
+from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -91,6 +91,7 @@ def main(quick: bool) -> None:
         f"follow-up prompts, greedy, {NEW_TOKENS} new tokens, batch 64; DAPO: {DAPO_STEPS} steps of "
         f"{cfg.policy.questions_per_step} questions x {cfg.policy.group_size} rollouts (bf16 on the GPU)\n\n"
         f"{table}\n\npeak RSS {peak_rss_mb():.0f} MB",
+        lm=f"{shipped_lm()} in the tiny LM rows; SmolLM2-135M-Instruct (generator=smollm2) in the others",
     )
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 from bench_dapo import timed
-from benchlib import peak_rss_mb, publish
+from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -71,6 +71,7 @@ def main() -> None:
         f"{pd.DataFrame(rows).round(1).to_markdown(index=False)}\n\n"
         f"counts: {', '.join(f'{k} {v}' for k, v in counts.items())}\n\n"
         f"peak RSS {peak_rss_mb():.0f} MB",
+        lm=shipped_lm(),
     )
 
 

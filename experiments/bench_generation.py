@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from benchlib import peak_rss_mb, publish
+from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -68,6 +68,7 @@ def main() -> None:
         f"batch 64 vs 1: {speedup:.1f}x tokens/s; the HTTP round trip adds {overhead_ms:.1f} ms per request "
         f"over local batch-1 generation (the server runs one generate call at a time); "
         f"peak RSS {peak_rss_mb():.0f} MB",
+        lm=shipped_lm(),
     )
 
 

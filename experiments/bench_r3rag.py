@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 from bench_dapo import timed
-from benchlib import peak_rss_mb, publish
+from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -77,6 +77,7 @@ def main() -> None:
         f"per iteration: {sizes['samples']:.0f} step samples, {sizes['tokens']:.0f} policy tokens, "
         f"{sizes['rollout/steps']:.2f} steps per episode; fit in all (loads, cold start lookup, {n} "
         f"iterations, save): {total:.0f} s\n\npeak RSS {peak_rss_mb():.0f} MB",
+        lm=shipped_lm(),
     )
 
 

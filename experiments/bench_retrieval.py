@@ -86,6 +86,7 @@ def main() -> None:
         f"corpus: {len(corpus):,} generated passages (world built in {t_world:.1f} s); "
         f"{N_QUERIES:,} queries, top-{K}\n\n{table}\n\n"
         f"**bm25s vs rank_bm25: {speedup:.0f}x queries/s** (goal >= 50x); peak RSS {peak_rss_mb():,.0f} MB",
+        lm="none (retrieval only)",
     )
 
 

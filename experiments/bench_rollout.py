@@ -18,7 +18,7 @@ import sys
 import time
 
 import pandas as pd
-from benchlib import ForwardClock, peak_rss_mb, publish
+from benchlib import ForwardClock, peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
 from rag_lab.config import build, compose
@@ -102,6 +102,7 @@ def main(overrides: list[str]) -> None:
         f"peak RSS {peak_rss_mb():.0f} MB\n\nbound: one question at a time {rows[1]['seconds']:.2f} s / "
         f"the batched loop's prefill {rows[0]['prefill s']:.2f} s = **{bound:.1f}x** (prefill at batch 1: "
         f"{rows[1]['prefill s']:.2f} s)",
+        lm=shipped_lm(),
     )
 
 

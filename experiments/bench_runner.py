@@ -43,6 +43,7 @@ def main() -> None:
         "bench_runner",
         f"world: {len(data.corpus)} passages, generated in {t_data:.2f} s; BM25 index {t_index:.2f} s; "
         f"peak RSS {peak_rss_mb():.0f} MB\n\n{table}",
+        lm="none (the LM-free TopTitle baseline: BM25 retrieval and scoring)",
     )
 
 

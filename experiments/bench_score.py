@@ -37,8 +37,9 @@ def main() -> None:
         t0 = time.perf_counter()
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         seconds = time.perf_counter() - t0
-    publish("bench_score", f"{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s "
-                           f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}")  # fmt: skip
+    body = (f"{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s "
+            f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}")  # fmt: skip
+    publish("bench_score", body, lm="none (scoring only)")
 
 
 if __name__ == "__main__":

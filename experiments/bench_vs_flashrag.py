@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from benchlib import ForwardClock, peak_rss_mb, publish
+from benchlib import ForwardClock, peak_rss_mb, publish, shipped_lm
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDE = Path(__file__).resolve().parent / "peers" / "flashrag_side.py"
@@ -471,7 +471,11 @@ def main() -> None:
         work = Path(args.work) / generator
         work.mkdir(parents=True, exist_ok=True)
         rows += bench(generator, args.questions or QUESTIONS[generator], args.peer_python, work)
-    publish("bench_vs_flashrag", page(rows, time.perf_counter() - start))
+    publish(
+        "bench_vs_flashrag",
+        page(rows, time.perf_counter() - start),
+        lm=f"by row: tiny = {shipped_lm()}; smollm2 = SmolLM2-135M-Instruct (generator=smollm2)",
+    )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def publish(name: str, body: str) -> None:
-    """Print the result and write it to experiments/results/<name>.md under a header with the core count."""
-    text = f"# {name} ({os.cpu_count()} cores)\n\n{body.rstrip()}\n"
+def shipped_lm() -> str:
+    """The results pages' name of the default LM as shipped now: ``generator=tiny``, its folder and the
+    commit its card says it was trained at (a page measured with it names it, issue 64)."""
+    import json
+
+    from rag_lab.train.tiny.generator import SHIPPED
+
+    card = json.loads((SHIPPED / "recipe.json").read_text())
+    return f"generator=tiny (rag_lab/checkpoints/{SHIPPED.name}, trained at commit {card.get('commit')})"
+
+
+def publish(name: str, body: str, lm: str) -> None:
+    """Print the result and write it to experiments/results/<name>.md under a header with the core count
+    and ``lm``, the LM it was measured with (:func:`shipped_lm`, or e.g. "none (retrieval only)")."""
+    text = f"# {name} ({os.cpu_count()} cores)\n\nLM: {lm}\n\n{body.rstrip()}\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text)

@@ -15,15 +15,21 @@ OUT=${OUT:?set OUT to a folder for the results}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10 RAG_LAB_CACHE=${RAG_LAB_CACHE:-$OUT/cache}
+# dapo_synth starts from the default LM itself (no cold start, as the paper starts from an instruct model);
+# SmolLM2 writes none of DAPO's tags zero-shot (smollm2_zero_shot.md), so this run gives it the cold start
+# on the world teacher's dapo demonstrations (and the CPU smoke the same plumbing)
+COLD=(+cold_start@experiment.cold_start=default experiment.cold_start.protocols=[dapo]
+      'policy.cold_start=${experiment.cold_start}')
 if [ "${SMOKE:-0}" = 1 ]; then
   # the tiny LM on the default world (its shipped checkpoint) for SmolLM2; no bench (it would rewrite the
   # CPU's page); the page stays in $OUT
   TESTS=(tests/test_launch.py) BENCH=()
-  RUN=(generator=tiny policy.steps=2 policy.questions_per_step=2 policy.group_size=2 experiment.cold_start.limit=8
-       experiment.cold_start.max_steps=2 policy.heldout.n=4 policy.heldout.every=1 eval.limit=4)
+  RUN=(generator=tiny "${COLD[@]}" experiment.cold_start.limit=8 experiment.cold_start.max_steps=2
+       policy.steps=2 policy.questions_per_step=2 policy.group_size=2 policy.heldout.n=4 policy.heldout.every=1
+       eval.limit=4)
 else
   TESTS=() BENCH=(generator.device=cuda)
-  RUN=(generator=smollm2 experiment.cold_start.max_steps=200 policy.steps=16 policy.questions_per_step=4
+  RUN=(generator=smollm2 "${COLD[@]}" experiment.cold_start.max_steps=200 policy.steps=16 policy.questions_per_step=4
        policy.heldout.n=64 policy.heldout.every=4
        eval.limit=100)
 fi

@@ -5,28 +5,29 @@ One row per method (the values of the override that names the rows, over all its
 the mean over questions with its 95% confidence interval, a cluster bootstrap over questions (a question
 with all its seeds, :mod:`rag_lab.eval.stats`: seeds are not extra questions); beside the rows, the paired
 bootstrap of each row's accuracy against a reference row (``fixed_iter`` by default) and the spread of that
-difference over seeds. Written into the sweep dir: ``compare.md`` (title, table, legend), ``compare.csv``
-(the numbers: mean, low, high per metric), ``compare.tex`` (LaTeX, booktabs), ``pareto.png`` /
-``pareto.svg`` (accuracy against retrieval count, every method with its intervals and the Pareto front: the
-DAPO paper's figure 1 view) and ``curves.png`` / ``.svg`` (each trained method's training curve, side by
-side).
+difference over seeds, each trained row's accuracy against its start (the same loop before training) and the
+one number that shows the method's own mechanism, start → trained (APEX's plan SEPR, DAPO's searches after
+its second stage against after its first, ...: ``mechanisms``). Written into the sweep dir: ``compare.md``
+(title, table, legend), ``compare.csv`` (the numbers: mean, low, high per metric), ``compare.tex`` (LaTeX,
+booktabs), ``pareto.png`` / ``pareto.svg`` (accuracy against retrieval count, every method with its
+intervals and the Pareto front: the DAPO paper's figure 1 view) and ``curves.png`` / ``.svg`` (each trained
+method's held-out curve, side by side on one scale, between its start's and the oracle's test Acc).
 """
 
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab.errors import RagLabError, one_line_errors
-from rag_lab.eval.runs import distinct, find_runs, left_out, overrides_of, records_of, unfinished_runs
-from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
+from rag_lab.eval.paired import by_question, metric_ci, paired_delta
+from rag_lab.eval.runs import distinct, find_runs, left_out, overrides_of, unfinished_runs
 from rag_lab.eval.table import DESCRIPTIONS, to_markdown
 from rag_lab.records import atomic_write_text
 
@@ -42,51 +43,37 @@ METRICS = {
     "ret_precision": "Ret P",
     "ret_recall": "Ret R",
 }
-PERCENT = {"em", "f1", "acc", "judge_acc", "ret_precision", "ret_recall"}
+# the mechanism column's metrics: the table's and two more records fields (APEX's plan reward; a format
+# failure, the per-question flag whose rate is the report's Fmt)
+MECHANISM_METRICS = METRICS | {"sepr": "SEPR", "format_failure": "Fmt"}
+PERCENT = {"em", "f1", "acc", "judge_acc", "ret_precision", "ret_recall", "sepr", "format_failure"}
 DIGITS = {"retrieval_count": 2, "n_steps": 2, "tokens_total": 0}
+MECHANISM = "mechanism (trained − against)"
 
 
-def _scored(value) -> bool:
-    return value is not None and value == value and not isinstance(value, bool | str)
+def _paired(mine: dict, theirs: dict | None, field: str, prefix: str) -> dict[str, float]:
+    """``prefix``, ``prefix_low``, ``prefix_high``, ``prefix_p``: :func:`paired_delta` of ``field`` in the
+    table's unit (percentage points for a % metric); nothing where ``theirs`` is None or shares no pair."""
+    res = paired_delta(mine, theirs, field) if theirs is not None else None
+    if res is None:
+        return {}
+    scale = 100.0 if field in PERCENT else 1.0
+    cells = {prefix: res.delta, f"{prefix}_low": res.ci_low, f"{prefix}_high": res.ci_high}
+    return {k: scale * v for k, v in cells.items()} | {f"{prefix}_p": res.p_value}
 
 
-def _by_question(runs: list[Path]) -> dict[str, dict[str, list[dict]]]:
-    """question id -> seed -> record, over ``runs`` (one run per seed)."""
-    out: dict[str, dict[str, dict]] = {}
-    for run in runs:
-        seed = overrides_of(run).get("seed", "0")
-        for rec in records_of(run):
-            out.setdefault(rec["id"], {})[seed] = rec
+def check_mechanisms(mechanisms: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
+    """``mechanisms`` (trained row -> ``{metric: FIELD, against: ROW}``) as plain dicts; a malformed entry or
+    a metric the table has no unit for is an error naming it (the callback checks before the sweep runs)."""
+    out = {}
+    for row, spec in (mechanisms or {}).items():
+        if not isinstance(spec, Mapping) or set(spec) != {"metric", "against"}:
+            raise RagLabError(f"mechanisms.{row}: expected {{metric: FIELD, against: ROW}}, got {spec}")
+        if spec["metric"] not in MECHANISM_METRICS:
+            known = ", ".join(MECHANISM_METRICS)
+            raise RagLabError(f"mechanisms.{row}.metric {spec['metric']}: not a records field of ({known})")
+        out[str(row)] = {"metric": str(spec["metric"]), "against": str(spec["against"])}
     return out
-
-
-def metric_ci(questions: dict[str, dict[str, dict]], field: str) -> tuple[float, float, float] | None:
-    """Mean of ``field`` over questions (each question's mean over its seeds first) and its 95% CI,
-    resampling questions; None when no record has it."""
-    per_question = []
-    for seeds in questions.values():
-        values = [float(r[field]) for r in seeds.values() if _scored(r.get(field))]
-        if values:
-            per_question.append(float(np.mean(values)))
-    if not per_question:
-        return None
-    low, high = bootstrap_ci(per_question)
-    return float(np.mean(per_question)), low, high
-
-
-def paired_delta(mine: dict, theirs: dict, field: str):
-    """The paired bootstrap of ``field`` (this row - the reference) over the (question, seed) pairs both
-    scored; None when they share none."""
-    pairs = [(q, s) for q in mine for s in mine[q] if s in theirs.get(q, {})]
-    pairs = [(q, s) for q, s in pairs if _scored(mine[q][s].get(field)) and _scored(theirs[q][s].get(field))]
-    if not pairs:
-        return None
-    return paired_bootstrap(
-        [float(mine[q][s][field]) for q, s in pairs],
-        [float(theirs[q][s][field]) for q, s in pairs],
-        questions=[q for q, _ in pairs],
-        seeds=[s for _, s in pairs],
-    )
 
 
 def _label(value: str) -> str:
@@ -94,18 +81,26 @@ def _label(value: str) -> str:
 
 
 def compare_table(
-    runs: list[Path], by: str, reference: str, delta: str = "acc", starts: dict[str, str] | None = None
+    runs: list[Path],
+    by: str,
+    reference: str,
+    delta: str = "acc",
+    starts: dict[str, str] | None = None,
+    mechanisms: Mapping[str, Mapping[str, str]] | None = None,
 ) -> pd.DataFrame:
     """One row per value of override ``by`` (sweep order): seeds, N, per metric mean / low / high,
-    ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd) and, for a trained row
+    ``delta``'s paired difference to row ``reference`` (d, d_low, d_high, p, seed_sd), for a trained row
     that ``starts`` maps to the row of its start (the same loop before training), the paired difference to
-    that row (s, s_low, s_high, s_p: trained − start)."""
+    that row (s, s_low, s_high, s_p: trained − start), and for one that ``mechanisms`` maps to ``{metric,
+    against}``, that metric's paired difference to row ``against`` (mech_metric, mech_against; mech,
+    mech_low, mech_high, mech_p: none where the sweep has no row ``against``)."""
+    mechanisms = check_mechanisms(mechanisms)
     groups: dict[str, list[Path]] = {}
     for run in distinct(runs):  # a run that repeats another (copied, or the same config again) counts once
         groups.setdefault(_label(overrides_of(run).get(by, "?")), []).append(run)
     if list(groups) == ["?"]:
         raise RagLabError(f"--by {by}: no run has that override (see a run's .hydra/overrides.yaml)")
-    data = {name: _by_question(members) for name, members in groups.items()}
+    data = {name: by_question(members) for name, members in groups.items()}
     ref = data.get(reference)
     rows = []
     for name, questions in data.items():
@@ -120,16 +115,16 @@ def compare_table(
             scale = 100.0 if delta in PERCENT else 1.0
             row |= {"d": scale * res.delta, "d_low": scale * res.ci_low, "d_high": scale * res.ci_high}
             row |= {"p": res.p_value, "seed_sd": None if res.seed_sd is None else scale * res.seed_sd}
-        start = data.get((starts or {}).get(name, ""))
-        res = paired_delta(questions, start, delta) if start is not None else None
-        if res is not None:
-            scale = 100.0 if delta in PERCENT else 1.0
-            row |= {"s": scale * res.delta, "s_low": scale * res.ci_low, "s_high": scale * res.ci_high}
-            row["s_p"] = res.p_value
+        row |= _paired(questions, data.get((starts or {}).get(name, "")), delta, "s")
+        if name in mechanisms:
+            metric, against = mechanisms[name]["metric"], mechanisms[name]["against"]
+            row |= {"mech_metric": metric, "mech_against": against, "mech": None}
+            row |= _paired(questions, data.get(against), metric, "mech")
         rows.append(row)
     table = pd.DataFrame(rows)
     shown = {k: v for k, v in (starts or {}).items() if k in data and v in data}
     table.attrs.update(by=by, reference=reference if ref is not None else None, delta=delta, starts=shown)
+    table.attrs["mechanisms"] = {k: v for k, v in mechanisms.items() if k in data}
     return table
 
 
@@ -141,11 +136,22 @@ def _cell(mean, low, high, digits: int) -> str | None:
     return f"{mean:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
 
 
-def _p(p: float) -> str | None:
+def _p(p: float | None) -> str | None:
     """A p-value as a string the table keeps as written (``<0.001``: below the bootstrap's resolution)."""
-    if p != p:
+    if p is None or p != p:
         return None
     return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _mechanism_cell(row: pd.Series) -> str | None:
+    """``SEPR +12.3 pp [+8.1, +16.5]``: the metric, trained − against and its CI, in percentage points for a
+    % metric and raw for a count; None (shown as —) for a row without one or whose ``against`` is missing."""
+    metric, value = row.get("mech_metric"), row.get("mech")
+    if not isinstance(metric, str) or value is None or value != value:
+        return None
+    unit, digits = (" pp", 1) if metric in PERCENT else ("", DIGITS.get(metric, 2))
+    low, high = row["mech_low"], row["mech_high"]
+    return f"{MECHANISM_METRICS[metric]} {value:+.{digits}f}{unit} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -175,6 +181,9 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             for _, r in table.iterrows()
         ]
         out["p (start)"] = [_p(r["s_p"]) for _, r in table.iterrows()]
+    if "mech_metric" in table:
+        out[MECHANISM] = [_mechanism_cell(r) for _, r in table.iterrows()]
+        out["p (mechanism)"] = [_p(r.get("mech_p")) for _, r in table.iterrows()]
     return out
 
 
@@ -204,8 +213,26 @@ def render(
             "bootstrap over questions, 95% CI"
         )
         notes["p (start)"] = "two-sided p-value of that difference"
+    mechanisms = table.attrs.get("mechanisms", {})
+    names = {row: MECHANISM_METRICS[m["metric"]] for row, m in mechanisms.items()}
+    if mechanisms:
+        gone = {m["against"] for m in mechanisms.values()} - set(table["method"])
+        pairs = "; ".join(
+            f"{row}: {names[row]}, {row} − {m['against']}"
+            + (" (not in the sweep)" if m["against"] in gone else "")
+            for row, m in mechanisms.items()
+        )
+        notes[MECHANISM] = (
+            f"the number that shows each trained method's own mechanism, start → trained ({pairs}): the "
+            "same paired bootstrap over questions, 95% CI; in percentage points (pp) for a % metric, raw for "
+            "a count; — where the sweep has no `against` row"
+        )
+        notes["p (mechanism)"] = "two-sided p-value of that difference"
     described = {c: DESCRIPTIONS[c] for c in shown.columns if c in DESCRIPTIONS} | notes
     lines = "".join(f"- **{c}**: {described[c]}\n" for c in shown.columns if c in described)
+    # a mechanism's metric that is no column of its own (SEPR, Fmt) is described too
+    extra = sorted(set(names.values()) - set(shown.columns))
+    lines += "".join(f"- **{c}** (in the mechanism column): {DESCRIPTIONS[c]}\n" for c in extra)
     if ceiling is not None and ceiling in set(table["method"]):
         lines += (
             f"\nRow **{ceiling}**: the gold supporting passages in the prompt and no search, what the reader "
@@ -227,16 +254,18 @@ def write_compare(
     ceiling: str | None = "oracle_rag",
     starts: dict[str, str] | None = None,
     named: Sequence[tuple[str, str]] = (),
+    mechanisms: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """compare.md / .csv / .tex and pareto.png / .svg in ``out``; returns the markdown. ``ceiling``: the
-    row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no search);
-    ``starts``: trained row -> the row of its start (:func:`compare_table`). ``named``: (option, row) pairs
-    a user typed: a row that is not in the table is an error naming the option, before anything is written
-    (a sweep of some rows only leaves the defaults' missing rows out instead)."""
+    """compare.md / .csv / .tex, pareto.png / .svg and curves.png / .svg in ``out``; returns the markdown.
+    ``ceiling``: the row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no
+    search), and on each curve as the ceiling; ``starts``: trained row -> the row of its start;
+    ``mechanisms``: trained row -> ``{metric, against}`` (:func:`compare_table`). ``named``: (option, row)
+    pairs a user typed: a row that is not in the table is an error naming the option, before anything is
+    written (a sweep of some rows only leaves the defaults' missing rows out instead)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
-    table = compare_table(runs, by, reference, starts=starts)
+    table = compare_table(runs, by, reference, starts=starts, mechanisms=mechanisms)
     rows = list(table["method"])
     for option, name in named:
         if name not in rows:
@@ -253,7 +282,10 @@ def write_compare(
     from rag_lab.plots import curves_side_by_side, pareto
 
     pareto(table, out / "pareto", title, ceiling=ceiling)
-    curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training")
+    acc = {r["method"]: r["acc"] for _, r in table.iterrows() if pd.notna(r["acc"])}
+    levels = {row: (start, acc[start]) for row, start in table.attrs["starts"].items() if start in acc}
+    oracle = (ceiling, acc[ceiling]) if ceiling in acc else None
+    curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training", levels, oracle)
     return text
 
 
@@ -277,15 +309,18 @@ class CompareCallback(Callback):
         title: str = "",
         ceiling: str | None = "oracle_rag",
         starts: dict[str, str] | None = None,
+        mechanisms: Mapping[str, Mapping[str, str]] | None = None,
     ):
         self.by, self.reference, self.title, self.ceiling = by, reference, title, ceiling
-        self.starts = dict(starts or {})
+        self.starts, self.mechanisms = dict(starts or {}), check_mechanisms(mechanisms)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
         try:
             title = self.title or sweep.name
-            text = write_compare([sweep], self.by, self.reference, title, sweep, self.ceiling, self.starts)
+            text = write_compare(
+                [sweep], self.by, self.reference, title, sweep, self.ceiling, self.starts, (), self.mechanisms
+            )
         except RagLabError as e:  # the jobs' outputs are written; only the table is not
             print(f"error: no comparison table for {sweep}: {e}", file=sys.stderr)
             return
@@ -324,6 +359,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="ROW=START",
         help="a trained row and the row of its start (repeatable): the 'trained − start' column",
     )
+    parser.add_argument(
+        "--mechanism",
+        action="append",
+        default=[],
+        metavar="ROW=METRIC:AGAINST",
+        help="a trained row, the records field that shows its mechanism and the row before it (repeatable)",
+    )
     parser.add_argument("--out", type=Path, help="where the files go (default: the first DIR)")
     args = parser.parse_args(argv)
     with one_line_errors():
@@ -333,11 +375,17 @@ def main(argv: list[str] | None = None) -> None:
                 f"--start {bad[0]}: expected ROW=START (a trained row and the row of its start)"
             )
         starts = dict(pair.split("=", 1) for pair in args.start)
+        spec = [(row, *rest.split(":", 1)) for row, _, rest in (m.partition("=") for m in args.mechanism)]
+        if bad := [m for m, part in zip(args.mechanism, spec, strict=True) if len(part) != 3 or "" in part]:
+            raise RagLabError(f"--mechanism {bad[0]}: expected ROW=METRIC:AGAINST (apex=sepr:apex_start)")
+        mechanisms = {row: {"metric": metric, "against": against} for row, metric, against in spec}
         named = [("--start", row) for pair in starts.items() for row in pair]
         named += [(f"--{k}", v) for k, v in (("reference", args.reference), ("ceiling", args.ceiling)) if v]
         out = args.out or args.dirs[0]
         reference, ceiling = args.reference or "fixed_iter", args.ceiling or "oracle_rag"
-        text = write_compare(args.dirs, args.by, reference, args.title, out, ceiling, starts, named)
+        text = write_compare(
+            args.dirs, args.by, reference, args.title, out, ceiling, starts, named, mechanisms
+        )
         sys.stdout.write(text)
 
 

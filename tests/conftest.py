@@ -39,24 +39,26 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _teacher_demonstrations_once_per_world():
-    """The world teacher's demonstrations (:func:`rag_lab.train.demonstrations.collect`: a deterministic
-    function of the world, the questions, ``k`` and ``iterations``) rolled out once per worker and world:
+    """The world teacher's and the generalist's demonstrations (:func:`rag_lab.train.demonstrations.collect`:
+    a deterministic function of the world, the questions, ``k``, ``iterations``, the habits and the seed)
+    rolled out once per worker and world:
     every test that trains the tiny LM into its own ``cache_dir`` would otherwise roll them out again
     (~11 s each on the tiny world). The first call runs the real rollouts; a test's recipe still writes
     and reads its own demonstrations cache."""
     import copy
     import json
 
+    from rag_lab.env.teacher.generalist import GeneralistTeacher
     from rag_lab.env.teacher.generator import TeacherGenerator
     from rag_lab.train import demonstrations
 
     real, memo = demonstrations.collect, {}
 
     def collect(teacher, corpus, retriever, questions, k=3, iterations=6, batch_size=256):
-        if type(teacher) is not TeacherGenerator:
+        if type(teacher) not in (TeacherGenerator, GeneralistTeacher) or any(teacher.noise.__dict__.values()):
             return real(teacher, corpus, retriever, questions, k, iterations, batch_size)
-        key = (corpus.fingerprint, json.dumps(demonstrations.question_keys(questions)),
-               k, iterations, type(retriever).__name__)  # fmt: skip
+        key = (corpus.fingerprint, json.dumps(demonstrations.question_keys(questions)), k, iterations,
+               type(retriever).__name__, repr(getattr(teacher, "habits", None)), teacher.seed)  # fmt: skip
         if key not in memo:
             memo[key] = real(teacher, corpus, retriever, questions, k, iterations, batch_size)
         return copy.deepcopy(memo[key])
@@ -81,6 +83,7 @@ TINY_LM = [
     "generator.reading_batch_size=4",
     # no chain stage unless a test asks for one (it rolls the teacher out over every training question)
     "generator.chain_steps=0",
+    "generator.generalist_steps=0",
 ]
 
 

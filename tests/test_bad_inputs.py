@@ -484,13 +484,13 @@ def test_bad_input_ends_in_one_line(case: Case, tmp_path, finished_run, tiny_lm,
 
 
 def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_path, capfd, monkeypatch):
-    """dapo_synth sets ``policy.cold_start: ${experiment.cold_start}``; in its sweep ``policy.cold_start.
+    """r3rag_ablation sets ``policy.cold_start: ${experiment.cold_start}``; in its sweep ``policy.cold_start.
     max_steps=3`` becomes ``++`` (soft) and would replace the interpolation with ``{max_steps: 3}``: the run
     died later with a traceback (``Missing key split``). It is refused at once, naming the key to set."""
     from rag_lab.cli import check_below_interpolations
     from rag_lab.config import compose
 
-    args = ["+experiment=dapo_synth", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
+    args = ["+experiment=r3rag_ablation", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
     rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)
     assert rc == 1
     assert out.splitlines()[-1] == (
@@ -501,7 +501,7 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
     assert not list(tmp_path.rglob("records.jsonl"))
     # what the error says to set, soft overrides beside it and a group placed with a package pass
     check_below_interpolations(
-        ["+experiment=dapo_synth", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
+        ["+experiment=r3rag_ablation", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
     )
     check_below_interpolations(
         [

@@ -1,6 +1,7 @@
 """Every yaml of every config group composes, validates against its schema and instantiates."""
 
 import re
+import shlex
 
 import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
@@ -53,9 +54,9 @@ def test_every_group_has_a_package_and_an_option():
 
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
-    # generator=tiny (tiny_t19) on the tests' world would train a toy LM (test_tiny_world trains them); on the
-    # default world it loads its shipped checkpoint, the option's own path
-    shipped = group == "generator" and option in ("tiny", "tiny_t19")
+    # generator=tiny (tiny_t19, tiny_t48) on the tests' world would train a toy LM (test_tiny_world trains
+    # them); on the default world it loads its shipped checkpoint, the option's own path
+    shipped = group == "generator" and option in ("tiny", "tiny_t19", "tiny_t48")
     cfg = compose([f"{group}={option}"]) if shipped else tiny_cfg(f"{group}={option}")
     node = cfg[group]
     assert "_target_" in node
@@ -226,14 +227,16 @@ def test_an_override_that_a_sweep_row_also_sets_is_refused():
 
 
 def test_the_gpu_checks_run_keeps_the_whole_cold_start(repo_root):
-    """experiments/gpu_check.sh's run overrides (CPU smoke and GPU sizes) on dapo_synth leave its cold start
-    whole: an override of ``policy.cold_start.*`` there replaced ``${experiment.cold_start}`` with only the
-    keys it set, and the run died without ``split``."""
+    """experiments/gpu_check.sh's run overrides (CPU smoke and GPU sizes) on dapo_synth give it a whole cold
+    start (dapo_synth has none; SmolLM2 needs one): an override of ``policy.cold_start.*`` there replaced
+    ``${experiment.cold_start}`` with only the keys it set, and the run died without ``split``."""
     script = (repo_root / "experiments" / "gpu_check.sh").read_text()
-    blocks = re.findall(r"RUN=\((.*?)\)", script, re.S)
+    given = shlex.split(re.search(r"COLD=\((.*?)\)\n", script, re.S).group(1))
+    blocks = re.findall(r"RUN=\((.*?)\)\n", script, re.S)
     assert len(blocks) == 2
     for block in blocks:
+        args = [a for word in shlex.split(block) for a in (given if word == "${COLD[@]}" else [word])]
         # as the runner composes it: dapo_synth is a sweep, so its component overrides are soft (++)
-        cfg = compose(soften(["+experiment=dapo_synth", "policy.stages=[1]", *block.split()]))
+        cfg = compose(soften(["+experiment=dapo_synth", "policy.stages=[1]", *args]))
         cold = OmegaConf.to_container(cfg.policy.cold_start, resolve=True)
         assert cold["split"] == "train" and cold["_target_"].endswith("ColdStartConfig"), cold

@@ -134,3 +134,6 @@ def test_the_curve_numbers_steps_across_cycles_and_stages(tmp_path):
     assert "dev_em" not in rows[1] and rows[-1]["dev_em"] == 0.4 and "note" not in rows[-1]
     assert [r.get("loss") for r in rows] == [None, 0.1, 0.2, None, 0.1, 0.2, 0.3]
     assert cur.curve_rows([(1, one)])[0]["step"] == 1 and cur.curve_rows([], start_em=0.1) == []
+    # with the dev questions' count, each dev EM carries it (the plot's band), no other row
+    counted = cur.curve_rows([(1, one), (2, two)], start_em=0.1, dev_n=64)
+    assert [r.get("heldout/n") for r in counted] == [64, None, 64, 64, None, None, 64]

@@ -87,8 +87,25 @@ def test_the_teacher_reads_gold_chains_with_both_readers(world):
     assert hops == [ex.hops for ex in examples]
 
 
+def test_the_hops_reader_asks_each_gold_sub_question_with_its_own_passage(world):
+    """reader=hops: APEX's executor once a hop, its sub-question the gold one with the earlier answers filled
+    in and its evidence that hop's gold passage alone, then APEX's synthesis; nothing is searched."""
+    examples = [ex for ex in world.split("test") if ex.answerable and ex.type in ("3hop", "comparison")][:6]
+    echo = Echo()
+    OracleRAG(reader="hops").rollout(Env(world.corpus, None, echo), examples[:1])
+    from rag_lab.env.protocols.apex import APEXExecute
+
+    first, shown = examples[0].decomposition[0], APEXExecute().read(echo.prompts[0])
+    assert shown.focus == first.question
+    assert [p.title for t in shown.turns for p in t.passages] == [world.corpus.get(first.support_id).title]
+    assert len(echo.prompts) == examples[0].hops + 1  # a call a hop, then the synthesis
+    episodes = OracleRAG(reader="hops").rollout(Env(world.corpus, None, TeacherGenerator(world)), examples)
+    for ex, ep in zip(examples, episodes, strict=True):
+        assert ep.prediction in ex.answers and ep.queries == [] and len(ep.steps) == ex.hops + 1
+
+
 def test_bad_settings_name_the_key(world):
-    with pytest.raises(ConfigError, match=r"policy\.reader: 'rag' is not one of qa, cot"):
+    with pytest.raises(ConfigError, match=r"policy\.reader: 'rag' is not one of qa, cot, hops"):
         OracleRAG(reader="rag")
     with pytest.raises(ConfigError, match=r"policy\.order: 'random'"):
         OracleRAG(order="random")

@@ -443,12 +443,14 @@ def test_the_heldout_curve_reads_the_dev_runs_stopped_where_q_stop_exceeds_q_con
     trajs = [Trajectory("q1", "?", [["a"], ["b"], ["c"]], answers=["x", "Paris", "Paris"]),
              Trajectory("q2", "?", [["d"], ["e"], ["f"]], answers=["Rome", "y", "z"])]  # fmt: skip
     dev = [QAExample("q1", "?", ("Paris",)), QAExample("q2", "?", ("Rome",))]
-    assert heldout_at(None, trajs, dev, 3) == {"heldout/acc": 0.5, "heldout/steps": 3.0}
+    assert heldout_at(None, trajs, dev, 3) == {"heldout/acc": 0.5, "heldout/steps": 3.0, "heldout/n": 2}
     assert heldout_at(Margins([[-1.0, 2.0], [0.5, 0.1]]), trajs, dev, 3) == {
         "heldout/acc": 1.0,
         "heldout/steps": 1.5,
+        "heldout/n": 2,
     }
     assert heldout_at(Margins([[-1.0, -2.0], [0.0, -0.1]]), trajs, dev, 3) == {
         "heldout/acc": 0.5,
         "heldout/steps": 3.0,
+        "heldout/n": 2,
     }

@@ -91,6 +91,30 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(
     assert json.loads((path / "train.json").read_text())["base"] == "shipped"
     chains = oracle_chains(data, data.split("train")[:5])
     assert chains and all(p.startswith("Documents:") and "\nReasoning:" in p for p in chains)
+    # So does a generalist stage (issue 64), from the shipped checkpoint whose recipe is this one without it;
+    # a shipped checkpoint with a generalist stage is no start for one, and neither is a recipe without it.
+    general = {**settings, "generalist_steps": 2, "generalist_verbatim": 1.0}
+    assert tiny.before_generalist_for(data, general, shipped_root=tmp_path) == out
+    assert tiny.before(data, general) == {}  # rag_lab/checkpoints holds no start for the toy world
+    assert tiny.before_generalist_for(data, {**general, "lr": 0.5}, shipped_root=tmp_path) is None
+    assert tiny.before_generalist_for(data, settings, shipped_root=tmp_path) is None
+    path = train(data, str(tmp_path / "general"), before_generalist=out, **general)
+    assert [p.name for p in (tmp_path / "general" / "tiny_lm").iterdir()] == [path.name]
+    assert json.loads((path / "train.json").read_text())["base"] == "shipped"
+    ship(toy, out=tmp_path / "with_general" / "shipped")  # a card whose recipe has the stage
+    card = json.loads((tmp_path / "with_general" / "shipped" / "recipe.json").read_text())
+    card["recipe"] |= {"generalist_steps": 2}
+    (tmp_path / "with_general" / "shipped" / "recipe.json").write_text(json.dumps(card))
+    assert tiny.before_generalist_for(data, general, shipped_root=tmp_path / "with_general") is None
+    # the generalist's demonstrations are cached by its habits: another verbatim rate, other queries
+    from rag_lab.train.demonstrations import generalist_demonstrations
+
+    habits = {"searches": 2, "jitter": 0.0, "whole_plan": 0.6}
+    verbatim, _ = generalist_demonstrations(data, tmp_path / "d", 3, 2, habits | {"verbatim": 1.0})
+    rephrased, _ = generalist_demonstrations(data, tmp_path / "d", 3, 2, habits | {"verbatim": 0.0})
+    first = [p for p in verbatim["evorag"] if p.count("SEARCH:") == 0]
+    assert first and all(verbatim["evorag"][p] == "SEARCH: " + p.split("\n")[0][10:] for p in first)
+    assert all(rephrased["evorag"][p] != verbatim["evorag"][p] for p in first)
 
 
 def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_path, monkeypatch, caplog):
@@ -112,6 +136,10 @@ def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_pa
     easy = instantiate(compose(["generator=tiny", "data=synth_easy", f"cache_dir={tmp_path}"]).data)
     assert len(easy.split("train")) < len(data.split("train"))
     assert Path(build(cfg.generator, data=easy).model.name_or_path) == tiny.SHIPPED
+    # the defaults before stay loadable by name, each its own shipped checkpoint (issue 64)
+    for old in ("tiny_t48", "tiny_t19"):
+        loaded = build(compose([f"generator={old}", f"cache_dir={tmp_path}"]).generator, data=data)
+        assert Path(loaded.model.name_or_path) == tiny.SHIPPED.parent / old
     assert not (tmp_path / "tiny_lm").exists()
 
 

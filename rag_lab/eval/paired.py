@@ -1,16 +1,19 @@
-"""Paired tests between runs, on their records (``rag_lab.report --compare``, ``rag_lab.claims``): each
-record keyed by (seed, question id), rows of a sweep grouped by an override, and the paired bootstrap over
-questions of A − B per metric (each draw a question with all its seeds: :func:`rag_lab.eval.stats.
-paired_bootstrap`) over a metrics.json subset's questions."""
+"""Paired tests between runs, on their records (``rag_lab.report --compare``, ``rag_lab.claims``,
+``rag_lab.compare``): each record keyed by (seed, question id), rows of a sweep grouped by an override, and
+the paired bootstrap over questions of A − B per metric (each draw a question with all its seeds:
+:func:`rag_lab.eval.stats.paired_bootstrap`) over a metrics.json subset's questions; for the comparison's
+table, the records by question then seed, a metric's mean over questions with its CI and a metric's paired
+difference between two rows."""
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.runs import overrides_of, records_of
-from rag_lab.eval.stats import paired_bootstrap
+from rag_lab.eval.stats import PairedResult, bootstrap_ci, paired_bootstrap
 
 
 def in_subset(record: dict, subset: str) -> bool:
@@ -38,8 +41,48 @@ def scores_of(runs: list[Path], seeded: bool = True) -> dict[tuple[str, str], di
 
 
 def scored(value) -> bool:
-    """Whether a record's field holds a score (not None, not NaN: retrieval precision with no retrieval)."""
+    """Whether a record's field holds a score (not None, not NaN: retrieval precision with no retrieval; a
+    bool is a 0/1 score: ``format_failure``)."""
     return value is not None and value == value
+
+
+def by_question(runs: list[Path]) -> dict[str, dict[str, dict]]:
+    """question id -> seed -> record, over ``runs`` (one run per seed)."""
+    out: dict[str, dict[str, dict]] = {}
+    for run in runs:
+        seed = overrides_of(run).get("seed", "0")
+        for rec in records_of(run):
+            out.setdefault(rec["id"], {})[seed] = rec
+    return out
+
+
+def metric_ci(questions: dict[str, dict[str, dict]], field: str) -> tuple[float, float, float] | None:
+    """Mean of ``field`` over questions (each question's mean over its seeds first) and its 95% CI,
+    resampling questions; None when no record has it."""
+    per_question = []
+    for seeds in questions.values():
+        values = [float(r[field]) for r in seeds.values() if scored(r.get(field))]
+        if values:
+            per_question.append(float(np.mean(values)))
+    if not per_question:
+        return None
+    low, high = bootstrap_ci(per_question)
+    return float(np.mean(per_question)), low, high
+
+
+def paired_delta(mine: dict, theirs: dict, field: str) -> PairedResult | None:
+    """The paired bootstrap of ``field`` (``mine`` − ``theirs``, each :func:`by_question`) over the
+    (question, seed) pairs both scored; None when they share none."""
+    pairs = [(q, s) for q in mine for s in mine[q] if s in theirs.get(q, {})]
+    pairs = [(q, s) for q, s in pairs if scored(mine[q][s].get(field)) and scored(theirs[q][s].get(field))]
+    if not pairs:
+        return None
+    return paired_bootstrap(
+        [float(mine[q][s][field]) for q, s in pairs],
+        [float(theirs[q][s][field]) for q, s in pairs],
+        questions=[q for q, _ in pairs],
+        seeds=[s for _, s in pairs],
+    )
 
 
 def bootstrap_rows(

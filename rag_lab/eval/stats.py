@@ -1,4 +1,5 @@
-"""Uncertainty: 95% bootstrap confidence intervals (scipy) and a paired bootstrap test over questions.
+"""Uncertainty: 95% bootstrap confidence intervals (scipy), the Wilson score interval of a proportion (a
+held-out curve's point: k right of n questions) and a paired bootstrap test over questions.
 
 The paired test is hand-written (scipy has no paired bootstrap *test*): it follows Koehn (2004),
 "Statistical Significance Tests for Machine Translation Evaluation": resample the shared
@@ -40,6 +41,19 @@ def bootstrap_ci(values: list[float], confidence: float = 0.95, seed: int = 0) -
         rng=np.random.default_rng(seed),
     )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``successes`` / ``n`` (scipy's ``binomtest``): unlike the
+    normal approximation it stays inside [0, 1] and is not empty at 0 or ``n`` successes.
+
+    >>> [round(x, 4) for x in wilson_ci(32, 64)]
+    [0.381, 0.619]
+    >>> wilson_ci(0, 64)[0]
+    0.0
+    """
+    ci = stats.binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ Follows R3-RAG's cold start (papers/r3-rag.txt, algorithms 1 and 2): a strong te
 several trajectories per training question at varied temperature; a trajectory is kept only when
 its final answer is correct and every step is well formed; each kept trajectory of L steps gives L
 (prompt = question + the steps so far, completion = the next step) SFT pairs. APEX's executor SFT
-on filtered teacher traces is the same recipe on the ``apex_exec`` protocol, and DAPO and EVO-RAG
-start from it on the embedded world (``protocols`` picks the formats).
+on filtered teacher traces is the same recipe on the ``apex_exec`` protocol (``protocols`` picks the
+formats; ``cold_start=shared`` is both at once, the comparison's). DAPO and EVO-RAG can start from it too
+(``policy.cold_start``), though their papers start from instruct models, as ``compare_synth`` does.
 
 - The pairs: :mod:`rag_lab.train.demonstrations` (the teacher, the rejection, their cache).
 - SFT is TRL's ``SFTTrainer`` (:func:`rag_lab.train.sft.sft`; optionally with a PEFT LoRA adapter, merged

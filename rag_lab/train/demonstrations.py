@@ -175,6 +175,26 @@ def teacher_demonstrations(data, cache_dir: str | Path, k: int = 3, iterations: 
     return by_protocol, retriever
 
 
+def generalist_demonstrations(data, cache_dir: str | Path, k: int, iterations: int, habits: dict):
+    """:func:`teacher_demonstrations` with the generalist (``rag_lab.env.teacher.generalist``: the world
+    teacher's reading, a general model's searching and planning, by ``habits``) in the world teacher's
+    place, cached under ``cache_dir/generalist_demonstrations/`` (the habits join the key)."""
+    from rag_lab.env.teacher.generalist import GeneralistTeacher
+    from rag_lab.retrievers.bm25 import BM25Retriever
+
+    retriever = BM25Retriever(data.corpus, cache_dir=str(cache_dir))
+    questions = question_keys(data.split("train"))
+    where = cache.path(cache_dir, "generalist_demonstrations", data.corpus.fingerprint, questions, k,
+                       iterations, habits, code=__name__)  # fmt: skip
+    path = where.with_name(where.name + ".json")
+    if path.exists():
+        return json.loads(path.read_text()), retriever
+    teacher = GeneralistTeacher(data, **habits)
+    by_protocol = collect(teacher, data.corpus, retriever, data.split("train"), k, iterations)
+    atomic_write_text(path, json.dumps(by_protocol))
+    return by_protocol, retriever
+
+
 def sample(
     by_protocol: dict[str, dict[str, str]],
     words_per_protocol: int = 60_000,

@@ -3,8 +3,9 @@
 A trainer's own curve (a batch's reward) is measured on what it trains on and is noisy; the held-out curve
 is the policy's accuracy (Acc, the dataset's scorer) on fixed held-out questions (the dev split's first
 ``n``), greedy, in the method's own loop, at the start and every ``every`` steps (and at the last). Its rows,
-``{"step", "heldout/acc", "heldout/format_failures"}``, join the training log, so ``train_log.jsonl``, the
-method's curves and the comparison's ``curves.png`` draw it.
+``{"step", "heldout/acc", "heldout/format_failures", "heldout/n"}`` (``n``: the questions measured, for the
+95% band the comparison's plot draws), join the training log, so ``train_log.jsonl``, the method's curves and
+the comparison's ``curves.png`` draw it.
 
 Hand-written: TRL's ``eval_strategy`` evaluates a loss on a dataset, not a multi-turn policy's answers.
 """
@@ -26,6 +27,8 @@ from rag_lab.env import Episode
 from rag_lab.eval.metrics import SCORERS
 
 HELDOUT_KEY = "heldout/acc"
+# the questions a held-out row was measured on
+HELDOUT_N = "heldout/n"
 
 
 @dataclass(frozen=True)
@@ -45,14 +48,15 @@ class HeldOut:
 
 
 def heldout_row(step: int, questions: Sequence[QAExample], episodes: Sequence[Episode], scorer: str) -> dict:
-    """The curve's row: Acc and the format-failure rate of ``episodes`` against their ``questions``.
+    """The curve's row: Acc and the format-failure rate of ``episodes`` against their ``questions``, and how
+    many questions that is (a reader's interval around the Acc needs it).
 
     >>> from rag_lab.env import Episode
     >>> qs = [QAExample("a", "?", ("Paris",)), QAExample("b", "?", ("Rome",))]
     >>> eps = [Episode("a", "?", prediction="paris"), Episode("b", "?", prediction="", format_failure=True)]
     >>> row = heldout_row(4, qs, eps, "squad")
-    >>> row["step"], row["heldout/acc"], row["heldout/format_failures"]
-    (4, 0.5, 0.5)
+    >>> row["step"], row["heldout/acc"], row["heldout/format_failures"], row["heldout/n"]
+    (4, 0.5, 0.5, 2)
     """
     acc = SCORERS[scorer]["acc"]
     right = [acc(ep.prediction, list(q.answers)) for q, ep in zip(questions, episodes, strict=True)]
@@ -61,6 +65,7 @@ def heldout_row(step: int, questions: Sequence[QAExample], episodes: Sequence[Ep
         "time": time.time(),
         HELDOUT_KEY: sum(right) / len(right),
         "heldout/format_failures": sum(ep.format_failure for ep in episodes) / len(episodes),
+        HELDOUT_N: len(right),
     }
 
 

@@ -246,6 +246,9 @@ DECIDE: dict[str, Callable[[Mind, State], Action]] = {
 class TeacherGenerator:
     """The world teacher as a black-box generator (a SIMULATOR; data=synth)."""
 
+    # protocol name -> its decision (a subclass overrides some: rag_lab/env/teacher/generalist.py)
+    decide: dict[str, Callable[[Mind, State], Action]] = DECIDE
+
     @takes(Noise)
     def __init__(self, data, seed: int = 0, **noise: float):
         """``data``: the dataset whose questions it knows (the run's, handed over by the runner); ``noise``:
@@ -266,6 +269,9 @@ class TeacherGenerator:
         greedy = sampling.temperature <= 0
         key = f"{self.seed}:{sampling.seed}:{prompt}:{0 if greedy else sample}"
         rng = random.Random(text_digest(key))
-        mind = Mind(self.examples.get(state.question), rng, self.noise, greedy)
-        text = protocol.format(DECIDE[protocol.name](mind, state))
+        mind = self.mind(self.examples.get(state.question or state.focus), rng, greedy)
+        text = protocol.format(self.decide[protocol.name](mind, state))
         return Completion(cut_at_stop(text, sampling)[0])  # the contract: text ends at the first stop
+
+    def mind(self, example: QAExample | None, rng: random.Random, greedy: bool) -> Mind:
+        return Mind(example, rng, self.noise, greedy)

@@ -121,6 +121,9 @@ class APEX(APEXPipeline):
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         base = env.generator
+        if not self.executor_sft and not (self.plan and self.plan_rl):  # nothing to train: the prompting loop
+            self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
+            return
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)

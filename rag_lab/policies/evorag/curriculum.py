@@ -81,10 +81,13 @@ def run_stage(
     return result
 
 
-def curve_rows(results: list[tuple[int, StageResult]], start_em: float | None = None) -> list[dict]:
+def curve_rows(
+    results: list[tuple[int, StageResult]], start_em: float | None = None, dev_n: int | None = None
+) -> list[dict]:
     """The training curve: the start's dev EM at step 0 (``start_em``: the held-out curve's first point),
     each cycle's DPO steps (numbered on across cycles and stages), and at each cycle's last step its summary
-    (dev EM, preference accuracy, branch counts, rollout monitors)."""
+    (dev EM, preference accuracy, branch counts, rollout monitors). ``dev_n``: the dev questions each dev EM
+    was measured on, given to every row that has one (``heldout/n``: the plot's 95% band)."""
     rows, offset = [], 0
     if start_em is not None and results:
         rows.append({"stage": str(results[0][0]), "step": 0, "dev_em": start_em})
@@ -98,4 +101,6 @@ def curve_rows(results: list[tuple[int, StageResult]], start_em: float | None = 
             numbers = {k: v for k, v in summary.items() if isinstance(v, int | float) and k not in ("stage",)}
             end = {"stage": str(stage), "step": offset} | numbers
             rows += steps[:-1] + [steps[-1] | end] if steps else [end]
+    if dev_n is not None:
+        rows = [r | {"heldout/n": dev_n} if "dev_em" in r else r for r in rows]
     return rows

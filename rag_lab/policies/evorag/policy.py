@@ -208,7 +208,7 @@ class EvoRAG(Agent):
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")
-        write_curves(curve_rows(results, first_em), out, logger, PANELS, "EVO-RAG training")
+        write_curves(curve_rows(results, first_em, len(dev)), out, logger, PANELS, "EVO-RAG training")
 
     def dev_questions(self, dev: list[QAExample]) -> list[QAExample]:
         """The stall rule's questions: the training data's dev split (the paper stops on its training set's

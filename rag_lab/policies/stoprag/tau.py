@@ -67,7 +67,11 @@ def heldout_at(
     acc = SCORERS["squad"]["acc"]
     gold = {ex.id: list(ex.answers) for ex in dev}
     right = [acc(t.answers[s - 1], gold[t.question_id]) for t, s in zip(trajs, ts, strict=True)]
-    return {"heldout/acc": sum(right) / len(right), "heldout/steps": sum(ts) / len(ts)}
+    return {
+        "heldout/acc": sum(right) / len(right),
+        "heldout/steps": sum(ts) / len(ts),
+        "heldout/n": len(right),
+    }
 
 
 def tune_tau(

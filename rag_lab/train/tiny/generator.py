@@ -22,7 +22,8 @@ from rag_lab.config import ConfigError, takes
 from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.ranges import PositiveInt
-from rag_lab.train.tiny.recipe import Recipe, train
+from rag_lab.train.tiny.recipe import train
+from rag_lab.train.tiny.settings import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,9 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     recorded = json.loads(card.read_text())
     check_checkpoint(shipped, recorded)
     keys = settings.keys() | recorded["recipe"].keys()
-    if not settings.get("chain_steps") and not recorded["recipe"].get("chain_steps"):
-        keys -= set(CHAIN_KEYS)  # no chain stage on either side: its other settings train nothing
+    for steps, stage_keys in (("chain_steps", CHAIN_KEYS), ("generalist_steps", GENERALIST_KEYS)):
+        if not settings.get(steps) and not recorded["recipe"].get(steps):
+            keys -= set(stage_keys)  # no such stage on either side: its other settings train nothing
     changed = sorted(k for k in keys if settings.get(k) != recorded["recipe"].get(k))
     world = world_fingerprint(data)
     why = [f"settings {', '.join(changed)} differ"] if changed else []
@@ -122,30 +124,67 @@ def shipped_for(data, settings: dict, shipped: Path = SHIPPED) -> Path | None:
     return shipped
 
 
-# The chain stage's settings: a recipe that differs from a shipped one only in these (and whose shipped one
-# has no chain stage) starts its chain stage from that checkpoint.
+# A later stage's settings: a recipe that differs from a shipped one only in the keys of a stage and those
+# after it (and whose shipped one has none of those stages) starts that stage from the shipped checkpoint.
 CHAIN_KEYS = ("chain_steps", "chain_layout", "chain_lr")
+GENERALIST_KEYS = (
+    "generalist_steps",
+    "generalist_layout",
+    "generalist_lr",
+    "generalist_searches",
+    "generalist_jitter",
+    "generalist_verbatim",
+    "generalist_whole_plan",
+)
+LATER = {"chain": CHAIN_KEYS + GENERALIST_KEYS, "generalist": GENERALIST_KEYS}
 
 
 def before_chain_for(data, settings: dict, shipped_root: Path = SHIPPED.parent) -> Path | None:
     """A shipped checkpoint of this recipe's stages before its chain stage (its recipe is ``settings`` but
-    the chain keys, with no chain stage, on ``data``'s world), checked against its card; None when the
-    recipe has no chain stage or none is shipped."""
-    if not settings.get("chain_steps"):
+    the chain and generalist keys, with neither stage, on ``data``'s world), checked against its card; None
+    when the recipe has no chain stage or none is shipped."""
+    return _before("chain", data, settings, shipped_root)
+
+
+def before_generalist_for(data, settings: dict, shipped_root: Path = SHIPPED.parent) -> Path | None:
+    """A shipped checkpoint of this recipe's stages before its generalist stage (its recipe is ``settings``
+    but the generalist keys, with no generalist stage), checked against its card; None when the recipe has
+    no generalist stage or none is shipped."""
+    return _before("generalist", data, settings, shipped_root)
+
+
+def _before(stage: str, data, settings: dict, shipped_root: Path) -> Path | None:
+    if not settings.get(f"{stage}_steps"):
         return None
-    wanted = {k: v for k, v in settings.items() if k not in CHAIN_KEYS}
+    later = LATER[stage]
+    wanted = {k: v for k, v in settings.items() if k not in later}
     world = None
     for card in sorted(Path(shipped_root).glob("*/recipe.json")):
         recorded = json.loads(card.read_text())
         recipe = recorded.get("recipe", {})
-        if recipe.get("chain_steps") or {k: v for k, v in recipe.items() if k not in CHAIN_KEYS} != wanted:
+        if (
+            any(recipe.get(k) for k in later if k.endswith("_steps"))
+            or {k: v for k, v in recipe.items() if k not in later} != wanted
+        ):
             continue
         world = world or world_fingerprint(data)
         if recorded.get("world") == world:
             check_checkpoint(card.parent, recorded)
-            log.info("tiny LM: the chain stage starts from the shipped %s (its earlier stages)", card.parent)
+            log.info(
+                "tiny LM: the %s stage starts from the shipped %s (its earlier stages)", stage, card.parent
+            )
             return card.parent
     return None
+
+
+def before(data, settings: dict) -> dict[str, Path]:
+    """The shipped checkpoint the recipe continues from, as :func:`train`'s keyword: the latest stage's
+    start that is shipped (the generalist stage's, else the chain stage's), or none."""
+    if (path := before_generalist_for(data, settings)) is not None:
+        return {"before_generalist": path}
+    if (path := before_chain_for(data, settings)) is not None:
+        return {"before_chain": path}
+    return {}
 
 
 def _check_trainable(data) -> None:
@@ -206,7 +245,7 @@ def tiny_lm(
     settings = recipe_settings(recipe)
     data = getattr(data, "world", data)  # data=synth_easy: the whole world, not its selection of questions
     path = fitting_checkpoint(data, checkpoint, settings) or train(
-        data, cache_dir, before_chain=before_chain_for(data, settings), **settings
+        data, cache_dir, **before(data, settings), **settings
     )
     return HFGenerator(
         str(path),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rag_lab.train.tiny.generator import (
     SHIPPED,
-    before_chain_for,
+    before,
     file_digests,
     recipe_part,
     recipe_settings,
@@ -40,7 +40,8 @@ def ship(
     ``recipe.json`` (the settings and the world's fingerprint) and a model card (``README.md``: recipe,
     hardware, time, and the table of ``scores``, a report.md, when given). The previous checkpoint is
     replaced only once the new one is complete. A recipe with a chain stage starts it from the shipped
-    checkpoint of its earlier stages when there is one (``from_scratch``: every stage trains). ``model``:
+    checkpoint of its earlier stages when there is one, and so does a generalist stage (``from_scratch``:
+    every stage trains). ``model``:
     a directory this recipe trained already (a recipe run's cache entry) to ship as it is."""
     import subprocess
 
@@ -54,8 +55,8 @@ def ship(
     generator = OmegaConf.to_container(cfg.generator, resolve=True)
     settings = recipe_settings(recipe_part(generator))
     data = instantiate(cfg.data)
-    before = None if from_scratch else before_chain_for(data, settings)
-    path = Path(model) if model is not None else train(data, cfg.cache_dir, before_chain=before, **settings)
+    start = {} if from_scratch else before(data, settings)
+    path = Path(model) if model is not None else train(data, cfg.cache_dir, **start, **settings)
     stats = json.loads((path / "train.json").read_text())
     seconds = stats.get("total_wall_s", stats["wall_s"])
     commit = subprocess.run(
@@ -70,8 +71,7 @@ def ship(
         "hardware": _hardware(stats.get("device", "cpu"), stats.get("versions", {}).get("torch")),
         "commit": commit.stdout.strip() or None,
     }
-    if before is not None:
-        card["before_chain"] = before.name
+    card |= {stage: folder.name for stage, folder in start.items()}
     tmp = out.with_name(f".{out.name}.new")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -113,23 +113,47 @@ def model_card(card: dict, stats: dict, scores: str | None) -> str:
     """The shipped checkpoint's README: what it is, its recipe, where and how long it trained, scores."""
     settings = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in card["recipe"].items())
     parameters = stats.get("parameters")
+    last = f"; {stats.get('wall_s', 0) / 60:.0f} min of the total"  # the last stage's own time
+    general = card["recipe"].get("generalist_steps")
     chain = ""
     if card["recipe"].get("chain_steps"):
         chain = (
             ", then a chain stage (the teacher's chain-of-thought over gold passages beside reading layouts"
             " and the method loops' demonstrations"
             + (f", trained from the shipped `{card['before_chain']}`" if card.get("before_chain") else "")
-            + f"; {stats.get('wall_s', 0) / 60:.0f} min of the total)"
+            + ("" if general else last)
+            + ")"
         )
+    generalist = ""
+    if general:
+        generalist = (
+            ". Last, a generalist stage: the same mix with every protocol's demonstrations the generalist's"
+            " (`generator=generalist`: the world teacher's reading, but searching with the question, a fixed"
+            " number of times, and planning with the question whole or split at its surface: what a general"
+            " instruct model knows without the answer key), so that the methods start with room to learn"
+            + (
+                f"; trained from the shipped `{card['before_generalist']}`"
+                if card.get("before_generalist")
+                else ""
+            )
+            + last
+        )
+    start = card.get("before_generalist") or card.get("before_chain")
+    trained = (
+        f"Its last stage trained on: {card['hardware']}, in {stats.get('wall_s', 0) / 60:.0f} min (commit "
+        f"{card['commit']}), from the shipped `{start}` (its card gives the stages before)."
+        if start
+        else f"Trained on: {card['hardware']}, in {card['train_time']} (commit {card['commit']})."
+    )
     return f"""# The tiny LM (`generator=tiny`)
 
 A Qwen2-style causal LM of {parameters:,} parameters, vocabulary {stats.get("vocab_size")}, trained from
 scratch by `rag_lab.train.tiny.recipe.train` on the embedded world (`data=synth`, world fingerprint
 `{card["world"]}`): a reading stage over renamed pages, SFT on the world teacher's demonstrations of every
-protocol, then a protocol stage{chain}. `make tiny-lm` reproduces it; `experiments/results/tiny_lm.md` says
-how the recipe was found.
+protocol, then a protocol stage{chain}{generalist}. `make tiny-lm` reproduces it;
+`experiments/results/tiny_lm.md` says how the recipe was found.
 
-- Trained on: {card["hardware"]}, in {card["train_time"]} (commit {card["commit"]}).
+- {trained}
 - Loaded by `generator=tiny` when the run's world and settings match `recipe.json`; otherwise the
   recipe trains a model for the run (cached) and the log says which fingerprint differs.
 
