@@ -106,15 +106,42 @@ def test_the_shipped_checkpoint_is_loaded_only_for_its_world_and_recipe(
     card["recipe"] |= {"generalist_steps": 2}
     (tmp_path / "with_general" / "shipped" / "recipe.json").write_text(json.dumps(card))
     assert tiny.before_generalist_for(data, general, shipped_root=tmp_path / "with_general") is None
-    # the generalist's demonstrations are cached by its habits: another verbatim rate, other queries
-    from rag_lab.train.demonstrations import generalist_demonstrations
+    # the stage's pools are the generalist's, acting by the recipe's habits: its first queries the question
+    from rag_lab.train import demonstrations
 
-    habits = {"searches": 2, "jitter": 0.0, "whole_plan": 0.6}
-    verbatim, _ = generalist_demonstrations(data, tmp_path / "d", 3, 2, habits | {"verbatim": 1.0})
-    rephrased, _ = generalist_demonstrations(data, tmp_path / "d", 3, 2, habits | {"verbatim": 0.0})
-    first = [p for p in verbatim["evorag"] if p.count("SEARCH:") == 0]
-    assert first and all(verbatim["evorag"][p] == "SEARCH: " + p.split("\n")[0][10:] for p in first)
-    assert all(rephrased["evorag"][p] != verbatim["evorag"][p] for p in first)
+    habits = tiny_habits(general)
+    pools, _ = demonstrations.generalist_demonstrations(data, tmp_path / "general", 3, 6, habits)
+    first = [p for p in pools["evorag"] if p.count("SEARCH:") == 0]
+    assert first and all(pools["evorag"][p] == "SEARCH: " + p.split("\n")[0][10:] for p in first)
+
+
+def tiny_habits(settings: dict) -> dict:
+    from dataclasses import asdict
+
+    from rag_lab.train.tiny.settings import Recipe
+
+    return asdict(Recipe(**settings).habits)
+
+
+def test_the_generalists_demonstrations_are_cached_by_its_habits(tiny_cfg, tmp_path, monkeypatch):
+    """generalist_demonstrations rolls the generalist out once per world and habits (the rollouts faked:
+    what they return is the habits they were asked with), and reads the cache after."""
+    from rag_lab.train import demonstrations
+
+    calls = []
+
+    def collect(teacher, corpus, retriever, questions, k, iterations):
+        calls.append(teacher.habits)
+        return {"evorag": {"prompt": repr(teacher.habits)}}
+
+    monkeypatch.setattr(demonstrations, "collect", collect)
+    data = instantiate(tiny_cfg().data)
+    habits = {"searches": 2, "jitter": 0.0, "verbatim": 1.0, "whole_plan": 0.6}
+    first, _ = demonstrations.generalist_demonstrations(data, tmp_path, 3, 2, habits)
+    again, _ = demonstrations.generalist_demonstrations(data, tmp_path, 3, 2, habits)
+    other, _ = demonstrations.generalist_demonstrations(data, tmp_path, 3, 2, habits | {"verbatim": 0.0})
+    assert first == again and len(calls) == 2
+    assert [h.verbatim for h in calls] == [1.0, 0.0] and other["evorag"]["prompt"] == repr(calls[1])
 
 
 def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_path, monkeypatch, caplog):
