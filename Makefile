@@ -53,8 +53,9 @@ claims: install ## The papers' headlines: their experiments over 3 seeds, then e
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship --from-scratch $(if $(SCORES),--scores $(SCORES))
-	@# make demo's shared cold start (compare_synth's experiment.cold_start, seed 0) ships beside it
-	$(PY) -m rag_lab.train.cold_start generator=tiny cold_start=shared seed=0 --ship
+	@# make demo's cold starts (compare_synth's experiment.cold_start and experiment.executor, seed 0) ship beside it
+	$(PY) -m rag_lab.train.cold_start generator=tiny cold_start=r3rag_cs seed=0 --ship
+	$(PY) -m rag_lab.train.cold_start generator=tiny cold_start=apex_executor seed=0 --ship
 
 # make test's worker processes (pytest-xdist; each test's caches and tmp dirs are its worker's own)
 TEST_WORKERS ?= 2

@@ -120,7 +120,7 @@ def check_below_interpolations(overrides: Sequence[str], compose_without: Callab
     composes the job's config without the overrides under test; ConfigError naming the override and the key
     to set instead."""
     keys = {o: o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+")}
-    # a dotted key, not a config group (``+cold_start@experiment.cold_start=shared``, ``+experiment/x=y``)
+    # a dotted key, not a config group (``+cold_start@experiment.cold_start=r3rag_cs``, ``+experiment/x=y``)
     added = [o for o, key in keys.items() if "." in key and not set("@/") & set(key)]
     if not added:
         return

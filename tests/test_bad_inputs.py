@@ -506,7 +506,7 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
     check_below_interpolations(
         [
             "+experiment=stoprag_synth",
-            "+cold_start@experiment.cold_start=shared",
+            "+cold_start@experiment.cold_start=r3rag_cs",
             "experiment.cold_start.limit=4",
         ],
         compose,

@@ -5,8 +5,9 @@ several trajectories per training question at varied temperature; a trajectory i
 its final answer is correct and every step is well formed; each kept trajectory of L steps gives L
 (prompt = question + the steps so far, completion = the next step) SFT pairs. APEX's executor SFT
 on filtered teacher traces is the same recipe on the ``apex_exec`` protocol (``protocols`` picks the
-formats; ``cold_start=shared`` is both at once, the comparison's). DAPO and EVO-RAG can start from it too
-(``policy.cold_start``), though their papers start from instruct models, as ``compare_synth`` does.
+formats; ``cold_start=r3rag_cs`` and ``cold_start=apex_executor`` are the comparison's). DAPO and EVO-RAG
+can start from one too (``policy.cold_start``), though their papers start from instruct models, as
+``compare_synth`` does.
 
 - The pairs: :mod:`rag_lab.train.demonstrations` (the teacher, the rejection, their cache).
 - SFT is TRL's ``SFTTrainer`` (:func:`rag_lab.train.sft.sft`; optionally with a PEFT LoRA adapter, merged
@@ -29,8 +30,8 @@ Hand-written, and why:
   the weights an uninterrupted run of the same seed gives). With the demonstrations' cache, a second
   call neither samples nor trains.
 - Shipped cold starts (``rag_lab/checkpoints/cold_start/<key>``, written by ``--ship``): a run whose cache has
-  no entry takes the shipped one whose key matches its own, then trains nothing (``make demo``'s shared
-  cold start is shipped, so the demo does not pay its 2.5 min of SFT). That key is the cache key without
+  no entry takes the shipped one whose key matches its own, then trains nothing (``make demo``'s two
+  cold starts are shipped, so the demo does not pay their 3 min of SFT). That key is the cache key without
   the code: the base model's files, the demonstrations (their content), the settings and the chat flag.
   The SFT code is not in it on purpose (a shipped file cannot follow every edit); ``ship.json`` records
   the code digest that made it and each file's sha256, checked before it is used. ``make tiny-lm``
