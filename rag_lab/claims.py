@@ -1,20 +1,33 @@
-"""The papers' headlines, judged on run outputs: ``python -m rag_lab.claims RUNS_DIR [...]`` writes
+"""The papers' claims, judged on run outputs: ``python -m rag_lab.claims RUNS_DIR [...]`` writes
 ``claims.md`` (and ``claims.csv``).
 
-Each claim is written in ``conf/claims.yaml`` before the runs: the paper, its words, the experiment whose
-runs judge it (``experiment.name`` in a run's config.yaml), the override naming the rows (``by``), the two
-rows A and B, and one or more tests of A − B on a records.jsonl field. A test holds when the paired bootstrap
-over questions (each draw a question with all its seeds: :func:`rag_lab.eval.stats.paired_bootstrap`) puts
-the 95% CI of A − B wholly on the claimed side of ``margin`` (0 by default: a difference at p < 0.05; a
-negative margin on ">" is a non-inferiority test, "loses at most |margin|"); it is reversed when the CI is
-wholly on the other side, and not shown otherwise. A claim holds when all its tests hold, is reversed when
-one is reversed, and is not shown otherwise. What the runs say is the verdict; the spec is not changed
-after the numbers are seen (its git history shows when it was written).
+Each claim is written in ``conf/claims.yaml`` before the runs: the paper, its kind (``H``: the headline,
+against the method's own start; ``M``: the mechanism, the ablation that isolates what is new; one of each per
+paper), its words, the experiment whose runs judge it (``experiment.name`` in a run's config.yaml), the
+override naming the rows (``by``), the two rows A and B, and one or more tests of A − B on a records.jsonl
+field (a test's ``against`` names another B). A test holds when the paired bootstrap over questions (each
+draw a question with all its seeds: :func:`rag_lab.eval.stats.paired_bootstrap`) puts the 95% CI of A − B
+wholly on the claimed side of ``margin`` (0 by default: a difference at p < 0.05; a negative margin on ">"
+is a non-inferiority test, "loses at most |margin|"); it is reversed when the CI is wholly on the other
+side, and not shown otherwise. A claim holds when all its tests hold, is reversed when one is reversed, and
+is not shown otherwise. What the runs say is the verdict; the spec is not changed after the numbers are seen
+(its git history shows when it was written).
+
+Every line carries its runs' provenance (``provenance.json``, :func:`rag_lab.run.provenance`): the commit
+and the code's hash, each row's config hash (seed aside), the LM's fingerprint, the seeds, the split and N.
+The table is refused, in one line naming the run or the claim, when:
+
+- a run is not on the spec's judge split and seeds (``judge:``), or has no provenance;
+- a run comes from another commit or code than the rest, or was resumed at another version;
+- one row pools runs of different configs (seeds aside), or two of its runs share a (seed, question).
+
+``--keep`` carries a claim's lines from an earlier claims.csv only with their provenance, marked kept.
 
 Hand-written: the claim table is ours; the statistics are :mod:`rag_lab.eval.stats`'.
 """
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +36,19 @@ import pandas as pd
 import yaml
 
 from rag_lab import CONF_DIR
+from rag_lab.config import JUDGE_SEEDS, JUDGE_SPLIT
 from rag_lab.errors import RagLabError, one_line_errors
-from rag_lab.eval.paired import bootstrap_rows, groups_by, scores_of
-from rag_lab.eval.runs import distinct, find_runs, overrides_of
+from rag_lab.eval.paired import bootstrap_rows, groups_by
+from rag_lab.eval.runs import distinct, find_runs, records_of
 from rag_lab.eval.table import to_markdown
 from rag_lab.records import atomic_write_text
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
 SIGNS = (">", "<")
+KINDS = {"H": "headline", "M": "mechanism"}
+# what every line records of its runs (provenance.json), and what --keep needs to keep a line
+PROVENANCE = ("commit", "code", "config A", "config B", "lm", "split", "seeds")
 BEGIN, END = "<!-- claims: begin (python -m rag_lab.claims) -->", "<!-- claims: end -->"
 
 
@@ -41,6 +58,8 @@ class Check:
     sign: str = ">"
     # the side of which the CI must lie: 0 (a difference), or e.g. -1.0 with ">" (A loses at most 1 point)
     margin: float = 0.0
+    # row B of this test, where it is not the claim's
+    against: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,9 +70,19 @@ class Claim:
     by: str
     rows: tuple[str, str]
     tests: tuple[Check, ...] = field(default_factory=tuple)
+    kind: str = "H"
+    # where the paper's design differs from the default LM's role (Stop-RAG's black-box LLM)
+    environment: str = ""
 
 
-def read_spec(path: Path = SPEC) -> list[Claim]:
+@dataclass(frozen=True)
+class Spec:
+    claims: list[Claim]
+    split: str = JUDGE_SPLIT
+    seeds: tuple[int, ...] = JUDGE_SEEDS
+
+
+def read_spec(path: Path = SPEC) -> Spec:
     """The claims of ``path``; a malformed entry is one line naming the file, the claim and the field."""
     try:
         loaded = yaml.safe_load(Path(path).read_text())
@@ -66,24 +95,52 @@ def read_spec(path: Path = SPEC) -> list[Claim]:
     entries = loaded.get("claims") if isinstance(loaded, dict) else None
     if not isinstance(entries, list) or not entries:
         raise RagLabError(f"{path}: not a claims spec (a non-empty 'claims' list at the top)")
+    judge = loaded.get("judge") or {}
+    split, seeds = judge.get("split"), tuple(judge.get("seeds") or ())
+    if (split, seeds) != (JUDGE_SPLIT, JUDGE_SEEDS):
+        raise RagLabError(
+            f"{path}: field 'judge' must be split {JUDGE_SPLIT}, seeds {list(JUDGE_SEEDS)} (the split and"
+            f" seeds only make claims runs: rag_lab.config), got split {split}, seeds {list(seeds)}"
+        )
     claims = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: claim {i}"
-        missing = [k for k in ("paper", "claim", "experiment", "by", "rows", "tests") if k not in entry]
+        missing = [
+            k for k in ("paper", "kind", "claim", "experiment", "by", "rows", "tests") if k not in entry
+        ]
         if missing:
             raise RagLabError(f"{where}: missing field '{missing[0]}'")
+        if entry["kind"] not in KINDS:
+            raise RagLabError(
+                f"{where}: field 'kind' is {entry['kind']!r}, not H (headline) or M (mechanism)"
+            )
         if len(entry["rows"]) != 2:
             raise RagLabError(f"{where}: field 'rows' needs two rows (A, B), got {entry['rows']}")
         tests = []
         for t in entry["tests"]:
             if t.get("sign", ">") not in SIGNS:
                 raise RagLabError(f"{where}: tests: sign {t.get('sign')!r} is not one of {', '.join(SIGNS)}")
-            tests.append(Check(str(t["metric"]), t.get("sign", ">"), float(t.get("margin", 0.0))))
+            against = None if t.get("against") is None else str(t["against"])
+            tests.append(Check(str(t["metric"]), t.get("sign", ">"), float(t.get("margin", 0.0)), against))
         rows = (str(entry["rows"][0]), str(entry["rows"][1]))
         claims.append(
-            Claim(entry["paper"], entry["claim"], entry["experiment"], entry["by"], rows, tuple(tests))
+            Claim(
+                entry["paper"],
+                entry["claim"],
+                entry["experiment"],
+                entry["by"],
+                rows,
+                tuple(tests),
+                entry["kind"],
+                entry.get("environment") or "",
+            )
         )
-    return claims
+    for paper in dict.fromkeys(c.paper for c in claims):
+        kinds = [c.kind for c in claims if c.paper == paper]
+        for kind, name in KINDS.items():
+            if kinds.count(kind) != 1:
+                raise RagLabError(f"{path}: {paper} has {kinds.count(kind)} {name} ({kind}) claims, not one")
+    return Spec(claims, split, seeds)
 
 
 def experiment_of(run: Path) -> str | None:
@@ -112,25 +169,108 @@ def verdict(low: float, high: float, test: Check) -> str:
     return "not shown"
 
 
-def judge(claims: list[Claim], runs: list[Path]) -> pd.DataFrame:
-    """One row per test of each claim: the rows, the metric, A − B [95% CI], p, seeds, questions, the test's
-    verdict and the claim's."""
+def provenance_of(run: Path) -> dict:
+    """A run's ``provenance.json``; a run without one (or with one unreadable) is refused in one line."""
+    path = run / "provenance.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RagLabError(
+            f"run {run}: no provenance.json (it ran before runs recorded their provenance)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise RagLabError(f"run {run}: provenance.json unreadable ({e})") from None
+
+
+def check_runs(runs: list[Path], spec: Spec) -> dict[Path, dict]:
+    """Each run's provenance, once every run is on the spec's judge split and seeds, from one commit and one
+    code, and not resumed at another version; else a RagLabError naming the first run that is not."""
+    found = {run: provenance_of(run) for run in runs}
+    for run, prov in found.items():
+        if prov.get("split") != spec.split:
+            raise RagLabError(
+                f"run {run}: split {prov.get('split')}, not the judge split {spec.split}"
+                " (conf/claims.yaml: judge)"
+            )
+        if prov.get("seed") not in spec.seeds:
+            raise RagLabError(
+                f"run {run}: seed {prov.get('seed')}, not a judge seed ({', '.join(map(str, spec.seeds))})"
+            )
+        if prov.get("dirty"):
+            raise RagLabError(
+                f"run {run}: made from a tree whose rag_lab/ or conf/ differ from commit {prov.get('commit')}"
+            )
+        for later in prov.get("resumed", []):
+            raise RagLabError(
+                f"run {run}: resumed at commit {later.get('commit')} (code {later.get('code')},"
+                f" LM {later.get('lm')}),"
+                f" started at {prov.get('commit')} (code {prov.get('code')}, LM {prov.get('lm')})"
+            )
+    first, prov0 = next(iter(found.items()))
+    for run, prov in found.items():
+        if (prov.get("commit"), prov.get("code")) != (prov0.get("commit"), prov0.get("code")):
+            raise RagLabError(
+                f"run {run}: commit {prov.get('commit')} (code {prov.get('code')}), but {first} and the runs"
+                f" before it: commit {prov0.get('commit')} (code {prov0.get('code')}); a table is one version"
+            )
+    return found
+
+
+def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tuple[str, str], dict]:
+    """The records of one row's runs keyed by (seed, question id), once the runs share one config (seeds
+    aside) and no (seed, question) comes twice; else a RagLabError naming the row and the two runs."""
+    configs: dict[str, Path] = {}
+    for run in runs:
+        configs.setdefault(found[run].get("row_config"), run)
+    if len(configs) > 1:
+        (h1, r1), (h2, r2) = list(configs.items())[:2]
+        raise RagLabError(f"row {row}: runs of two configs pooled: {r1} (config {h1}) and {r2} (config {h2})")
+    scores: dict[tuple[str, str], dict] = {}
+    owner: dict[tuple[str, str], Path] = {}
+    for run in runs:
+        seed = str(found[run].get("seed"))
+        for rec in records_of(run):
+            key = (seed, rec["id"])
+            if key in scores:
+                raise RagLabError(
+                    f"row {row}: seed {seed}, question {rec['id']} twice: in {owner[key]} and in {run}"
+                )
+            scores[key], owner[key] = rec, run
+    return scores
+
+
+def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
+    """One row per test of each claim: the rows, the metric, A − B [95% CI], p, the seeds' own Δs,
+    questions, the runs' provenance, the test's verdict and the claim's."""
+    spec = spec if isinstance(spec, Spec) else Spec(list(spec))
+    wanted = {c.experiment for c in spec.claims}
     by_experiment: dict[str, list[Path]] = {}
     for run in distinct(runs):
         by_experiment.setdefault(experiment_of(run) or "?", []).append(run)
+    judged = [run for name in wanted for run in by_experiment.get(name, [])]
+    found = check_runs(judged, spec) if judged else {}
     out = []
-    for claim in claims:
-        found = by_experiment.get(claim.experiment, [])
-        groups = groups_by(found, claim.by)
-        a, b = (groups.get(r, []) for r in claim.rows)
+    for claim in spec.claims:
+        groups = groups_by(by_experiment.get(claim.experiment, []), claim.by)
         results = []
         for test in claim.tests:
-            row = {"paper": claim.paper, "claim": claim.claim, "rows": f"{claim.rows[0]} − {claim.rows[1]}"}
+            b_row = test.against or claim.rows[1]
+            a, b = groups.get(claim.rows[0], []), groups.get(b_row, [])
+            row = {
+                "paper": claim.paper,
+                "kind": claim.kind,
+                "claim": claim.claim,
+                "rows": f"{claim.rows[0]} − {b_row}",
+                "environment": claim.environment or "default LM and world of make demo",
+            }
             row["metric"] = test.metric + (f" (margin {test.margin:+g})" if test.margin else "")
             scale = 100.0 if test.metric in PERCENT else 1.0
             # p against the margin: the test a non-inferiority claim makes (0 for the others)
             null = test.margin / scale
-            done = bootstrap_rows(scores_of(a), scores_of(b), (test.metric,), null=null) if a and b else []
+            done = []
+            if a and b:
+                mine, theirs = row_scores(claim.rows[0], a, found), row_scores(b_row, b, found)
+                done = bootstrap_rows(mine, theirs, (test.metric,), null=null)
             if not done:
                 have = ", ".join(v for v in groups if v != "?") or "none"
                 row |= {"verdict": "no runs", "note": f"{claim.experiment} has {claim.by}: {have}"}
@@ -138,7 +278,20 @@ def judge(claims: list[Claim], runs: list[Path]) -> pd.DataFrame:
                 r = done[0]
                 low, high = scale * r["ci_low"], scale * r["ci_high"]
                 row |= {"delta": scale * r["delta"], "ci_low": low, "ci_high": high, "p": r["p_value"]}
-                row |= {"seeds": len({overrides_of(x).get("seed", "0") for x in a}), "questions": r["n"]}
+                seeds = sorted({found[x].get("seed") for x in a} & {found[x].get("seed") for x in b})
+                row |= {"seeds": " ".join(map(str, seeds)), "questions": r["n"]}
+                row["seed deltas"] = " / ".join(
+                    f"{scale * float(d):+.2f}" for d in r["seed_deltas"].split(" / ")
+                )
+                prov_a, prov_b = found[a[0]], found[b[0]]
+                row |= {
+                    "commit": prov_a.get("commit"),
+                    "code": prov_a.get("code"),
+                    "config A": prov_a.get("row_config"),
+                    "config B": prov_b.get("row_config"),
+                    "lm": " ".join(sorted({found[x].get("lm") for x in a + b})),
+                    "split": prov_a.get("split"),
+                }
                 row["verdict"] = verdict(low, high, test)
             results.append(row)
         verdicts = {r["verdict"] for r in results}
@@ -148,10 +301,12 @@ def judge(claims: list[Claim], runs: list[Path]) -> pd.DataFrame:
 
 
 def render(table: pd.DataFrame) -> str:
-    """The claims as markdown: one line per test, Δ [95% CI] and p, the verdicts."""
+    """The claims as markdown: one line per test, Δ [95% CI], p and the seeds' own Δs, the verdicts; then
+    each line's provenance."""
     shown = pd.DataFrame(
         {
             "paper": table["paper"],
+            "kind": table["kind"],
             "claim": table["claim"],
             "A − B": table["rows"],
             "metric": table["metric"],
@@ -162,49 +317,54 @@ def render(table: pd.DataFrame) -> str:
                 for r in table.itertuples()
             ],
             "p": [_p(getattr(r, "p", float("nan"))) for r in table.itertuples()],
-            "seeds": [_int(getattr(r, "seeds", None)) for r in table.itertuples()],
+            "Δ per seed": [_text(r.get("seed deltas")) for _, r in table.iterrows()],
             "N": [_int(getattr(r, "questions", None)) for r in table.itertuples()],
             "test": table["verdict"],
             "claim verdict": table["claim verdict"],
         }
     )
-    held = table.drop_duplicates("claim")["claim verdict"].value_counts()
-    summary = ", ".join(f"{n} {v}" for v, n in held.items())
+    provenance = pd.DataFrame(
+        {
+            "paper": table["paper"],
+            "kind": table["kind"],
+            "A − B": table["rows"],
+            "environment": table.get("environment", pd.Series("", index=table.index)),
+            **{k: [_text(r.get(k)) for _, r in table.iterrows()] for k in PROVENANCE},
+            "kept": [_text(r.get("source")) or "—" for _, r in table.iterrows()],
+        }
+    ).drop_duplicates(subset=["paper", "kind", "A − B"])
     return (
-        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage points"
-        " for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a"
-        " question with all its seeds; p is two-sided, against 0 or, for a test with a margin, against the"
-        f" margin (rag_lab/claims.py; the claims: conf/claims.yaml).{_sources(table)}"
-        f"\n{END}\n"
-    )
-
-
-def _sources(table: pd.DataFrame) -> str:
-    """The sentence naming the claims whose lines come from an earlier table (``--keep``), if any."""
-    if "source" not in table or table["source"].isna().all():
-        return ""
-    earlier = table.dropna(subset=["source"]).drop_duplicates("claim")
-    files = ", ".join(sorted(set(earlier["source"])))
-    return (
-        f" Not run again, kept from the earlier table ({files}; its git history dates it): "
-        + "; ".join(f"{r.paper}, {r.rows}" for r in earlier.itertuples())
-        + "."
+        f"{BEGIN}\n{to_markdown(shown)}\n{headlines(table)} Δ is A − B (percentage points for EM / F1 / Acc /"
+        " SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a question with all its"
+        " seeds; p is two-sided, against 0 or, for a test with a margin, against the margin; beside it each"
+        " seed's own Δ (rag_lab/claims.py; the claims: conf/claims.yaml).\n\nProvenance of each line (the"
+        " runs' provenance.json: commit, code hash, each row's config hash with the seed aside, the LM's"
+        " fingerprint, split, seeds; kept: the earlier table a line was kept from):"
+        f"\n\n{to_markdown(provenance)}\n{END}\n"
     )
 
 
 def headlines(table: pd.DataFrame) -> str:
-    """Each paper's headline is its first claim in the spec; the sentence naming those that hold.
+    """The sentence counting the papers whose headline (H) and whose mechanism (M) hold.
 
-    >>> t = pd.DataFrame({"paper": list("AABCC"), "claim verdict": ["holds", "not shown", "reversed",
-    ...                   "not shown", "holds"]})
+    >>> t = pd.DataFrame({"paper": list("AABBCC"), "kind": list("HMHMHM"),
+    ...                   "claim verdict": ["holds", "not shown", "reversed", "holds", "not shown", "holds"]})
     >>> headlines(t)
-    "Papers whose headline (the paper's first claim) holds: 1 of 3 (A)."
+    'Headlines (H) that hold: 1 of 3 (A). Mechanisms (M) that hold: 2 of 3 (B, C).'
     """
-    first = table.drop_duplicates("paper", keep="first")
-    held = list(first.loc[first["claim verdict"] == "holds", "paper"])
-    return f"Papers whose headline (the paper's first claim) holds: {len(held)} of {len(first)}" + (
-        f" ({', '.join(held)})." if held else "."
-    )
+    out = []
+    for kind, name in KINDS.items():
+        lines = table[table["kind"] == kind].drop_duplicates("paper")
+        held = list(lines.loc[lines["claim verdict"] == "holds", "paper"])
+        out.append(
+            f"{name.capitalize()}s ({kind}) that hold: {len(held)} of {len(lines)}"
+            + (f" ({', '.join(held)})." if held else ".")
+        )
+    return " ".join(out)
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
 
 def _p(p) -> str:
@@ -219,22 +379,35 @@ def _int(value) -> str:
 
 def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
     """``table`` with each claim that has no runs taken from ``earlier`` (a claims.csv), where that table
-    judged it; its lines' ``source`` names the file. A claim is matched on its words, rows and metrics."""
+    judged it with its provenance (:data:`PROVENANCE`); its lines' ``source`` names the file (the line is
+    marked kept). A claim is matched on its kind, words, rows and metrics; an earlier line without
+    provenance is refused in one line, naming it."""
     try:
-        old = pd.read_csv(earlier)
+        old = pd.read_csv(earlier, dtype=str)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise RagLabError(f"{earlier}: cannot read the earlier claims table ({e})") from None
     missing = {"claim", "rows", "metric", "verdict"} - set(old.columns)
     if missing:
         raise RagLabError(f"{earlier}: not a claims table (no column {', '.join(sorted(missing))})")
     old = old[old["verdict"] != "no runs"]
+    numeric = ["delta", "ci_low", "ci_high", "p", "questions"]
+    for column in numeric:
+        if column in old:
+            old[column] = pd.to_numeric(old[column])
     out = []
     for _, lines in table.groupby(["claim", "rows"], sort=False):
         if (lines["verdict"] == "no runs").all():
             before = old.merge(lines[["claim", "rows", "metric"]], on=["claim", "rows", "metric"])
             if len(before) == len(lines):
+                lacking = [k for k in PROVENANCE if k not in before or before[k].isna().any()]
+                if lacking:
+                    raise RagLabError(
+                        f"{earlier}: claim '{lines['claim'].iloc[0]}' ({lines['rows'].iloc[0]}) has no"
+                        f" {lacking[0]}:"
+                        " a line is kept only with its provenance"
+                    )
                 first = before.get("source", pd.Series(None, index=before.index)).astype(object)
-                lines = before.assign(source=first.fillna(str(earlier)))
+                lines = before.assign(source=first.fillna(str(earlier)), kind=lines["kind"].values)
         out.append(lines)
     return pd.concat(out, ignore_index=True)
 
@@ -255,7 +428,7 @@ def write_claims(
     old = (
         out.read_text()
         if out.exists()
-        else f"# The papers' headlines on the embedded default\n\n{BEGIN}\n{END}\n"
+        else f"# The papers' claims on the embedded default\n\n{BEGIN}\n{END}\n"
     )
     if BEGIN in old and END in old:
         text = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) + 1 :]
@@ -277,7 +450,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", type=Path, default=SPEC, help="the claims (default: conf/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/claims.md"))
     parser.add_argument("--readme", type=Path, help="a page whose claims block is replaced too (README.md)")
-    parser.add_argument("--keep", type=Path, help="an earlier claims.csv, for the claims without runs here")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="an earlier claims.csv whose lines (with their provenance) stand for the claims without runs"
+        " here",
+    )
     args = parser.parse_args(argv)
     with one_line_errors():
         sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
 from rag_lab.cli import check_below_interpolations, check_row_overrides, check_yaml_files, user_config_dirs
-from rag_lab.config import ConfigError, build, locate, validate
+from rag_lab.config import ConfigError, build, check_judge, locate, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
@@ -32,7 +33,7 @@ from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.table import metrics_table
 from rag_lab.launch import launch_of, single_process_trainers
 from rag_lab.seeding import seed_everything
-from rag_lab.sweeps import config_hash, drop_inapplicable, register, reuse, soften
+from rag_lab.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, row_hash, soften
 
 log = logging.getLogger("rag_lab.run")
 
@@ -117,8 +118,29 @@ def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
     return True
 
 
+def provenance(cfg: DictConfig, run_dir: Path, digest: str, generator, n: int) -> dict:
+    """``<run dir>/provenance.json`` (:func:`rag_lab.rundir.write_provenance`): the commit, the code's hash,
+    the config's (and the row's: the config less the seed), the LM's fingerprint, the split, the seed and the
+    number of questions, which the claims table records on every line and checks (rag_lab/claims.py)."""
+    commit, dirty = rundir.git_commit(Path(__file__).resolve().parents[1])
+    entry = {
+        "commit": commit,
+        "dirty": dirty,
+        "code": code_hash(),
+        "config": digest,
+        "row_config": row_hash(cfg),
+        "lm": rundir.lm_fingerprint(generator),
+        "split": cfg.eval.split,
+        "seed": cfg.seed,
+        "n": n,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    return rundir.write_provenance(run_dir, entry)
+
+
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
+    check_judge(cfg)
     check_launch(cfg)
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
     if follows(cfg, run_dir, data):
@@ -145,6 +167,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
 
     env, policy = components(cfg, config, data, train_data)
     generator = env.generator
+    provenance(cfg, run_dir, digest, generator, len(examples))
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:

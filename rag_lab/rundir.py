@@ -16,10 +16,14 @@ started in the same directory meanwhile is refused before it writes anything: tw
 would interleave their records under one label.
 """
 
+import dataclasses
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,7 @@ RUN_FILES = [
     "table.csv",
     "log.jsonl",
     "judge_cache.jsonl",
+    "provenance.json",
     "checkpoints",
     "wandb",
 ]
@@ -146,3 +151,74 @@ def write_results(run_dir: Path, metrics: dict[str, dict]) -> str:
     markdown = to_markdown(table)
     atomic_write_text(run_dir / "table.md", markdown)
     return markdown
+
+
+# ---- provenance: what made a run's numbers ---------------------------------------------------------------
+# A model file larger than this counts by name and size, not bytes, in the LM's fingerprint (a 7B model's
+# 15 GB are not read at every run start; a hub snapshot is named by its commit anyway).
+BIG_FILE = 64 << 20
+
+
+def git_commit(root: Path) -> tuple[str | None, bool]:
+    """The commit checked out at ``root`` and whether ``rag_lab/`` or ``conf/`` differ from it (tracked
+    files); ``(None, False)`` outside a git checkout (an installed package)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+        )
+        if head.returncode != 0:
+            return None, False
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "rag_lab", "conf"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, False
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
+def lm_fingerprint(generator: Any) -> str:
+    """The run's LM, named so that two runs with equal fingerprints generated with the same model: a model
+    folder's files (``<name>@<16 hex>``: paths, sizes, and the bytes of every file up to :data:`BIG_FILE`);
+    a generator without a model folder (the world teacher, a simulator) by its class and settings."""
+    if generator is None:
+        return "none"
+    source = getattr(generator, "source", None)
+    if source is not None and Path(source).is_dir():
+        root = Path(source)
+        digest = hashlib.sha256()
+        for path in sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts):
+            size = path.stat().st_size
+            digest.update(f"{path.relative_to(root)}\0{size}\0".encode())
+            if size <= BIG_FILE:
+                digest.update(path.read_bytes())
+        return f"{root.name}@{digest.hexdigest()[:16]}"
+    settings = {
+        k: v
+        for k, v in sorted(getattr(generator, "__dict__", {}).items())
+        if isinstance(v, (int, float, str, bool)) or dataclasses.is_dataclass(v)
+    }
+    blob = json.dumps([type(generator).__qualname__, settings], sort_keys=True, default=str)
+    return f"{type(generator).__name__}@{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def write_provenance(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """``provenance.json``: ``entry`` (commit, dirty, code, config, row_config, lm, split, seed, n) where the
+    directory has none; where it has one (a resumed run), the first entry stays and a resumption whose
+    commit, code or LM differ is listed under ``resumed``, so a reader can refuse a run of two versions."""
+    path = run_dir / "provenance.json"
+    old = json.loads(path.read_text()) if path.exists() and holds_results(run_dir) else None
+    if old is None:
+        record = entry
+    else:
+        record = old
+        keys = ("commit", "code", "lm")
+        if any(old.get(k) != entry.get(k) for k in keys):
+            record = old | {
+                "resumed": [*old.get("resumed", []), {k: entry.get(k) for k in (*keys, "started")}]
+            }
+    atomic_write_json(path, record)
+    return record

@@ -63,6 +63,7 @@ class HFGenerator:
 
         path = resolve_model(model)
         where = resolve_model(tokenizer) if tokenizer else path
+        self.source = path  # the model's folder: its fingerprint (rag_lab.rundir.lm_fingerprint)
         self.tokenizer = AutoTokenizer.from_pretrained(where)
         if not self.tokenizer("Where was Ada born?", add_special_tokens=False).input_ids:
             # transformers builds an empty tokenizer from a model folder without tokenizer files

@@ -22,12 +22,12 @@ from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth import formats
-from rag_lab.data.synth.questions import make_questions
+from rag_lab.data.synth.questions import judge_questions, make_questions
 from rag_lab.data.synth.world import build_world
 from rag_lab.ranges import NonNegativeInt, PositiveInt, Probability
 from rag_lab.records import atomic_write_json, atomic_write_text
 
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "dev", "test", "judge")
 QUESTION_TYPES = (
     "single_hop",
     "compositional",
@@ -41,7 +41,12 @@ ALL_QUESTIONS = {"types": None, "max_hops": None}
 
 
 class SynthDataset:
-    """The generated world with train / dev / test splits of disjoint questions."""
+    """The generated world with train / dev / test / judge splits of disjoint questions.
+
+    ``judge`` (``judge_size`` questions) is the claims' own split (``make claims``): questions no other split
+    holds, drawn from the same world after the others with a random stream of its own, so that adding it
+    changed no question of train, dev or test (nor the tiny LM's world fingerprint). A run evaluates on it
+    only inside ``make claims`` (:data:`rag_lab.config.JUDGE`)."""
 
     scorer = "squad"
 
@@ -59,6 +64,7 @@ class SynthDataset:
         max_hops: PositiveInt = 4,
         dev_size: NonNegativeInt = 300,
         test_size: NonNegativeInt = 500,
+        judge_size: NonNegativeInt = 500,
         name: str = "synth",
         question_types: list[str] | None = None,
         question_max_hops: PositiveInt | None = None,
@@ -89,6 +95,7 @@ class SynthDataset:
             "max_hops": max_hops,
             "dev_size": dev_size,
             "test_size": test_size,
+            "judge_size": judge_size,
         }
         self.root = cache.path(cache_dir, "synth", self.params, code=__name__)
         if not (self.root / "world.json").exists():
@@ -113,6 +120,17 @@ class SynthDataset:
             "test": questions[n_dev : n_dev + n_test],
             "train": questions[n_dev + n_test :],
         }
+        if p["judge_size"]:
+            taken = {q["question"] for q in questions}
+            own = random.Random(f"judge:{p['seed']}")
+            splits["judge"] = judge_questions(
+                own, world, p["max_hops"], taken, splits["test"], p["judge_size"]
+            )
+            if len(splits["judge"]) < p["judge_size"]:
+                raise DataError(
+                    f"data.judge_size = {p['judge_size']}, but this world has only {len(splits['judge'])} "
+                    "questions that no other split holds: lower it or raise data.n_people / data.n_films"
+                )
         for split, qs in splits.items():
             flash = [formats.flashrag(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
             write_jsonl(self.root / f"{split}.jsonl", flash)
@@ -124,7 +142,9 @@ class SynthDataset:
             atomic_write_text(self.root / f"hotpotqa_{split}.json", json.dumps(hotpot, ensure_ascii=False))
             two_wiki = [formats.two_wiki(row, q) for row, q in zip(musique, qs, strict=True)]
             atomic_write_text(self.root / f"2wiki_{split}.json", json.dumps(two_wiki, ensure_ascii=False))
-        write_jsonl(self.root / "id_aliases.json", formats.two_wiki_aliases(questions))
+        write_jsonl(
+            self.root / "id_aliases.json", formats.two_wiki_aliases(questions + splits.get("judge", []))
+        )
         write_jsonl(
             self.root / "corpus.jsonl",
             [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],
@@ -132,9 +152,15 @@ class SynthDataset:
         # Written last: its presence marks a complete cache entry.
         atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
 
+    def splits(self) -> list[str]:
+        """The splits this world has (judge only when ``judge_size`` > 0)."""
+        return [s for s in SPLITS if s != "judge" or self.params["judge_size"]]
+
     def split(self, name: str) -> list[QAExample]:
         if name not in SPLITS:
             raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(SPLITS)})")
+        if name == "judge" and not self.params["judge_size"]:
+            raise DataError(f"{self.name} has no judge split: data.judge_size is 0")
         types, max_hops = self.selection["types"], self.selection["max_hops"]
         kept = [
             ex

@@ -171,3 +171,38 @@ def make_questions(rng: random.Random, w: World, max_hops: int = 4) -> list[dict
     out += bridge_comparisons(rng, w, len(w.of_kind("film")))
     seen: set[str] = set()
     return [q for q in out if not (q["question"] in seen or seen.add(q["question"]))]
+
+
+def judge_questions(
+    rng: random.Random, w: World, max_hops: int, taken: set[str], like: list[dict], n: int, rounds: int = 8
+) -> list[dict]:
+    """``n`` questions of ``w`` that no other split holds (their text is not in ``taken``): the claims' judge
+    split (``data.judge_size``). Drawn from ``rounds`` further passes of :func:`make_questions` (each picks
+    other relation paths, pairs and films), in the type mix of ``like`` (the test split) as far as the new
+    questions of each type reach; a type that runs short is filled from the others."""
+    pool: dict[str, list[dict]] = {}
+    seen = set(taken)
+    for _ in range(rounds):
+        for q in make_questions(rng, w, max_hops):
+            if q["question"] not in seen:
+                seen.add(q["question"])
+                pool.setdefault(q["type"], []).append(q)
+    counts: dict[str, int] = {}
+    for q in like:
+        counts[q["type"]] = counts.get(q["type"], 0) + 1
+    # each type's share of n, by largest remainder (ties by type name: no float near-tie decides a split)
+    exact = {kind: n * c / max(len(like), 1) for kind, c in counts.items()}
+    quota = {kind: int(x) for kind, x in exact.items()}
+    for kind in sorted(exact, key=lambda k: (quota[k] - exact[k], k))[: n - sum(quota.values())]:
+        quota[kind] += 1
+    out, rest = [], []
+    for kind in sorted(pool):
+        options = pool[kind]
+        rng.shuffle(options)
+        take = quota.get(kind, 0)
+        out += options[:take]
+        rest += options[take:]
+    rng.shuffle(rest)
+    out += rest[: n - len(out)]
+    rng.shuffle(out)
+    return out

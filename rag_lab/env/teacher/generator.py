@@ -253,6 +253,8 @@ class TeacherGenerator:
     def __init__(self, data, seed: int = 0, **noise: float):
         """``data``: the dataset whose questions it knows (the run's, handed over by the runner); ``noise``:
         :class:`~rag_lab.env.teacher.agent.Noise`'s probabilities."""
+        # not the judge split (data.judge_size): its questions stay unknown to the teacher, so that its
+        # lookups (by question or sub-question text) act as before the split existed
         splits = ("train", "dev", "test")
         self.examples = {ex.question: ex for name in splits for ex in data.split(name)}
         self.noise = Noise(**noise)
