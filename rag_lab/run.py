@@ -25,11 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR, rundir
 from rag_lab.cli import check_below_interpolations, check_row_overrides, check_yaml_files, user_config_dirs
-from rag_lab.config import ConfigError, build, check_judge, locate, validate
+from rag_lab.config import ConfigError, build, locate, validate
 from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
+from rag_lab.eval.provenance import check_judge
 from rag_lab.eval.table import metrics_table
 from rag_lab.launch import launch_of, single_process_trainers
 from rag_lab.seeding import seed_everything
@@ -138,6 +139,18 @@ def provenance(cfg: DictConfig, run_dir: Path, digest: str, generator, n: int) -
     return rundir.write_provenance(run_dir, entry)
 
 
+def reused(cfg: DictConfig, run_dir: Path, digest: str) -> dict | None:
+    """The metrics of an earlier run of config ``digest``, its results copied into ``run_dir``
+    (:func:`rag_lab.sweeps.reuse`; ``eval.reuse``), or None where there is none to reuse."""
+    if not cfg.eval.reuse or rundir.holds_results(run_dir):
+        return None
+    source = reuse(run_dir, digest, cfg.cache_dir)
+    if source is None:
+        return None
+    log.info("config %s ran before in %s: its results copied here (eval.reuse=false runs it)", digest, source)
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
 def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict:
     validate(cfg)
     check_judge(cfg)
@@ -150,15 +163,9 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     config = rundir.prepare(run_dir, cfg, hydra_files)
     digest = config_hash(config)
     log.info("run %s (config %s)", run_dir, digest)
-    if cfg.eval.reuse and not rundir.holds_results(run_dir):
-        source = reuse(run_dir, digest, cfg.cache_dir)
-        if source is not None:
-            log.info(
-                "config %s ran before in %s: its results copied here (eval.reuse=false runs it)",
-                digest,
-                source,
-            )
-            return json.loads((run_dir / "metrics.json").read_text())
+    earlier = reused(cfg, run_dir, digest)
+    if earlier is not None:
+        return earlier
     seed_everything(cfg.seed)
     if launch_of(config) is not None and generator_trains(cfg, data):
         # generator=tiny with no checkpoint that fits: its recipe trains in the launched processes first

@@ -20,6 +20,7 @@ TINY_DATA = [
     "data.n_films=20",
     "data.dev_size=20",
     "data.test_size=40",
+    "data.judge_size=40",
 ]
 
 

@@ -13,8 +13,12 @@ from rag_lab.claims import BEGIN, END, Check, Claim, judge, read_spec, write_cla
 from rag_lab.errors import RagLabError
 from rag_lab.eval.stats import paired_bootstrap
 
+JUDGE = {"split": "judge", "seeds": [100, 101, 102]}
 
-def make_run(root, experiment, by, row, seed, scores: dict[str, list[float]]):
+
+def make_run(root, experiment, by, row, seed, scores: dict[str, list[float]], provenance: dict | None = None):
+    """A finished run of ``row`` with ``scores`` per question; seed ``i`` is judge seed ``100 + i``, and its
+    provenance.json is one version's (``provenance`` changes fields)."""
     run = root / f"{experiment}-{row}-{seed}"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{by}={row}", f"seed={seed}"]))
@@ -24,6 +28,10 @@ def make_run(root, experiment, by, row, seed, scores: dict[str, list[float]]):
     records = [{"id": f"q{i}"} | {k: v[i] for k, v in scores.items()} for i in range(n)]
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "metrics.json").write_text("{}")
+    prov = {"commit": "c0ffee", "dirty": False, "code": "k1", "config": f"{row}-{seed}",
+            "row_config": f"{experiment}/{row}", "lm": "tiny_lm@f00d", "split": "judge", "seed": 100 + seed,
+            "n": n} | (provenance or {})  # fmt: skip
+    (run / "provenance.json").write_text(json.dumps(prov))
     return run
 
 
@@ -52,7 +60,12 @@ def test_each_test_is_the_paired_bootstrap_and_the_verdicts_follow_the_ci(runs):
     acc = table.iloc[0]
     assert acc["delta"] == pytest.approx(100 * expected.delta) and acc["p"] == pytest.approx(expected.p_value)
     assert (acc["ci_low"], acc["ci_high"]) == pytest.approx((100 * expected.ci_low, 100 * expected.ci_high))
-    assert acc["seeds"] == 2 and acc["questions"] == 80
+    assert acc["seeds"] == "100 101" and acc["questions"] == 80
+    assert acc["seed deltas"] == " / ".join(
+        f"{s}: {100 * d:+.2f}" for s, d in zip((100, 101), expected.seed_deltas, strict=True)
+    )
+    assert (acc["commit"], acc["code"], acc["lm"], acc["split"]) == ("c0ffee", "k1", "tiny_lm@f00d", "judge")
+    assert (acc["config A"], acc["config B"]) == ("stop/stoprag", "stop/fixed_iter")
     assert list(table["verdict"]) == ["holds", "holds", "reversed", "no runs"]
     assert list(table["claim verdict"]) == ["holds", "holds", "reversed", "no runs"]
     assert (
@@ -86,15 +99,18 @@ def test_a_non_inferiority_margin_and_a_mixed_claim(runs):
 def test_the_table_replaces_only_its_block(runs, tmp_path):
     root, _, _ = runs
     spec = tmp_path / "claims.yaml"
-    spec.write_text(yaml.safe_dump({"claims": [{"paper": "Stop-RAG", "claim": "c", "experiment": "stop",
-        "by": "policy", "rows": ["stoprag", "fixed_iter"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [
+        {"paper": "Stop-RAG", "kind": "H", "claim": "c", "experiment": "stop", "by": "policy",
+         "rows": ["stoprag", "fixed_iter"], "tests": [{"metric": "acc"}]},
+        {"paper": "Stop-RAG", "kind": "M", "claim": "m", "experiment": "stop", "by": "policy",
+         "rows": ["fixed_iter", "stoprag"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
     out = tmp_path / "claims.md"
     out.write_text(f"# Claims\n\nintro\n\n{BEGIN}\nSTALE\n{END}\n\n## Why\n\nnotes by hand\n")
     write_claims([root], out, spec)
     text = out.read_text()
     assert text.startswith("# Claims\n\nintro\n\n" + BEGIN) and text.endswith("## Why\n\nnotes by hand\n")
-    assert "STALE" not in text and "| Stop-RAG " in text and "Claims: 1 holds." in text
-    assert "Papers whose headline (the paper's first claim) holds: 1 of 1 (Stop-RAG)." in text
+    assert "STALE" not in text and "| Stop-RAG " in text and "Claims: 1 holds, 1 reversed." in text
+    assert "Headlines (H) that hold: 1 of 1 (Stop-RAG). Mechanisms (M) that hold: 0 of 1." in text
     # the line shows the difference and its CI, as the csv has them
     row = pd.read_csv(tmp_path / "claims.csv").iloc[0]
     assert f"{row.delta:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]" in text
@@ -103,17 +119,20 @@ def test_the_table_replaces_only_its_block(runs, tmp_path):
 def test_keep_takes_only_the_claims_without_runs_from_the_earlier_table(runs, tmp_path):
     root, _, _ = runs
     spec = tmp_path / "claims.yaml"
-    entries = [{"paper": "Stop-RAG", "claim": "c", "experiment": "stop", "by": "policy",
+    entries = [{"paper": "Stop-RAG", "kind": "H", "claim": "c", "experiment": "stop", "by": "policy",
                 "rows": ["stoprag", "fixed_iter"], "tests": [{"metric": "acc"}]},
-               {"paper": "X", "claim": "x", "experiment": "other", "by": "policy", "rows": ["a", "b"],
-                "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<"}]}]  # fmt: skip
-    spec.write_text(yaml.safe_dump({"claims": entries}))
+               {"paper": "Stop-RAG", "kind": "M", "claim": "x", "experiment": "other", "by": "policy",
+                "rows": ["a", "b"], "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<"}]}]  # fmt: skip
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": entries}))
+    cols = "paper,claim,rows,metric,delta,ci_low,ci_high,p,seeds,questions,verdict,claim verdict"
+    prov = ",commit,code,config A,config B,lm,split"
     earlier = tmp_path / "earlier.csv"
     earlier.write_text(
-        "paper,claim,rows,metric,delta,ci_low,ci_high,p,seeds,questions,verdict,claim verdict\n"
-        "Stop-RAG,c,stoprag − fixed_iter,acc,-9.0,-12.0,-6.0,0.0,3,80,reversed,reversed\n"
-        "X,x,a − b,acc,4.0,1.0,7.0,0.01,3,300,holds,holds\n"
-        "X,x,a − b,rc,-1.0,-2.0,-0.5,0.0,3,300,holds,holds\n"
+        cols + prov + "\n"
+        "Stop-RAG,c,stoprag − fixed_iter,acc,-9.0,-12.0,-6.0,0.0,100 101 102,80,reversed,reversed,"
+        "c1,k0,h1,h2,lm,judge\n"
+        "Stop-RAG,x,a − b,acc,4.0,1.0,7.0,0.01,100 101 102,300,holds,holds,c1,k0,h3,h4,lm,judge\n"
+        "Stop-RAG,x,a − b,rc,-1.0,-2.0,-0.5,0.0,100 101 102,300,holds,holds,c1,k0,h3,h4,lm,judge\n"
     )
     out = tmp_path / "claims.md"
     write_claims([root], out, spec, keep=earlier)
@@ -121,40 +140,61 @@ def test_keep_takes_only_the_claims_without_runs_from_the_earlier_table(runs, tm
     # the claim with runs is judged on them, not taken from the earlier table; the other keeps its two lines
     assert list(table["verdict"]) == ["holds", "holds", "holds"] and table["delta"].iloc[0] > 0
     assert list(table["source"].isna()) == [True, False, False] and table["delta"].iloc[1] == 4.0
-    kept_from = f"Not run again, kept from the earlier table ({earlier}; its git history dates it): X, a − b."
-    assert kept_from in out.read_text()
+    assert list(table["commit"]) == ["c0ffee", "c1", "c1"] and list(table["kind"]) == ["H", "M", "M"]
+    # the provenance table marks the kept line with the file it came from
+    kept_line = [line for line in out.read_text().splitlines() if line.startswith("| Stop-RAG | M ")][-1]
+    assert str(earlier) in kept_line and "| c1 " in kept_line
     # without --keep it has no runs; an earlier table that is not one is a line naming the file
     write_claims([root], out, spec)
     assert list(pd.read_csv(tmp_path / "claims.csv")["verdict"]) == ["holds", "no runs", "no runs"]
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(RagLabError, match=r"bad.csv: not a claims table \(no column claim, metric, rows"):
         write_claims([root], out, spec, keep=tmp_path / "bad.csv")
+    # a line without its provenance is not kept
+    bare = tmp_path / "bare.csv"
+    bare.write_text(cols + "\nStop-RAG,x,a − b,acc,4.0,1.0,7.0,0.01,3,300,holds,holds\n"
+                    "Stop-RAG,x,a − b,rc,-1.0,-2.0,-0.5,0.0,3,300,holds,holds\n")  # fmt: skip
+    with pytest.raises(
+        RagLabError, match=r"bare.csv: claim 'x' \(a − b\) has no commit: a line is kept only"
+    ):
+        write_claims([root], out, spec, keep=bare)
 
 
 @pytest.mark.parametrize(
     "entry, says",
     [
-        ({"paper": "P"}, r"claim 1: missing field 'claim'"),
-        ({"paper": "P", "claim": "c", "experiment": "e", "by": "b", "rows": ["a"], "tests": []},
+        ({"paper": "P"}, r"claim 1: missing field 'kind'"),
+        ({"paper": "P", "kind": "H"}, r"claim 1: missing field 'claim'"),
+        ({"paper": "P", "kind": "X", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+          "tests": []},
+         r"claim 1: field 'kind' is 'X', not H \(headline\) or M \(mechanism\)"),
+        ({"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a"], "tests": []},
          r"claim 1: field 'rows' needs two rows"),
-        ({"paper": "P", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+        ({"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
           "tests": [{"metric": "acc", "sign": ">="}]}, r"claim 1: tests: sign '>=' is not one of >, <"),
+        ({"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+          "tests": [{"metric": "acc"}]}, r"claims.yaml: P has 0 mechanism \(M\) claims, not one"),
     ],
 )  # fmt: skip
 def test_a_malformed_spec_is_one_line_naming_the_claim(tmp_path, entry, says):
     spec = tmp_path / "claims.yaml"
-    spec.write_text(yaml.safe_dump({"claims": [entry]}))
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [entry]}))
     with pytest.raises(RagLabError, match=says):
         read_spec(spec)
 
 
 def test_the_shipped_spec_names_rows_its_experiments_sweep():
-    """Every claim of conf/claims.yaml: its experiment exists, sweeps ``by`` and has both rows."""
-    for claim in read_spec():
+    """Every claim of conf/claims.yaml: its experiment exists, sweeps ``by`` and has both rows (and each
+    test's other B); the experiment runs on the judge split and seeds; one H and one M per paper."""
+    spec = read_spec()
+    assert len({c.paper for c in spec.claims}) == 5 and len(spec.claims) == 10
+    for claim in spec.claims:
         config = yaml.safe_load((CONF_DIR / "experiment" / f"{claim.experiment}.yaml").read_text())
         assert config["experiment"]["name"] == claim.experiment
-        swept = config["hydra"]["sweeper"]["params"][claim.by]
-        values = (
-            [v.strip() for v in swept.replace("],[", "]|[").split("|")] if "[" in swept else swept.split(",")
-        )
-        assert set(claim.rows) <= set(values), (claim.claim, values)
+        assert config["eval"]["split"] == spec.split
+        params = config["hydra"]["sweeper"]["params"]
+        assert [int(s) for s in str(params["seed"]).split(",")] == list(spec.seeds)
+        values = params[claim.by].split(",")
+        wanted = {*claim.rows, *(t.against for t in claim.tests if t.against)}
+        assert wanted <= set(values), (claim.claim, values)
+        assert all((CONF_DIR / claim.by.lstrip("+") / f"{v}.yaml").exists() for v in wanted)

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 import yaml
-from test_claims import make_run
+from test_claims import JUDGE, make_run
 
 from rag_lab.claims import (
     BEGIN,
@@ -42,12 +42,12 @@ def test_verdicts_on_both_sides_of_a_margin():
 
 def test_p_values_and_counts_as_written():
     assert [_p(None), _p(math.nan), _p(0.0004), _p(0.001), _p(0.25)] == ["—", "—", "<0.001", "0.001", "0.250"]
-    t = pd.DataFrame({"paper": list("AABCC"), "claim verdict": ["holds", "not shown", "reversed",
-                      "not shown", "holds"]})  # fmt: skip
-    assert headlines(t) == "Papers whose headline (the paper's first claim) holds: 1 of 3 (A)."
-    assert headlines(t.iloc[2:3]) == "Papers whose headline (the paper's first claim) holds: 0 of 1."
+    t = pd.DataFrame({"paper": list("AABBCC"), "kind": list("HMHMHM"), "claim verdict": ["holds", "not shown",
+                      "reversed", "holds", "not shown", "holds"]})  # fmt: skip
+    assert headlines(t) == "Headlines (H) that hold: 1 of 3 (A). Mechanisms (M) that hold: 2 of 3 (B, C)."
+    assert headlines(t.iloc[2:3]) == "Headlines (H) that hold: 0 of 1. Mechanisms (M) that hold: 0 of 0."
     t.loc[2, "claim verdict"] = "holds"
-    assert headlines(t) == "Papers whose headline (the paper's first claim) holds: 2 of 3 (A, B)."
+    assert headlines(t).startswith("Headlines (H) that hold: 2 of 3 (A, B).")
 
 
 def _runs(root):
@@ -85,33 +85,51 @@ def test_the_rendered_lines_and_sentence(tmp_path):
     claims = [
         Claim("P", "fewer", "e", "policy", ("a", "b"),
               (Check("retrieval_count", "<"), Check("acc", ">", 60.0))),
-        Claim("Q", "one row", "f", "policy", ("a", "b"), (Check("acc", ">"),)),
+        Claim("Q", "one row", "f", "policy", ("a", "b"), (Check("acc", ">"),), kind="M",
+              environment="frozen"),
     ]  # fmt: skip
     block = render(judge(claims, _runs(tmp_path)))
     lines = block.splitlines()
     assert lines[0] == BEGIN and lines[-1] == END
     header, _, first, margin, second = (_cells(x) for x in lines[1:6])
-    assert header == ["paper", "claim", "A − B", "metric", "Δ [95% CI]", "p", "seeds", "N", "test",
-                      "claim verdict"]  # fmt: skip
-    assert first == ["P", "fewer", "a − b", "retrieval_count", "-2.50 [-2.50, -2.50]", "<0.001", "1", "40",
-                     "holds", "reversed"]  # fmt: skip
-    assert margin[3] == "acc (margin +60)" and margin[4].startswith("+25.00 [")
-    assert margin[6:] == ["1", "40", "reversed", "reversed"]
-    assert second == ["Q", "one row", "a − b", "acc", "—", "—", "—", "—", "no runs", "no runs"]
-    assert lines[-2] == (
-        "Claims: 1 reversed, 1 no runs. Papers whose headline (the paper's first claim) holds: 0 of 2. Δ is"
-        " A − B (percentage points for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap over"
-        " questions, each draw a question with all its seeds; p is two-sided, against 0 or, for a test with a"
-        " margin, against the margin (rag_lab/claims.py; the claims: conf/claims.yaml)."
+    assert header == ["paper", "kind", "claim", "A − B", "metric", "Δ [95% CI]", "p", "Δ per seed", "N",
+                      "test", "claim verdict"]  # fmt: skip
+    assert first == ["P", "H", "fewer", "a − b", "retrieval_count", "-2.50 [-2.50, -2.50]", "<0.001",
+                     "100: -2.50", "40", "holds", "reversed"]  # fmt: skip
+    assert margin[4] == "acc (margin +60)" and margin[5].startswith("+25.00 [")
+    assert margin[8:] == ["40", "reversed", "reversed"]
+    assert second == ["Q", "M", "one row", "a − b", "acc", "—", "—", "", "—", "no runs", "no runs"]
+    assert lines[7] == (
+        "Claims: 1 reversed, 1 no runs. Headlines (H) that hold: 0 of 1. Mechanisms (M) that hold: 0 of 1."
+        " Δ is A − B (percentage points for EM / F1 / Acc / SEPR), its 95% CI and p from a paired bootstrap"
+        " over questions, each draw a question with all its seeds; p is two-sided, against 0 or, for a test"
+        " with a margin, against the margin; beside it each seed's own Δ (rag_lab/claims.py; the claims:"
+        " conf/claims.yaml)."
     )
+    # the provenance table: one line per claim and rows, its runs' versions and the environment
+    assert lines[9].startswith("Provenance of each line (the runs' provenance.json: commit, code hash,")
+    provenance = [_cells(x) for x in lines[13:-2]]
+    assert _cells(lines[11])[:4] == ["paper", "kind", "A − B", "environment"] and len(provenance) == 2
+    assert provenance[0][:6] == ["P", "H", "a − b", "default LM and world of make demo", "c0ffee", "k1"]
+    assert provenance[0][6:] == ["e/a", "e/b", "tiny_lm@f00d", "judge", "100", "—"]
+    assert provenance[1][:4] == ["Q", "M", "a − b", "frozen"] and provenance[1][4:-1] == [""] * 7
 
 
 def test_the_spec_defaults_and_its_one_line_errors(tmp_path):
     spec = tmp_path / "claims.yaml"
-    entry = {"paper": "P", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+    entry = {"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
              "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<", "margin": 0.5}]}  # fmt: skip
-    spec.write_text(yaml.safe_dump({"claims": [entry]}))
-    assert read_spec(spec)[0].tests == (Check("acc", ">", 0.0), Check("rc", "<", 0.5))
+    m = entry | {"kind": "M", "tests": [{"metric": "acc", "against": "c"}]}
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [entry, m]}))
+    read = read_spec(spec)
+    assert read.claims[0].tests == (Check("acc", ">", 0.0), Check("rc", "<", 0.5))
+    assert read.claims[1].tests == (Check("acc", ">", 0.0, "c"),) and read.claims[0].environment == ""
+    assert (read.split, read.seeds) == ("judge", (100, 101, 102))
+    spec.write_text(yaml.safe_dump({"judge": {"split": "test", "seeds": [0, 1, 2]}, "claims": [entry, m]}))
+    with pytest.raises(
+        RagLabError, match=r"claims.yaml: field 'judge' must be split judge, seeds \[100, 101"
+    ):
+        read_spec(spec)
     with pytest.raises(RagLabError, match=r"^\S*missing.yaml: No such file or directory$"):
         read_spec(tmp_path / "missing.yaml")
     spec.write_text("claims:\n  - paper: P\n    claim: [unclosed\n")
@@ -131,8 +149,9 @@ def test_the_spec_defaults_and_its_one_line_errors(tmp_path):
 def _earlier(tmp_path, name, lines, source=None):
     path = tmp_path / name
     cols = "paper,claim,rows,metric,delta,ci_low,ci_high,p,seeds,questions,verdict,claim verdict"
-    path.write_text(cols + (",source" if source else "") + "\n" + "".join(
-        f"{x}" + (f",{source}" if source else "") + "\n" for x in lines))  # fmt: skip
+    prov = ",commit,code,config A,config B,lm,split"
+    path.write_text(cols + prov + (",source" if source else "") + "\n" + "".join(
+        f"{x},c1,k0,h1,h2,lm,judge" + (f",{source}" if source else "") + "\n" for x in lines))  # fmt: skip
     return path
 
 
@@ -157,13 +176,11 @@ def test_keep_across_two_earlier_tables_in_the_specs_order(tmp_path):
     assert list(out["paper"]) == ["Z", "X", "Y"] and list(out["verdict"]) == ["reversed", "holds", "no runs"]
     assert list(out["source"].iloc[:2]) == ["older.csv", str(tmp_path / "both.csv")]
     assert out["source"].isna().iloc[2]
-    sentence = render(out).splitlines()[-2]
-    files = f"{tmp_path / 'both.csv'}, older.csv"
-    assert sentence.endswith(
-        f" Not run again, kept from the earlier table ({files}; its git history dates it):"
-        " Z, c − d; X, a − b."
-    )
-    assert "Not run again" not in render(table)
+    # the provenance table marks each kept line with the table it came from
+    cells = [_cells(x) for x in render(out).splitlines() if x.startswith("| ")]
+    provenance = {c[0]: c[-1] for c in cells if len(c) == 12 and c[0] != "paper"}
+    assert provenance == {"Z": "older.csv", "X": str(tmp_path / "both.csv"), "Y": "—"}
+    assert "both.csv" not in render(table)
     with pytest.raises(RagLabError, match=r"^\S*absent.csv: cannot read the earlier claims table"):
         kept(table, tmp_path / "absent.csv")
 
@@ -172,15 +189,16 @@ def test_the_block_goes_in_place_or_after_the_page_and_into_the_readme(tmp_path)
     root = tmp_path / "runs"
     _runs(root)
     spec = tmp_path / "claims.yaml"
-    spec.write_text(yaml.safe_dump({"claims": [{"paper": "P", "claim": "c", "experiment": "e", "by": "policy",
-        "rows": ["a", "b"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [{"paper": "P", "kind": kind, "claim": "c",
+        "experiment": "e", "by": "policy", "rows": ["a", "b"], "tests": [{"metric": "acc"}]}
+        for kind in "HM"]}))  # fmt: skip
     out, readme = tmp_path / "claims.md", tmp_path / "README.md"
     readme.write_text(f"# Tool\n\n{BEGIN}\nOLD\n{END}\n## Next\n")
     out.write_text(f"# Claims\n{BEGIN}\nOLD\n{END}\n## Why\n")
     block = write_claims([root], out, spec, readme=readme)
     assert out.read_text() == f"# Claims\n{block}## Why\n"
     assert readme.read_text() == f"# Tool\n\n{block}## Next\n"
-    assert list(pd.read_csv(tmp_path / "claims.csv").columns[:2]) == ["paper", "claim"]
+    assert list(pd.read_csv(tmp_path / "claims.csv").columns[:3]) == ["paper", "kind", "claim"]
     # a page with one marker or none: the block goes after it
     for tail in ("half  \n\n", "half X\n"):  # the page's own last line kept as it is
         out.write_text(f"# Claims\n\n{BEGIN}\n{tail}")

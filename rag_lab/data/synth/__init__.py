@@ -46,7 +46,7 @@ class SynthDataset:
     ``judge`` (``judge_size`` questions) is the claims' own split (``make claims``): questions no other split
     holds, drawn from the same world after the others with a random stream of its own, so that adding it
     changed no question of train, dev or test (nor the tiny LM's world fingerprint). A run evaluates on it
-    only inside ``make claims`` (:data:`rag_lab.config.JUDGE`)."""
+    only inside ``make claims`` (:mod:`rag_lab.eval.provenance`)."""
 
     scorer = "squad"
 

@@ -1,0 +1,118 @@
+"""Where a run's numbers came from, and the claims' judge split and seeds.
+
+A run writes ``provenance.json`` (:func:`rag_lab.run.provenance`, :func:`rag_lab.rundir.write_provenance`):
+the commit, the code's hash, its config hash and its row's (the config less the seed), the LM's fingerprint,
+the split, the seed and N. The claims table (:mod:`rag_lab.claims`) reads it back here and refuses, in one
+line naming the run or the row: a run off the judge split or seeds, without provenance, from another commit
+or code than the rest, or resumed at another version; a row that pools two configs; a (seed, question) twice.
+
+The judge split and seeds are ``make claims``' alone (:func:`check_judge`, called before a run writes
+anything). Hand-written: no library keeps a run's provenance in this form.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rag_lab.config import ConfigError
+from rag_lab.errors import RagLabError
+from rag_lab.eval.runs import records_of
+
+# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that
+# only it uses. A run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets;
+# probes, the demo and the tests get a one-line refusal (issue 65: a claim is judged on questions and seeds
+# no probe saw).
+JUDGE_SPLIT = "judge"
+JUDGE_SEEDS = (100, 101, 102)
+JUDGE_ENV = "RAG_LAB_JUDGE"
+
+
+def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
+    """Refuse a run on the judge split or a judge seed outside ``make claims`` (``RAG_LAB_JUDGE=1``), and a
+    policy that would train on the judge split anywhere; one line naming the key."""
+    judging = (os.environ if environ is None else environ).get(JUDGE_ENV) == "1"
+    if cfg.get("train_split") == JUDGE_SPLIT:
+        raise ConfigError(
+            f"config 'train_split': '{JUDGE_SPLIT}' is the claims' judge split; nothing trains on it"
+        )
+    if judging:
+        return
+    why = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1); probes use dev / test"
+    if cfg.eval.split == JUDGE_SPLIT:
+        raise ConfigError(f"config 'eval.split': '{JUDGE_SPLIT}' is {why}")
+    if cfg.seed in JUDGE_SEEDS:
+        raise ConfigError(
+            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
+            " and other seeds"
+        )
+
+
+def provenance_of(run: Path) -> dict:
+    """A run's ``provenance.json``; a run without one (or with one unreadable) is refused in one line."""
+    path = run / "provenance.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RagLabError(
+            f"run {run}: no provenance.json (it ran before runs recorded their provenance)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise RagLabError(f"run {run}: provenance.json unreadable ({e})") from None
+
+
+def check_runs(runs: list[Path], split: str, seeds: tuple[int, ...]) -> dict[Path, dict]:
+    """Each run's provenance, once every run is on the judge ``split`` and ``seeds``, from one commit and one
+    code, and not resumed at another version; else a RagLabError naming the first run that is not."""
+    found = {run: provenance_of(run) for run in runs}
+    for run, prov in found.items():
+        if prov.get("split") != split:
+            raise RagLabError(
+                f"run {run}: split {prov.get('split')}, not the judge split {split} (conf/claims.yaml: judge)"
+            )
+        if prov.get("seed") not in seeds:
+            raise RagLabError(
+                f"run {run}: seed {prov.get('seed')}, not a judge seed ({', '.join(map(str, seeds))})"
+            )
+        if prov.get("dirty"):
+            raise RagLabError(
+                f"run {run}: made from a tree whose rag_lab/ or conf/ differ from commit {prov.get('commit')}"
+            )
+        for later in prov.get("resumed", []):
+            raise RagLabError(
+                f"run {run}: resumed at commit {later.get('commit')} (code {later.get('code')},"
+                f" LM {later.get('lm')}),"
+                f" started at {prov.get('commit')} (code {prov.get('code')}, LM {prov.get('lm')})"
+            )
+    first, prov0 = next(iter(found.items()))
+    for run, prov in found.items():
+        if (prov.get("commit"), prov.get("code")) != (prov0.get("commit"), prov0.get("code")):
+            raise RagLabError(
+                f"run {run}: commit {prov.get('commit')} (code {prov.get('code')}), but {first} and the runs"
+                f" before it: commit {prov0.get('commit')} (code {prov0.get('code')}); a table is one version"
+            )
+    return found
+
+
+def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tuple[str, str], dict]:
+    """The records of one row's runs keyed by (seed, question id), once the runs share one config (seeds
+    aside) and no (seed, question) comes twice; else a RagLabError naming the row and the two runs."""
+    configs: dict[str, Path] = {}
+    for run in runs:
+        configs.setdefault(found[run].get("row_config"), run)
+    if len(configs) > 1:
+        (h1, r1), (h2, r2) = list(configs.items())[:2]
+        raise RagLabError(f"row {row}: runs of two configs pooled: {r1} (config {h1}) and {r2} (config {h2})")
+    scores: dict[tuple[str, str], dict] = {}
+    owner: dict[tuple[str, str], Path] = {}
+    for run in runs:
+        seed = str(found[run].get("seed"))
+        for rec in records_of(run):
+            key = (seed, rec["id"])
+            if key in scores:
+                raise RagLabError(
+                    f"row {row}: seed {seed}, question {rec['id']} twice: in {owner[key]} and in {run}"
+                )
+            scores[key], owner[key] = rec, run
+    return scores

@@ -1,0 +1,182 @@
+"""Provenance and the judge split (issue 65): every run writes where its numbers came from; the claims table
+refuses, in one line naming the run or the row, what a reviewer would refuse; the judge split and seeds are
+make claims' alone; the judge split is new questions that changed no other split."""
+
+import json
+from collections import Counter
+
+import pytest
+from test_claims import JUDGE, make_run
+
+from rag_lab.claims import Check, Claim, judge, read_spec
+from rag_lab.config import ConfigError, compose
+from rag_lab.data.base import DataError
+from rag_lab.data.synth import SynthDataset
+from rag_lab.errors import RagLabError
+from rag_lab.eval.provenance import JUDGE_ENV, check_judge
+from rag_lab.run import run
+from rag_lab.rundir import lm_fingerprint, write_provenance
+from rag_lab.sweeps import row_hash
+
+CLAIM = Claim("P", "a above b", "e", "policy", ("a", "b"), (Check("acc"),))
+ONES, HALF = [1.0] * 30, [1.0, 0.0] * 15
+
+
+def two_rows(root, **b_provenance):
+    """Rows a and b of experiment e over seeds 100 and 101 (``b_provenance``: row b's seed-101 run
+    differs)."""
+    for seed in (0, 1):
+        make_run(root, "e", "policy", "a", seed, {"acc": ONES})
+        make_run(root, "e", "policy", "b", seed, {"acc": HALF}, b_provenance if seed == 1 else None)
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+def test_one_version_judges(tmp_path):
+    table = judge([CLAIM], two_rows(tmp_path))
+    assert list(table["verdict"]) == ["holds"] and table.iloc[0]["seeds"] == "100 101"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"split": "test"}, r"e-b-1: split test, not the judge split judge"),
+        ({"seed": 7}, r"e-b-1: seed 7, not a judge seed \(100, 101, 102\)"),
+        ({"commit": "beef"}, r"e-b-1: commit beef \(code k1\), but \S*e-a-0 and the runs before it: commit"),
+        ({"code": "k2"}, r"e-b-1: commit c0ffee \(code k2\), but"),
+        ({"dirty": True}, r"e-b-1: made from a tree whose rag_lab/ or conf/ differ from commit c0ffee"),
+        ({"resumed": [{"commit": "beef", "code": "k2", "lm": "x"}]}, r"e-b-1: resumed at commit beef \(code"),
+        ({"row_config": "e/other"}, r"row b: runs of two configs pooled: \S*e-b-0 \(config e/b\) and"),
+        ({"seed": 100}, r"row b: seed 100, question q0 twice: in \S*e-b-0 and in \S*e-b-1"),
+    ],
+)  # fmt: skip
+def test_each_refusal_is_one_line_naming_the_run_or_the_row(tmp_path, change, says):
+    runs = two_rows(tmp_path, **change)
+    with pytest.raises(RagLabError, match=says) as e:
+        judge([CLAIM], runs)
+    assert "\n" not in str(e.value)
+
+
+def test_a_run_without_provenance_is_refused(tmp_path):
+    runs = two_rows(tmp_path)
+    (runs[0] / "provenance.json").unlink()
+    with pytest.raises(RagLabError, match=r"run \S*e-a-0: no provenance.json \(it ran before runs recorded"):
+        judge([CLAIM], runs)
+    (runs[0] / "provenance.json").write_text("{torn")
+    with pytest.raises(RagLabError, match=r"run \S*e-a-0: provenance.json unreadable"):
+        judge([CLAIM], runs)
+
+
+def test_runs_of_other_experiments_are_not_checked(tmp_path):
+    runs = two_rows(tmp_path)
+    runs.append(make_run(tmp_path, "probe", "policy", "a", 0, {"acc": ONES}, {"split": "test", "seed": 0}))
+    assert list(judge([CLAIM], runs)["verdict"]) == ["holds"]
+
+
+def test_the_spec_has_one_headline_and_one_mechanism_per_paper(tmp_path):
+    spec = tmp_path / "claims.yaml"
+    entry = {"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
+             "tests": [{"metric": "acc"}]}  # fmt: skip
+    spec.write_text(json.dumps({"judge": JUDGE, "claims": [entry, entry]}))
+    with pytest.raises(RagLabError, match=r"claims.yaml: P has 2 headline \(H\) claims, not one"):
+        read_spec(spec)
+    spec.write_text(json.dumps({"claims": [entry, entry | {"kind": "M"}]}))
+    with pytest.raises(RagLabError, match=r"field 'judge' must be split judge, seeds \[100, 101, 102\]"):
+        read_spec(spec)
+
+
+def test_the_judge_split_and_seeds_are_make_claims_alone():
+    cfg = compose(["eval.split=judge"])
+    with pytest.raises(
+        ConfigError, match=r"^config 'eval.split': 'judge' is reserved for the claims' judgement"
+    ):
+        check_judge(cfg, environ={})
+    check_judge(cfg, environ={JUDGE_ENV: "1"})
+    seeded = compose(["seed=101"])
+    with pytest.raises(ConfigError, match=r"^config 'seed': 101 is a judge seed \(100-102\), reserved"):
+        check_judge(seeded, environ={})
+    check_judge(compose(["seed=99"]), environ={})
+    check_judge(compose(["seed=103"]), environ={})
+    trains = compose(["train_split=judge"])
+    with pytest.raises(
+        ConfigError, match=r"config 'train_split': 'judge' is the claims' judge split; nothing"
+    ):
+        check_judge(trains, environ={JUDGE_ENV: "1"})
+
+
+def test_no_shipped_experiment_but_claims_evaluates_on_the_judge_split():
+    """Probes and the demo never touch the judge split: only conf/experiment/claims.yaml names it."""
+    from rag_lab import CONF_DIR
+
+    naming = sorted(
+        str(p.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if "split: judge" in p.read_text()
+    )
+    assert naming == ["claims.yaml", "experiment/claims.yaml"]
+
+
+def test_a_run_writes_its_provenance(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("generator=teacher", "eval.limit=4")
+    run(cfg, tmp_path)
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert (prov["split"], prov["seed"], prov["n"]) == ("test", 0, 4)
+    assert prov["row_config"] == row_hash(cfg) and len(prov["code"]) == 16 and len(prov["config"]) == 16
+    assert prov["lm"].startswith("TeacherGenerator@") and len(prov["commit"] or "x" * 40) == 40
+
+
+def test_the_row_hash_sets_the_seed_aside_and_nothing_else(tiny_cfg):
+    a, b = tiny_cfg("generator=teacher", "seed=3"), tiny_cfg("generator=teacher", "seed=4")
+    # a key that holds the seed (generator.seed: ${seed}) counts as the seed
+    assert (a.generator.seed, b.generator.seed) == (3, 4)
+    assert (
+        row_hash(a) == row_hash(b) != row_hash(tiny_cfg("generator=teacher", "seed=3", "data.test_size=30"))
+    )
+
+
+def test_a_resumption_at_another_version_is_listed(tmp_path):
+    entry = {"commit": "c0", "code": "k0", "lm": "m@1", "seed": 100, "started": "t0"}
+    (tmp_path / "records.jsonl").write_text("{}\n")  # the directory holds results
+    assert write_provenance(tmp_path, entry) == entry
+    assert write_provenance(tmp_path, entry | {"started": "t1"}) == entry  # same version: unchanged
+    later = write_provenance(tmp_path, entry | {"code": "k1", "started": "t2"})
+    assert later["code"] == "k0" and later["resumed"] == [
+        {"commit": "c0", "code": "k1", "lm": "m@1", "started": "t2"}
+    ]
+    # a directory without results starts afresh
+    (tmp_path / "records.jsonl").unlink()
+    assert write_provenance(tmp_path, entry | {"code": "k9"})["code"] == "k9"
+
+
+def test_the_lm_fingerprint_is_the_model_folders_files(tmp_path):
+    class Model:
+        def __init__(self, source):
+            self.source = str(source)
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    first = lm_fingerprint(Model(folder))
+    assert first.startswith("m@") and lm_fingerprint(Model(folder)) == first
+    (folder / "config.json").write_text('{"a": 1}')
+    assert lm_fingerprint(Model(folder)) != first
+    assert lm_fingerprint(None) == "none"
+
+
+def small(tmp_path, judge_size):
+    return SynthDataset(str(tmp_path), seed=0, n_people=60, n_cities=12, n_countries=4, n_films=20,
+                        dev_size=20, test_size=40, judge_size=judge_size)  # fmt: skip
+
+
+def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_split(tmp_path):
+    with_judge, without = small(tmp_path / "a", 40), small(tmp_path / "b", 0)
+    for split in ("train", "dev", "test", "musique_test", "corpus"):
+        assert (with_judge.root / f"{split}.jsonl").read_bytes() == (
+            without.root / f"{split}.jsonl"
+        ).read_bytes()
+    judged = with_judge.split("judge")
+    assert len(judged) == 40 and len({ex.question for ex in judged}) == 40
+    others = {ex.question for s in ("train", "dev", "test") for ex in with_judge.split(s)}
+    assert not others & {ex.question for ex in judged}
+    assert Counter(ex.type for ex in judged) == Counter(ex.type for ex in with_judge.split("test"))
+    assert with_judge.splits() == ["train", "dev", "test", "judge"] and "judge" not in without.splits()
+    with pytest.raises(DataError, match=r"has no judge split: data.judge_size is 0"):
+        without.split("judge")
+    assert small(tmp_path / "c", 40).split("judge") == judged  # the same world, the same judge split
