@@ -89,17 +89,23 @@ def generator_trains(cfg: DictConfig, data) -> bool:
     return fitting_checkpoint(world, node.get("checkpoint"), recipe_settings(recipe_part(node))) is None
 
 
-def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None, config=None) -> None:
-    """The policy's training on the run's training split, into ``<run dir>/checkpoints``. With the run's
-    resolved ``config`` and a ``launch`` in it, N processes train first (:mod:`rag_lab.launched`, which
-    calls this without ``config``), and this process's ``fit`` then finds their published results."""
-    launch = launch_of(config) if config is not None else None
-    if launch is not None:  # on a Slurm job of several nodes: this node's rank and the first node
+def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None) -> None:
+    """The policy's training on the run's training split, into ``<run dir>/checkpoints``. Under ``launch`` the
+    runner calls it after :func:`train_launched`, and the policy's ``fit`` finds the launched processes'
+    published results; the launched processes call it themselves (:mod:`rag_lab.launched`)."""
+    train = train_data.split(cfg.train_split)
+    policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
+
+
+def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> None:
+    """Under ``launch``, a training policy's N processes (:mod:`rag_lab.launched`), run before the runner
+    builds any model of its own: while they train, the runner holds no copy of the model (on a GPU, a copy
+    beside every rank's). On a Slurm job of several nodes: this node's rank and the first node."""
+    launch = launch_of(config)
+    if launch is not None and getattr(locate(cfg.policy._target_), "trains", False):
         launch.on_cluster().run_job(
             "rag_lab.launched", launched_job(config, run_dir, "fit"), run_dir / "launch"
         )
-    train = train_data.split(cfg.train_split)
-    policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
 def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
@@ -172,13 +178,14 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
         job = launched_job(config, run_dir, "generator")
         launch_of(config).on_cluster().run_job("rag_lab.launched", job, run_dir / "launch" / "generator")
 
+    train_launched(cfg, config, run_dir)
     env, policy = components(cfg, config, data, train_data)
     generator = env.generator
     provenance(cfg, run_dir, digest, generator, len(examples))
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:
-        fit(cfg, policy, env, data, train_data, run_dir, logger, config)
+        fit(cfg, policy, env, data, train_data, run_dir, logger)
 
     judge = None
     if cfg.judge:  # judge.generator: null shares the run's generator

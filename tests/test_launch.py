@@ -9,6 +9,8 @@ from hydra.utils import instantiate
 from rag_lab.config import ConfigError, compose, group_options
 from rag_lab.launch import Launch, launch_of
 
+from conftest import TINY_DATA
+
 PAPER_EXPERIMENTS = ["dapo_2wiki", "evorag_hotpotqa", "r3rag_hotpotqa", "apex_musique", "compare_musique"]
 
 
@@ -207,3 +209,65 @@ def test_the_runner_on_a_node_after_the_first_trains_its_share_and_writes_no_res
     assert run(cfg, tmp_path / "run") == {}
     assert followed == [(1, "rag_lab.launched", tmp_path / "run" / "launch")]
     assert not (tmp_path / "run").exists()  # node 0 writes the run dir
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """A machine with 8 GPUs, faked: CUDA's calls answer as there, and set_device records its argument."""
+    import torch
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+@pytest.mark.parametrize(
+    "local_rank, device", [(None, "cuda:0"), ("0", "cuda:0"), ("3", "cuda:3"), ("7", "cuda:7")]
+)
+def test_each_rank_takes_the_gpu_of_its_local_rank(gpus, monkeypatch, local_rank, device):
+    """Every model a launched process builds goes to its own GPU, not all of them to GPU 0 (issue 66)."""
+    import torch
+
+    from rag_lab.generators.hf import GPU_MIN_PARAMETERS, default_device
+    from rag_lab.launch import local_gpu
+
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert local_gpu() == device and gpus == [int(device[-1])]
+    big, small = torch.nn.Linear(GPU_MIN_PARAMETERS, 1, bias=False, device="meta"), torch.nn.Linear(2, 2)
+    assert default_device(big) == device and default_device(small) == "cpu"
+
+
+def test_more_ranks_on_a_node_than_gpus_is_one_line(gpus, monkeypatch):
+    from rag_lab.errors import RagLabError
+    from rag_lab.launch import local_gpu
+
+    monkeypatch.setenv("LOCAL_RANK", "8")
+    with pytest.raises(
+        RagLabError, match=r"^launch.config.num_processes: process 8 of this node has no GPU \(the"
+    ):
+        local_gpu()
+
+
+def test_the_runner_builds_no_model_while_the_launched_processes_train(tmp_path, monkeypatch):
+    """Under launch the N processes train first; the runner builds its own generator and policy after."""
+    import rag_lab.run as runner
+
+    order = []
+    monkeypatch.setattr(
+        Launch, "run_job", lambda self, module, job, work: order.append(f"launched {job['part']}")
+    )
+
+    def components(*args, **kwargs):
+        order.append("runner's models")
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(runner, "components", components)
+    cfg = compose(["policy=dapo", "generator=tiny", "launch=cpu2", *TINY_DATA])
+    with pytest.raises(RuntimeError, match="stop here"):
+        runner.run(cfg, tmp_path / "run")
+    assert order[-2:] == ["launched fit", "runner's models"]

@@ -26,6 +26,7 @@ import torch
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.generators.decode import Decoded, decode
+from rag_lab.launch import local_gpu
 from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.dense import resolve_model
 
@@ -37,10 +38,12 @@ STOP_MARGIN = 8
 
 
 def default_device(model) -> str:
-    """Where ``model`` runs fastest: ``cuda`` when a GPU is there and the model is not small, else ``cpu``."""
-    if not torch.cuda.is_available():
+    """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.launch.local_gpu`:
+    ``cuda:<LOCAL_RANK>`` in a launched process) when there is one and the model is not small, else
+    ``cpu``."""
+    if not torch.cuda.is_available() or sum(p.numel() for p in model.parameters()) < GPU_MIN_PARAMETERS:
         return "cpu"
-    return "cuda" if sum(p.numel() for p in model.parameters()) >= GPU_MIN_PARAMETERS else "cpu"
+    return local_gpu()
 
 
 class HFGenerator:
@@ -77,7 +80,14 @@ class HFGenerator:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         load_dtype = getattr(torch, _loaded_dtype(dtype, device))
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype)
-        self.device = default_device(loaded) if device in ("auto", None) else device
+        # a bare "cuda" is this process's GPU (each rank its own), as "auto" picks it
+        self.device = (
+            default_device(loaded)
+            if device in ("auto", None)
+            else local_gpu()
+            if device == "cuda"
+            else device
+        )
         if dtype == "auto" and self.device.startswith("cuda"):
             loaded = loaded.to(torch.bfloat16)
         self.model = loaded.to(self.device).eval()

@@ -24,6 +24,7 @@ from rag_lab import cache
 from rag_lab.config import PositiveInt
 from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
+from rag_lab.launch import local_gpu
 from rag_lab.retrievers.base import Hit, filter_hits
 from rag_lab.retrievers.cache import index_dir
 
@@ -80,7 +81,7 @@ class Encoder:
             raise RagLabError(f"retriever.pooling: '{pooling}' is not mean, cls or last")
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or (local_gpu() if torch.cuda.is_available() else "cpu")
         self.model = AutoModel.from_pretrained(path).to(self.device).eval()
         self.pooling, self.normalize, self.max_length, self.batch_size = (
             pooling,

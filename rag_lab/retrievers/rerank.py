@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from rag_lab.data.base import Corpus
+from rag_lab.launch import local_gpu
 from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 from rag_lab.retrievers.dense import resolve_model
@@ -31,7 +32,7 @@ class CrossEncoderReranker:
         self.corpus, self.base, self.depth, self.batch_size = corpus, build(corpus, base), depth, batch_size
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or (local_gpu() if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForSequenceClassification.from_pretrained(path).to(self.device).eval()
         self.max_length = max_length
 

@@ -106,10 +106,9 @@ def stopped_early(what: str, step: int, total: int | None, work: Path) -> RagLab
 
 
 def load_model(path: Path | str, like):
-    """The causal LM saved at ``path`` (a finished stage or cycle), in float32 and eval mode, on the device
-    of the model ``like``."""
-    import torch
+    """The causal LM saved at ``path`` (a finished stage or cycle), in eval mode, on the device and in the
+    dtype of the model ``like`` (bf16 where the run trains in bf16: no float32 copy beside it)."""
     from transformers import AutoModelForCausalLM
 
-    device = next(like.parameters()).device
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    first = next(like.parameters())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=first.dtype).to(first.device).eval()

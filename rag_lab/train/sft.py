@@ -179,7 +179,7 @@ def sft(
     steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU
-    on_gpu = default_device(model) == "cuda"
+    on_gpu = default_device(model).startswith("cuda")
     placement = {"use_cpu": not on_gpu}
     args = sft_config(
         work_dir,

@@ -66,6 +66,7 @@ from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
+from rag_lab.launch import local_gpu
 from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, collect
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.qnet import QNetwork
@@ -183,7 +184,7 @@ class StopRAG:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.seed)
-        self.qnet = QNetwork(**self.qnet_args).to("cuda" if torch.cuda.is_available() else "cpu")
+        self.qnet = QNetwork(**self.qnet_args).to(local_gpu() if torch.cuda.is_available() else "cpu")
         rng = rng_state()  # where training's dropout starts (module doc)
         final = out_dir / "qnet.pt"
         done = self.result_dir(env, train, dev)

@@ -22,6 +22,7 @@ import torch
 
 from rag_lab import cache
 from rag_lab.errors import RagLabError
+from rag_lab.launch import local_gpu
 from rag_lab.train.parallel import barrier, is_main, processes
 from rag_lab.train.tiny.model import TinyConfig, build_model, read, sft_stage
 from rag_lab.train.tiny.tokenizer import build_tokenizer, one_token_names
@@ -163,7 +164,7 @@ def training_device() -> torch.device:
     """Where the recipe trains: the GPU when there is one (minutes there, hours on 2 cores; the
     numbers then differ from a CPU run's in the last bits, as float sums do), else the CPU. Inference
     stays on the CPU (generator=tiny's ``device: auto``)."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(local_gpu() if torch.cuda.is_available() else "cpu")
 
 
 def device_name() -> str:
