@@ -26,6 +26,7 @@ config needs them, DeepSpeed installed where it is named). Process groups, DDP, 
 accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -35,12 +36,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
+
+from rag_lab.ranges import PositiveInt
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,56 @@ def local_gpu() -> str:
     return f"cuda:{local}"
 
 
+# Where each launched process reports how it ended (:func:`report_rank`), read by the runner (:func:`fate`).
+RANKS_ENV = "RAG_LAB_RANKS"
+
+
+@contextlib.contextmanager
+def report_rank() -> Iterator[None]:
+    """Around a launched process's work: ``<ranks>/rank<RANK>.json`` says it started, then that it is done or
+    failed (with its error's one line), so that the runner can name the rank that ended the job. Outside a
+    launched run (no ``RAG_LAB_RANKS``) it does nothing."""
+    folder = os.environ.get(RANKS_ENV)
+    if not folder:
+        yield
+        return
+    path = Path(folder) / f"rank{int(os.environ.get('RANK') or 0)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"state": "started", "pid": os.getpid()}))
+    try:
+        yield
+    except BaseException as e:
+        error = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        path.write_text(json.dumps({"state": "failed", "error": error}))
+        raise
+    path.write_text(json.dumps({"state": "done"}))
+
+
+def fate(ranks: Path, processes: int) -> str:
+    """What ended a failed launched job, from its ranks' reports (:func:`report_rank`): the ranks that
+    started and never reported an end (killed: a signal, the out-of-memory killer; the others' errors are
+    then its consequence, a collective with a peer gone), else the ranks that failed (their errors), else
+    the ranks that never started."""
+    reports = {}
+    for path in ranks.glob("rank*.json"):
+        try:
+            reports[int(path.stem[4:])] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+    died = [r for r, s in sorted(reports.items()) if s.get("state") == "started"]
+    if died:
+        names = ", ".join(map(str, died))
+        return (f"rank {names} of {processes} died without an error (killed: a signal or the out-of-memory "
+                "killer); the other ranks were stopped")  # fmt: skip
+    failed = {r: s.get("error", "?") for r, s in sorted(reports.items()) if s.get("state") == "failed"}
+    if failed:
+        return "; ".join(f"rank {r} of {processes} failed: {error}" for r, error in failed.items())
+    missing = [r for r in range(processes) if r not in reports]
+    if missing and reports:
+        return f"rank {', '.join(map(str, missing))} of {processes} never started"
+    return "the training job failed"
+
+
 def resolve(program: str) -> str | None:
     """``program``'s path: beside this interpreter first (a venv's ``bin/``, on ``PATH`` or not), then on
     ``PATH``; None when neither has it."""
@@ -104,12 +157,15 @@ class Launch:
     """How training is launched: ``program`` (accelerate's command line) with ``config`` (the keys of an
     accelerate config file, as ``accelerate config`` writes them)."""
 
-    def __init__(self, config: dict[str, Any], program: str = "accelerate"):
+    def __init__(self, config: dict[str, Any], program: str = "accelerate", timeout_s: PositiveInt = 1800):
+        """``timeout_s``: how long a process waits in a collective (a barrier, an all-reduce) for the others
+        before its process group gives up (torch's default, 10-30 min depending on the backend, passes
+        unnoticed where one rank has died; the runner then names the rank)."""
         from omegaconf import DictConfig, OmegaConf
 
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
-        self.config, self.program = dict(config), program
+        self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
 
     @property
     def processes(self) -> int:
@@ -130,7 +186,7 @@ class Launch:
         n, rank, host = nodes
         port = int(self.config.get("main_process_port") or 29500)
         where = {"num_machines": n, "machine_rank": rank, "main_process_ip": host, "main_process_port": port}
-        return Launch(self.config | where, self.program)
+        return Launch(self.config | where, self.program, self.timeout_s)
 
     @property
     def node(self) -> int:
@@ -153,7 +209,8 @@ class Launch:
 
         work.mkdir(parents=True, exist_ok=True)
         slurm_job = os.environ.get("SLURM_JOB_ID")
-        atomic_write_text(work / "job.json", json.dumps(job | {"slurm_job": slurm_job}, default=str) + "\n")
+        job = job | {"slurm_job": slurm_job, "timeout_s": self.timeout_s}
+        atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
         self._run(module, work / "job.json", work)
 
     def follow(self, module: str, work: Path, timeout: float = 3600.0, poll: float = 2.0) -> None:
@@ -174,8 +231,12 @@ class Launch:
 
         command = self.command(self.write_config(work / "accelerate.yaml"), module, str(job_file))
         log.info("launch: %s", " ".join(command))
-        if subprocess.run(command).returncode != 0:
-            raise RagLabError(f"launch: the training job failed ({' '.join(command)}); its output is above")
+        ranks = work / "ranks"
+        shutil.rmtree(ranks, ignore_errors=True)
+        if subprocess.run(command, env=os.environ | {RANKS_ENV: str(ranks)}).returncode != 0:
+            raise RagLabError(
+                f"launch: {fate(ranks, self.processes)}; its output is above ({' '.join(command)})"
+            )
 
     def check_environment(self, env: Mapping[str, str] = os.environ) -> list[tuple[str, str]]:
         """What this machine lacks for the config: GPUs, DeepSpeed, the nodes. Checked right before training

@@ -23,6 +23,7 @@ def main(job_file: str) -> None:
 
     from rag_lab.config import build
     from rag_lab.errors import one_line_errors
+    from rag_lab.launch import report_rank
     from rag_lab.run import components, fit
     from rag_lab.seeding import seed_everything
     from rag_lab.train.parallel import state
@@ -37,11 +38,14 @@ def main(job_file: str) -> None:
         if job.get("part") == "generator":  # the tiny LM's recipe (the runner builds it from the cache after)
             build(cfg.generator, data=data)
             return
-        # the process group first, then the models: each on this rank's own device (launch.local_gpu)
-        state()
-        env, policy = components(cfg, job["run_config"], data, train_data)
-        rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
-        fit(cfg, policy, env, data, train_data, run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}")
+        with report_rank():
+            # the process group first (with the launch's timeout), then the models: each on this rank's own
+            # device (launch.local_gpu)
+            state(job.get("timeout_s"))
+            env, policy = components(cfg, job["run_config"], data, train_data)
+            rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
+            work = run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}"
+            fit(cfg, policy, env, data, train_data, work)
 
 
 if __name__ == "__main__":

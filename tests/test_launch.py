@@ -1,6 +1,8 @@
 """The ``launch`` group (rag_lab/launch.py): accelerate configs composed and read by accelerate itself, for
 every paper experiment that trains a 7-8B model; what the machine lacks, named before anything trains."""
 
+import json
+
 import pytest
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig
@@ -179,7 +181,7 @@ def test_a_node_after_the_first_runs_node_0s_job_of_the_same_slurm_job(tmp_path,
 
     ran = []
     monkeypatch.setattr(
-        subprocess, "run", lambda command: ran.append(command) or subprocess.CompletedProcess(command, 0)
+        subprocess, "run", lambda command, env: ran.append(command) or subprocess.CompletedProcess(command, 0)
     )
     for key, value in SLURM_2.items():
         monkeypatch.setenv(key, value)
@@ -271,3 +273,39 @@ def test_the_runner_builds_no_model_while_the_launched_processes_train(tmp_path,
     with pytest.raises(RuntimeError, match="stop here"):
         runner.run(cfg, tmp_path / "run")
     assert order[-2:] == ["launched fit", "runner's models"]
+
+
+def test_a_killed_rank_ends_the_job_in_one_line_naming_it(tmp_path, monkeypatch):
+    """Two real processes under accelerate launch; rank 1 is killed (SIGKILL) between two collectives. The
+    job ends (no rank hangs in the second collective) and the runner's one line names rank 1."""
+    import os
+    import time
+    from pathlib import Path
+
+    from rag_lab.errors import RagLabError
+
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    cpu2 = compose(["launch=cpu2", "+launch.config.main_process_port=29538", "launch.timeout_s=60"]).launch
+    launch = instantiate(cpu2)
+    assert launch.timeout_s == 60
+    started = time.monotonic()
+    with pytest.raises(RagLabError) as e:
+        launch.run_job("launched_kill", {}, tmp_path / "work")
+    assert time.monotonic() - started < 60  # not the group's timeout: the job ended when the rank died
+    assert str(e.value).startswith(
+        "launch: rank 1 of 2 died without an error (killed: a signal or the out-of-memory killer); the other"
+    ) and "\n" not in str(e.value)
+    assert json.loads((tmp_path / "work" / "job.json").read_text())["timeout_s"] == 60
+
+
+def test_a_rank_that_fails_is_named_with_its_error(tmp_path):
+    from rag_lab.launch import fate
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    (ranks / "rank0.json").write_text(json.dumps({"state": "done"}))
+    assert fate(ranks, 2) == "rank 1 of 2 never started"
+    (ranks / "rank1.json").write_text(json.dumps({"state": "failed", "error": "policy.k: 0 is below 1"}))
+    assert fate(ranks, 2) == "rank 1 of 2 failed: policy.k: 0 is below 1"
+    assert fate(tmp_path / "none", 2) == "the training job failed"

@@ -41,14 +41,19 @@ def _indexed_cpu(storage, location: str):
 torch.serialization.register_package(11, lambda _: None, _indexed_cpu)
 
 
-def state():
+def state(timeout_s: int | None = None):
     """accelerate's ``PartialState`` (one process unless launched by ``accelerate launch``), on the CPU
     where no GPU is (gloo between CPU processes: without ``cpu``, accelerate takes a CPU-only launched
-    process for a single one), as TRL's trainers and R3-RAG's PPO make it."""
+    process for a single one), as TRL's trainers and R3-RAG's PPO make it. ``timeout_s``
+    (``launch.timeout_s``, :mod:`rag_lab.launched`): the process group's timeout in a collective, where this
+    call makes the group (the first in a process)."""
+    from datetime import timedelta
+
     import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    extra = {"timeout": timedelta(seconds=timeout_s)} if timeout_s and processes() > 1 else {}
+    return PartialState(cpu=not torch.cuda.is_available(), **extra)
 
 
 def processes() -> int:
