@@ -51,6 +51,15 @@ log = logging.getLogger(__name__)
 OmegaConf.register_new_resolver(
     "rag_lab_per_node", lambda total, machines: int(total) // int(machines), replace=True
 )
+# hydra/launcher=slurm's host memory (GB) and CPUs a node for that many GPU processes (the arithmetic:
+# conf/hydra/launcher/slurm.yaml)
+NODE_GB, PROCESS_GB, PROCESS_CPUS = 16, 40, 6
+OmegaConf.register_new_resolver(
+    "rag_lab_node_gb", lambda gpus: NODE_GB + PROCESS_GB * max(1, int(gpus)), replace=True
+)
+OmegaConf.register_new_resolver(
+    "rag_lab_node_cpus", lambda gpus: max(8, PROCESS_CPUS * int(gpus)), replace=True
+)
 
 # distributed types that need one CUDA device per process (accelerate.utils.DistributedType's names)
 NEEDS_GPUS = {"MULTI_GPU", "DEEPSPEED", "FSDP", "MEGATRON_LM"}

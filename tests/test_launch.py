@@ -162,14 +162,18 @@ def test_the_slurm_launcher_asks_the_nodes_and_gpus_of_launch():
     def launcher(*overrides):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose("config", ["hydra/launcher=slurm", *overrides], return_hydra_config=True)
-        return cfg.hydra.launcher.nodes, cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.tasks_per_node
+        node = cfg.hydra.launcher
+        return node.nodes, node.gpus_per_node, node.tasks_per_node, node.mem_gb, node.cpus_per_task
 
-    assert launcher() == (1, 1, 1)
-    assert launcher("launch=zero3") == (1, 8, 1)
+    # host memory: 16 GB + 40 a GPU process; CPUs: 6 a GPU process, at least 8 (slurm.yaml's arithmetic)
+    assert launcher() == (1, 1, 1, 56, 8)
+    assert launcher("launch=zero3") == (1, 8, 1, 336, 48)
     assert launcher("launch=zero3", "launch.config.num_machines=2", "launch.config.num_processes=16") == (
         2,
         8,
         1,
+        336,
+        48,
     )
 
 
