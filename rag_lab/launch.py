@@ -311,7 +311,8 @@ class Launch:
 def divides(processes: int, run) -> list[tuple[str, str]]:
     """Every global batch of the run's policy (its class names them: ``global_batches(settings) -> {key:
     size}``; so does a stopping rule it trains), the cold start's included, splits into equal shares, one
-    per process, so N processes make the update of one."""
+    per process, so N processes make the update of one; and a held-out curve has a question for every
+    process (:func:`rag_lab.train.heldout.measured`)."""
     sizes = {}
     for where, cls, node in _trainers(run):
         batches = getattr(cls, "global_batches", None)
@@ -326,6 +327,14 @@ def divides(processes: int, run) -> list[tuple[str, str]]:
     for key, size in sizes.items():
         if size % processes:
             why = f"{processes} processes do not divide policy.{key}={size} (each takes an equal share)"
+            problems.append(("config.num_processes", why))
+    for where, _, node in _trainers(run):  # each process measures a share of a held-out curve's questions
+        held = node.get("heldout")
+        n = held.get("n") if isinstance(held, dict) else getattr(held, "n", None)
+        if n and n < processes:
+            why = (
+                f"{processes} processes and {where}.heldout.n={n} held-out questions: at least one a process"
+            )
             problems.append(("config.num_processes", why))
     return problems
 

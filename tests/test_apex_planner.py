@@ -139,11 +139,11 @@ def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base,
     held = data.split("dev")[:2]
     seen = []
 
-    def rollout(model):  # the greedy plans of the held-out questions with the planner as it is now
+    def rollout(model, share):  # the greedy plans of the held-out questions with the planner as it is now
         generator = planner(base).with_model(model)
-        plans = generator.generate([q.question for q in held], Sampling(max_new_tokens=8))
+        plans = generator.generate([q.question for q in share], Sampling(max_new_tokens=8))
         seen.append([c[0].text for c in plans])
-        return [Episode(q.id, q.question, prediction=c[0].text) for q, c in zip(held, plans, strict=True)]
+        return [Episode(q.id, q.question, prediction=c[0].text) for q, c in zip(share, plans, strict=True)]
 
     def callback():
         return HeldOutCallback(HeldOut(n=2, every=1), held, rollout)

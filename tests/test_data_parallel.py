@@ -182,3 +182,49 @@ def test_the_tiny_lms_recipe_trains_under_launch_cpu2(tiny_cfg, tmp_path):
     cards = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("tiny_lm/*/train.json")]
     assert len(cards) >= 2 and all(card["processes"] == 2 for card in cards)  # base and protocol stage
     assert (tmp_path / "run" / "launch" / "generator" / "job.json").exists()
+
+
+def _measure_a_share(out: str) -> None:
+    """In each of the debug launcher's processes: the held-out row of 7 questions, each process rolling out
+    its share (recorded), the main process writing the row."""
+    import json
+
+    from rag_lab.data.base import QAExample
+    from rag_lab.env import Episode
+    from rag_lab.train.heldout import measured
+    from rag_lab.train.parallel import rank
+
+    questions = [QAExample(f"q{i}", "?", ("yes",)) for i in range(7)]
+
+    def rollout(share):
+        Path(out, f"share{rank()}.json").write_text(json.dumps([q.id for q in share]))
+        return [Episode(q.id, "?", prediction="yes" if int(q.id[1:]) % 3 else "no",
+                        format_failure=q.id == "q4") for q in share]  # fmt: skip
+
+    row = measured(5, questions, rollout, "squad")
+    if row is not None:
+        Path(out, "row.json").write_text(json.dumps(row))
+
+
+def test_the_heldout_curve_is_measured_by_every_process_and_gathered(tmp_path):
+    """Two processes each roll out their share of the held-out questions (every second one); the main
+    process's row is the one process's row (issue 66: no rank waits while the main one measures alone)."""
+    import json
+    from functools import partial
+
+    from accelerate import debug_launcher
+
+    from rag_lab.data.base import QAExample
+    from rag_lab.env import Episode
+    from rag_lab.train.heldout import heldout_row
+
+    debug_launcher(partial(_measure_a_share, str(tmp_path)), num_processes=2)
+    shares = [json.loads((tmp_path / f"share{r}.json").read_text()) for r in (0, 1)]
+    assert shares == [["q0", "q2", "q4", "q6"], ["q1", "q3", "q5"]]
+    row = json.loads((tmp_path / "row.json").read_text())
+    questions = [QAExample(f"q{i}", "?", ("yes",)) for i in range(7)]
+    episodes = [Episode(q.id, "?", prediction="yes" if i % 3 else "no", format_failure=i == 4)
+                for i, q in enumerate(questions)]  # fmt: skip
+    one = heldout_row(5, questions, episodes, "squad")
+    assert {k: v for k, v in row.items() if k != "time"} == {k: v for k, v in one.items() if k != "time"}
+    assert row["heldout/acc"] == pytest.approx(4 / 7) and row["heldout/n"] == 7

@@ -107,6 +107,17 @@ def test_the_processes_must_divide_the_policys_global_batches():
     compose(["policy=top_title", "launch=cpu2", "launch.config.num_processes=3"])
 
 
+def test_more_processes_than_held_out_questions_is_refused_before_training():
+    """Each process measures a share of a held-out curve's questions: 4 processes need 4 of them."""
+    base = ["launch=cpu2", "launch.config.num_processes=4", "policy.ppo.batch_size=16"]
+    with pytest.raises(
+        ConfigError, match=r"4 processes and policy.heldout.n=3 held-out questions: at least one"
+    ):
+        compose(["policy=r3rag", *base, "policy.heldout.n=3"])
+    compose(["policy=r3rag", *base, "policy.heldout.n=4"])
+    compose(["policy=r3rag", *base, "policy.heldout.n=0"])  # no curve
+
+
 class SingleProcess:
     """A policy that trains and names no global batches: its trainer is not data-parallel."""
 

@@ -164,9 +164,11 @@ def test_the_heldout_curve_measures_the_policy_as_it_trains_and_survives_a_kill(
     step (0: the start's, 2: the trained one's), weights equal to training without it, and after a kill at
     iteration 1 each row once."""
 
+    import rag_lab.train.heldout as heldout
+
     texts = []
-    row = trainer_module.heldout_row
-    monkeypatch.setattr(trainer_module, "heldout_row", lambda s, q, eps, sc: texts.append(
+    row = heldout.heldout_row
+    monkeypatch.setattr(heldout, "heldout_row", lambda s, q, eps, sc: texts.append(
         (s, ["".join(x.text for x in e.steps) for e in eps])) or row(s, q, eps, sc))  # fmt: skip
     fast = replace(TOY, actor_lr=0.05)  # two iterations that change what the toy model writes
     dev = data.split("dev")[:3]

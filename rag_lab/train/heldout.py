@@ -69,6 +69,34 @@ def heldout_row(step: int, questions: Sequence[QAExample], episodes: Sequence[Ep
     }
 
 
+def measured(
+    step: int,
+    questions: Sequence[QAExample],
+    rollout: Callable[[list[QAExample]], list[Episode]],
+    scorer: str,
+) -> dict | None:
+    """The curve's row at ``step``, measured by every process: process i rolls out ``questions[i::N]``, and
+    each question's score goes to the main process (accelerate's ``gather_object``), which gets the row of
+    all of them; the others get None. Every process
+    calls it at the same steps, one with no share too (it joins the gather). Under ``launch`` no rank waits
+    in a collective while the main process measures alone (issue 66)."""
+    from rag_lab.train.parallel import is_main, processes, rank
+
+    world, me = processes(), rank()
+    mine = list(range(me, len(questions), world))
+    with rng_kept():
+        episodes = rollout([questions[i] for i in mine]) if mine else []
+    shares = list(zip(mine, episodes, strict=True))
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        shares = gather_object(shares)
+    if not is_main():
+        return None
+    shares.sort(key=lambda share: share[0])
+    return heldout_row(step, [questions[i] for i, _ in shares], [ep for _, ep in shares], scorer)
+
+
 @contextlib.contextmanager
 def rng_kept() -> Iterator[None]:
     """Every random stream (Python's, numpy's, torch's CPU and CUDA ones) as it was before the block: a
@@ -91,34 +119,35 @@ class HeldOutCallback(TrainerCallback):
     ``resumed_at`` measures from there on (the rows before are in the log already; the Trainer calls
     ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number). A
     trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains. Under ``launch``
-    the main process measures (the others go on to the next step's gradient exchange and wait there)."""
+    every process measures its share of the questions and the main process writes the row
+    (:func:`measured`)."""
 
     def __init__(
         self,
         settings: HeldOut,
         questions: Sequence[QAExample],
-        rollout: Callable[[Any], list[Episode]],
+        rollout: Callable[[Any, list[QAExample]], list[Episode]],
         write: Callable[[dict], None] | None = None,
         scorer: str = "squad",
         resumed_at: int = 0,
     ):
+        """``rollout(model, questions)``: the method's greedy episodes of ``questions`` with ``model``."""
         self.settings, self.questions, self.rollout, self.write = settings, list(questions), rollout, write
         self.scorer, self.resumed_at = scorer, resumed_at
 
     def measure(self, step: int, model: Any) -> None:
+        """Every process measures its share (:func:`measured`); the main process writes the row."""
         was_training = model.training
         model.eval()
-        with rng_kept():
-            episodes = self.rollout(model)
+        row = measured(step, self.questions, lambda share: self.rollout(model, share), self.scorer)
         model.train(was_training)
-        self.write(heldout_row(step, self.questions, episodes, self.scorer))
+        if row is not None:
+            self.write(row)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.resumed_at == 0 and self.questions and state.is_world_process_zero:
+        if self.resumed_at == 0 and self.questions:
             self.measure(0, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if not state.is_world_process_zero:
-            return
         if self.questions and self.settings.due(state.global_step, state.max_steps):
             self.measure(state.global_step, model)

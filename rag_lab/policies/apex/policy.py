@@ -168,11 +168,11 @@ class APEX(APEXPipeline):
         if not questions:
             return None
 
-        def rollout(model) -> list[Episode]:
+        def rollout(model, share: list[QAExample]) -> list[Episode]:
             kept = self.planner
             self.planner = env.generator.with_model(model)
             try:
-                return APEXPipeline.rollout(self, env, questions)
+                return APEXPipeline.rollout(self, env, share)
             finally:
                 self.planner = kept
 

@@ -194,7 +194,7 @@ def heldout_curve(
     return HeldOutCallback(
         policy.heldout,
         questions,
-        lambda model: policy.rollout(env.with_generator(generator.with_model(model)), list(questions)),
+        lambda model, share: policy.rollout(env.with_generator(generator.with_model(model)), list(share)),
         lambda row: curve.writer.write([row]),
         getattr(policy.train_data, "scorer", "squad"),
         resumed_at,

@@ -32,7 +32,7 @@ from rag_lab.policies.r3rag.losses import explained_variance
 from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.records import RecordWriter, atomic_write_text
-from rag_lab.train.heldout import HeldOut, heldout_row, rng_kept
+from rag_lab.train.heldout import HeldOut, measured
 from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
 
 log = logging.getLogger(__name__)
@@ -126,19 +126,23 @@ class PPOTrainer:
 
     def measure(self, step: int, writer: RecordWriter | None) -> list[dict]:
         """The held-out curve's row at ``step`` (:mod:`rag_lab.train.heldout`: the greedy policy on the
-        held-out questions), measured by the main process; [] on the others and without held-out questions."""
-        if not self.heldout_questions or not self.accelerator.is_main_process:
+        held-out questions), each process measuring its share (:func:`measured`); the row on the main
+        process, [] on the others and without held-out questions."""
+        if not self.heldout_questions:
             return []
         r, model = self.rollout, self.unwrapped
         was_training = model.training
         model.eval()
-        with rng_kept():
-            episodes = run_agent(
-                r.protocol, self.heldout_questions, self.acting(), Sampling(max_new_tokens=r.max_new_tokens),
-                r.k, r.max_turns,
-            )  # fmt: skip
+        sampling = Sampling(max_new_tokens=r.max_new_tokens)
+
+        def rollout(share: list) -> list:
+            return run_agent(r.protocol, share, self.acting(), sampling, r.k, r.max_turns)
+
+        row = measured(step, self.heldout_questions, rollout, self.scorer)
         model.train(was_training)
-        row = heldout_row(step, self.heldout_questions, episodes, self.scorer) | {"stage": "ppo"}
+        if row is None:
+            return []
+        row |= {"stage": "ppo"}
         if writer is not None:
             writer.write([row])
         return [row]
