@@ -30,11 +30,11 @@ from rag_lab.env import Env
 from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
-from rag_lab.eval.provenance import check_judge
+from rag_lab.eval.provenance import check_judge, row_hash
 from rag_lab.eval.table import metrics_table
 from rag_lab.launch import launch_of, single_process_trainers
 from rag_lab.seeding import seed_everything
-from rag_lab.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, row_hash, soften
+from rag_lab.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, soften
 
 log = logging.getLogger("rag_lab.run")
 
@@ -125,7 +125,7 @@ def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
     return True
 
 
-def provenance(cfg: DictConfig, run_dir: Path, digest: str, generator, n: int) -> dict:
+def provenance(cfg: DictConfig, run_dir: Path, digest: str, row: str, generator, n: int) -> dict:
     """``<run dir>/provenance.json`` (:func:`rag_lab.rundir.write_provenance`): the commit, the code's hash,
     the config's (and the row's: the config less the seed), the LM's fingerprint, the split, the seed and the
     number of questions, which the claims table records on every line and checks (rag_lab/claims.py)."""
@@ -135,7 +135,7 @@ def provenance(cfg: DictConfig, run_dir: Path, digest: str, generator, n: int) -
         "dirty": dirty,
         "code": code_hash(),
         "config": digest,
-        "row_config": row_hash(cfg),
+        "row_config": row,
         "lm": rundir.lm_fingerprint(generator),
         "split": cfg.eval.split,
         "seed": cfg.seed,
@@ -161,6 +161,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     validate(cfg)
     check_judge(cfg)
     check_launch(cfg)
+    row = row_hash(cfg)  # of the config as composed: building the components resolves nodes of it in place
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
     if follows(cfg, run_dir, data):
         return {}
@@ -181,7 +182,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     train_launched(cfg, config, run_dir)
     env, policy = components(cfg, config, data, train_data)
     generator = env.generator
-    provenance(cfg, run_dir, digest, generator, len(examples))
+    provenance(cfg, run_dir, digest, row, generator, len(examples))
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=config)
 
     if policy.trains:

@@ -123,17 +123,6 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def row_hash(cfg: DictConfig) -> str:
-    """16 hex digits: the resolved config less what cannot change results and less the seed (``${seed}``
-    resolved as 0 wherever it is used): equal for the seeds of one row of a sweep, and only for them."""
-    seedless = cfg.copy()
-    with open_dict(seedless):
-        seedless.seed = 0
-    config = results_config(OmegaConf.to_container(seedless, resolve=True))
-    config.pop("seed", None)
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def code_hash() -> str:
     """16 hex digits of :func:`_package_digest`: the package's code and shipped checkpoints."""
     return _package_digest()[:16]

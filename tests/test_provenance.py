@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+from omegaconf import OmegaConf
 from test_claims import JUDGE, make_run
 
 from rag_lab.claims import Check, Claim, judge, read_spec
@@ -13,10 +14,9 @@ from rag_lab.config import ConfigError, compose
 from rag_lab.data.base import DataError
 from rag_lab.data.synth import SynthDataset
 from rag_lab.errors import RagLabError
-from rag_lab.eval.provenance import JUDGE_ENV, check_judge
+from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_hash
 from rag_lab.run import run
 from rag_lab.rundir import lm_fingerprint, write_provenance
-from rag_lab.sweeps import row_hash
 
 CLAIM = Claim("P", "a above b", "e", "policy", ("a", "b"), (Check("acc"),))
 ONES, HALF = [1.0] * 30, [1.0, 0.0] * 15
@@ -113,13 +113,37 @@ def test_no_shipped_experiment_but_claims_evaluates_on_the_judge_split():
     assert naming == ["claims.yaml", "experiment/claims.yaml"]
 
 
-def test_a_run_writes_its_provenance(tiny_cfg, tmp_path):
+def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
+    import rag_lab.run as runner
+
+    real = runner.components
+
+    def resolving(cfg, *args, **kwargs):  # as building some components does (R3-RAG's cold start node)
+        OmegaConf.resolve(cfg)
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "components", resolving)
     cfg = tiny_cfg("generator=teacher", "eval.limit=4")
-    run(cfg, tmp_path)
-    prov = json.loads((tmp_path / "provenance.json").read_text())
+    composed = row_hash(cfg)  # before the run: building its components resolves nodes of cfg in place
+    run(cfg, tmp_path / "a")
+    prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert (prov["split"], prov["seed"], prov["n"]) == ("test", 0, 4)
-    assert prov["row_config"] == row_hash(cfg) and len(prov["code"]) == 16 and len(prov["config"]) == 16
+    assert prov["row_config"] == composed and len(prov["code"]) == 16 and len(prov["config"]) == 16
     assert prov["lm"].startswith("TeacherGenerator@") and len(prov["commit"] or "x" * 40) == 40
+    # another seed of the same row: the same row hash (the judge's runs of 8993ad5 differed here)
+    run(tiny_cfg("generator=teacher", "eval.limit=4", "seed=5"), tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "provenance.json").read_text())["row_config"] == composed
+
+
+def test_the_row_hash_of_a_run_is_its_composed_configs(tiny_cfg, tmp_path):
+    """The claims tool takes a run's row hash from its .hydra/config.yaml where it has one."""
+    from rag_lab.eval.provenance import row_config_of
+
+    cfg = tiny_cfg("generator=teacher", "seed=4")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    assert row_config_of(tmp_path, {"row_config": "recorded"}) == row_hash(tiny_cfg("generator=teacher"))
+    assert row_config_of(tmp_path / "none", {"row_config": "recorded"}) == "recorded"
 
 
 def test_the_row_hash_sets_the_seed_aside_and_nothing_else(tiny_cfg):

@@ -14,11 +14,11 @@ import json
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rag_lab.config import ConfigError
 from rag_lab.errors import RagLabError
-from rag_lab.eval.runs import records_of
+from rag_lab.eval.runs import records_of, results_config
 
 # The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that
 # only it uses. A run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets;
@@ -47,6 +47,31 @@ def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
             f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
             " and other seeds"
         )
+
+
+def row_hash(cfg: DictConfig) -> str:
+    """16 hex digits: the composed config less what cannot change results and less the seed (``${seed}``
+    resolved as 0 wherever it is used): equal for the seeds of one row of a sweep, and only for them. Of the
+    config as composed: building a run's components resolves some of its nodes in place (the runner takes
+    it before, :func:`rag_lab.run.run`)."""
+    import hashlib
+
+    seedless = cfg.copy()
+    with open_dict(seedless):
+        seedless.seed = 0
+    config = results_config(OmegaConf.to_container(seedless, resolve=True))
+    config.pop("seed", None)
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_config_of(run: Path, provenance: dict) -> str | None:
+    """A run's row hash: :func:`row_hash` of the config it was composed with (``.hydra/config.yaml``, written
+    before anything was built), else the one its provenance recorded. The runs of commit 8993ad5 recorded it
+    after their components had resolved their config in place (fixed since), so it differed by seed."""
+    composed = run / ".hydra" / "config.yaml"
+    if composed.exists():
+        return row_hash(OmegaConf.load(composed))
+    return provenance.get("row_config")
 
 
 def provenance_of(run: Path) -> dict:
@@ -100,7 +125,8 @@ def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tupl
     aside) and no (seed, question) comes twice; else a RagLabError naming the row and the two runs."""
     configs: dict[str, Path] = {}
     for run in runs:
-        configs.setdefault(found[run].get("row_config"), run)
+        found[run]["row_config"] = row_config_of(run, found[run])
+        configs.setdefault(found[run]["row_config"], run)
     if len(configs) > 1:
         (h1, r1), (h2, r2) = list(configs.items())[:2]
         raise RagLabError(f"row {row}: runs of two configs pooled: {r1} (config {h1}) and {r2} (config {h2})")
