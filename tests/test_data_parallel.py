@@ -228,3 +228,36 @@ def test_the_heldout_curve_is_measured_by_every_process_and_gathered(tmp_path):
     one = heldout_row(5, questions, episodes, "squad")
     assert {k: v for k, v in row.items() if k != "time"} == {k: v for k, v in one.items() if k != "time"}
     assert row["heldout/acc"] == pytest.approx(4 / 7) and row["heldout/n"] == 7
+
+
+def _check_samples_in_each(out: str) -> None:
+    """In each of the debug launcher's processes: R3-RAG's sample check with rank 1 holding none."""
+    from accelerate import Accelerator
+
+    from rag_lab.errors import RagLabError
+    from rag_lab.policies.r3rag.ppo import check_samples
+    from rag_lab.train.parallel import rank
+
+    accelerator = Accelerator(cpu=True)
+    try:
+        check_samples(0 if rank() == 1 else 3, accelerator)
+        said = "trained on"
+    except RagLabError as e:
+        said = str(e)
+    Path(out, f"rank{rank()}.txt").write_text(said)
+
+
+def test_a_process_without_a_ppo_sample_stops_every_process_with_one_line(tmp_path):
+    """Rank 1 has no sample: both ranks raise the same line (rank 0 does not go on to wait for rank 1 in the
+    update's first collective, issue 66)."""
+    from functools import partial
+
+    from accelerate import debug_launcher
+
+    debug_launcher(partial(_check_samples_in_each, str(tmp_path)), num_processes=2)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert (
+        said[0]
+        == said[1]
+        == ("r3rag PPO: 1 of 2 process(es) have no sample (every prompt was too long for the model)")
+    )

@@ -210,14 +210,25 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum())
 
 
+def check_samples(n: int, accelerator) -> None:
+    """Every process has a sample to train on, or every process raises the same one line, together (a
+    collective): a process that raised alone would leave the others waiting in the next collective until
+    the process group's timeout."""
+    empty = global_sum(float(n == 0), accelerator)
+    if empty:
+        raise RagLabError(
+            f"r3rag PPO: {int(empty)} of {accelerator.num_processes} process(es) have no sample (every"
+            " prompt was too long for the model)"
+        )
+
+
 def update(model, optimizer, batch: dict, settings: PPOSettings, accelerator, seed: int) -> dict:
     """``ppo_epochs`` passes of ``minibatches`` optimizer steps over the local batch; the global means of the
     policy loss, KL, value loss, clip fraction and ratio over every pass."""
     from contextlib import nullcontext
 
     n = len(batch["value_at"])
-    if n == 0:
-        raise RagLabError("r3rag PPO: a process has no sample (every prompt was too long for the model)")
+    check_samples(n, accelerator)
     draw, world = torch.Generator().manual_seed(seed), accelerator.num_processes
     lengths = batch["attention_mask"].sum(1).cpu()
     sums: dict[str, float] = {}

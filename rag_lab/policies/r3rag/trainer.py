@@ -29,7 +29,16 @@ from rag_lab.env.engine import run_agent
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.policies.r3rag.losses import explained_variance
-from rag_lab.policies.r3rag.ppo import PPOSettings, advantages, build, global_stats, global_sum, score, update
+from rag_lab.policies.r3rag.ppo import (
+    PPOSettings,
+    advantages,
+    build,
+    check_samples,
+    global_stats,
+    global_sum,
+    score,
+    update,
+)
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.records import RecordWriter, atomic_write_text
 from rag_lab.train.heldout import HeldOut, measured
@@ -166,6 +175,7 @@ class PPOTrainer:
         episodes = [x.episode for x in live]
         rewards, parts = self.reward.score(episodes, examples, lambda i, j: live[i].state.turns[j].passages)
         samples = step_samples(env, r.protocol, live, traces, sampling)
+        check_samples(len(samples), acc)  # before this process builds its batch: all raise, or none
         pad = self.base.tokenizer.pad_token_id
         batch = {k: v.to(acc.device) for k, v in tensors(samples, pad).items()}
         batch = score(self.model, self.reference, batch, self.settings.micro_batch)
