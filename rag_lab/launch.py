@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from rag_lab.errors import RagLabError
 from rag_lab.ranges import PositiveInt
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,9 @@ OmegaConf.register_new_resolver(
 # conf/hydra/launcher/slurm.yaml)
 NODE_GB, PROCESS_GB, PROCESS_CPUS = 16, 40, 6
 OmegaConf.register_new_resolver(
-    "rag_lab_node_gb", lambda gpus: NODE_GB + PROCESS_GB * max(1, int(gpus)), replace=True
+    "rag_lab_node_gb", lambda n: NODE_GB + PROCESS_GB * max(1, int(n)), replace=True
 )
-OmegaConf.register_new_resolver(
-    "rag_lab_node_cpus", lambda gpus: max(8, PROCESS_CPUS * int(gpus)), replace=True
-)
+OmegaConf.register_new_resolver("rag_lab_node_cpus", lambda n: max(8, PROCESS_CPUS * int(n)), replace=True)
 
 # distributed types that need one CUDA device per process (accelerate.utils.DistributedType's names)
 NEEDS_GPUS = {"MULTI_GPU", "DEEPSPEED", "FSDP", "MEGATRON_LM"}
@@ -72,8 +71,6 @@ def local_gpu() -> str:
     rank on GPU 0 is the first out-of-memory a user of 8 GPUs meets. More processes on a node than it has
     GPUs is one line naming the setting."""
     import torch
-
-    from rag_lab.errors import RagLabError
 
     local = int(os.environ.get("LOCAL_RANK") or 0)
     gpus = torch.cuda.device_count()
@@ -225,8 +222,6 @@ class Launch:
     def follow(self, module: str, work: Path, timeout: float = 3600.0, poll: float = 2.0) -> None:
         """A node other than 0 of a Slurm job: wait for node 0's ``<work>/job.json`` of this Slurm job, then
         run this node's processes on it (their files under ``<work>/node<rank>/``)."""
-        from rag_lab.errors import RagLabError
-
         job_file, slurm_job, waited = work / "job.json", os.environ.get("SLURM_JOB_ID"), 0.0
         while not (job_file.exists() and json.loads(job_file.read_text()).get("slurm_job") == slurm_job):
             if waited >= timeout:
@@ -236,8 +231,6 @@ class Launch:
         self._run(module, job_file, work / f"node{self.node}")
 
     def _run(self, module: str, job_file: Path, work: Path) -> None:
-        from rag_lab.errors import RagLabError
-
         command = self.command(self.write_config(work / "accelerate.yaml"), module, str(job_file))
         log.info("launch: %s", " ".join(command))
         ranks = work / "ranks"
@@ -275,6 +268,30 @@ class Launch:
                     ("config.distributed_type", "DEEPSPEED needs deepspeed: pip install deepspeed")
                 )
         return problems
+
+    def check_model(self, model_dir: str | None) -> list[tuple[str, str]]:
+        """What FSDP needs of the model it shards: its transformer-based wrap (``launch=fsdp``) shards by the
+        model class's layer class (transformers' ``_no_split_modules``), unless the config names one. A model
+        class that names none is refused before anything trains; ``model_dir`` None (not known before the
+        run builds it) is not checked."""
+        fsdp = self.config.get("fsdp_config") or {}
+        wraps = self.config.get("distributed_type") == "FSDP" and fsdp.get("fsdp_auto_wrap_policy") == (
+            "TRANSFORMER_BASED_WRAP"
+        )
+        if not wraps or fsdp.get("fsdp_transformer_layer_cls_to_wrap") or model_dir is None:
+            return []
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        model_config = AutoConfig.from_pretrained(model_dir)
+        cls = AutoModelForCausalLM._model_mapping.get(type(model_config), None)
+        if cls is None or not getattr(cls, "_no_split_modules", None):
+            name = cls.__name__ if cls is not None else f"model type {model_config.model_type!r}"
+            why = (
+                f"FSDP's transformer-based wrap shards by the model's layer class, and {name} names none"
+                " (_no_split_modules): set launch.config.fsdp_config.fsdp_transformer_layer_cls_to_wrap"
+            )
+            return [("config.fsdp_config.fsdp_auto_wrap_policy", why)]
+        return []
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:

@@ -57,6 +57,31 @@ def check_launch(cfg: DictConfig) -> None:
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
     for key, why in [*launch.check_environment(), *(single_process_trainers(cfg) if trains else [])]:
         raise ConfigError(f"config 'launch.{key}': {why}")
+    for key, why in launch.check_model(model_dir(cfg)):
+        raise ConfigError(f"config 'launch.{key}': {why}")
+
+
+def model_dir(cfg: DictConfig) -> str | None:
+    """The folder of the run's generator model where it is known before the run builds anything: a local
+    folder or a hub name in the cache (``generator.model``), or the shipped tiny LM (``generator=tiny``
+    with no checkpoint named); None otherwise (a hub model not downloaded, a tiny LM still to train)."""
+    from rag_lab.errors import RagLabError
+    from rag_lab.retrievers.dense import resolve_model
+
+    if not cfg.generator:
+        return None
+    if is_tiny(cfg):
+        from rag_lab.train.tiny.generator import checkpoint_dir
+
+        folder = checkpoint_dir(cfg.generator.get("checkpoint"))
+        return str(folder) if (folder / "config.json").exists() else None
+    name = cfg.generator.get("model")
+    if not name:
+        return None
+    try:
+        return resolve_model(str(name))
+    except RagLabError:
+        return None
 
 
 def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, object]:

@@ -324,3 +324,20 @@ def test_a_rank_that_fails_is_named_with_its_error(tmp_path):
     (ranks / "rank1.json").write_text(json.dumps({"state": "failed", "error": "policy.k: 0 is below 1"}))
     assert fate(ranks, 2) == "rank 1 of 2 failed: policy.k: 0 is below 1"
     assert fate(tmp_path / "none", 2) == "the training job failed"
+
+
+def test_launch_fsdp_refuses_a_model_class_it_cannot_wrap_before_training(gpus, tmp_path, monkeypatch):
+    """FSDP's transformer-based wrap needs the model class's layer class: the shipped tiny LM (Qwen2) names
+    one; a class that names none is one line naming the setting, before the run dir is touched."""
+    from transformers import Qwen2ForCausalLM
+
+    from rag_lab.run import check_launch
+
+    fsdp = ["policy=dapo", "generator=tiny", "launch=fsdp", "policy.questions_per_step=8"]
+    check_launch(compose(fsdp))  # Qwen2ForCausalLM shards by Qwen2DecoderLayer
+    monkeypatch.setattr(Qwen2ForCausalLM, "_no_split_modules", None)
+    says = r"^config 'launch.config.fsdp_config.fsdp_auto_wrap_policy': FSDP's transformer-based wrap"
+    with pytest.raises(ConfigError, match=says + r" shards by the model's layer class, and Qwen2ForCausalLM"):
+        check_launch(compose(fsdp))
+    named = "+launch.config.fsdp_config.fsdp_transformer_layer_cls_to_wrap=Qwen2DecoderLayer"
+    check_launch(compose([*fsdp, named]))
