@@ -10,6 +10,7 @@ The judge split and seeds are ``make claims``' alone (:func:`check_judge`, calle
 anything). Hand-written: no library keeps a run's provenance in this form.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -54,8 +55,6 @@ def row_hash(cfg: DictConfig) -> str:
     resolved as 0 wherever it is used): equal for the seeds of one row of a sweep, and only for them. Of the
     config as composed: building a run's components resolves some of its nodes in place (the runner takes
     it before, :func:`rag_lab.run.run`)."""
-    import hashlib
-
     seedless = cfg.copy()
     with open_dict(seedless):
         seedless.seed = 0
@@ -91,6 +90,8 @@ def check_runs(runs: list[Path], split: str, seeds: tuple[int, ...]) -> dict[Pat
     """Each run's provenance, once every run is on the judge ``split`` and ``seeds``, from one commit and one
     code, and not resumed at another version; else a RagLabError naming the first run that is not."""
     found = {run: provenance_of(run) for run in runs}
+    for run, prov in found.items():  # the row hash of the config each run was composed with
+        prov["row_config"] = row_config_of(run, prov)
     for run, prov in found.items():
         if prov.get("split") != split:
             raise RagLabError(
@@ -125,8 +126,7 @@ def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tupl
     aside) and no (seed, question) comes twice; else a RagLabError naming the row and the two runs."""
     configs: dict[str, Path] = {}
     for run in runs:
-        found[run]["row_config"] = row_config_of(run, found[run])
-        configs.setdefault(found[run]["row_config"], run)
+        configs.setdefault(found[run].get("row_config"), run)
     if len(configs) > 1:
         (h1, r1), (h2, r2) = list(configs.items())[:2]
         raise RagLabError(f"row {row}: runs of two configs pooled: {r1} (config {h1}) and {r2} (config {h2})")
