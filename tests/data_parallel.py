@@ -132,6 +132,7 @@ def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     from rag_lab.policies.stoprag.qnet import QNetwork
     from rag_lab.retrievers.dense import resolve_model
     from rag_lab.train.parallel import main_first
+    from rag_lab.train.sharded import fsdp_modules
 
     encoder = work / "encoder"
     with main_first():  # the processes share the work dir: the main one writes the encoder
@@ -151,12 +152,13 @@ def qnet(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     policy = StopRAG(iterations=4, encoder=str(encoder), max_length=64, freeze_encoder=False, dropout=0.0,
                      batch_size=8, epochs=2, lr=1e-2, checkpoint_every=100, val_fraction=0.0)  # fmt: skip
     torch.manual_seed(1)  # the heads' initialisation, alike in every process
-    policy.qnet = QNetwork(**policy.qnet_args)
+    policy.qnet = net = QNetwork(**policy.qnet_args)
     before = {k: v.clone() for k, v in policy.qnet.state_dict().items()}
     policy.train(trajs, work)
     moved = sorted(k for k, v in policy.qnet.state_dict().items() if not torch.equal(v, before[k]))
-    # the main process logs the loss
-    return policy.qnet, {"loss": policy.stats.get("train", {}).get("loss"), "moved": len(moved)}
+    # the main process logs the loss; under FSDP the network trained sharded (in place), then unsharded
+    stats = {"loss": policy.stats.get("train", {}).get("loss"), "moved": len(moved)}
+    return policy.qnet, stats | {"sharded": fsdp_modules(net)}
 
 
 class ToyEncoder:
@@ -188,9 +190,12 @@ def ppo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
     from r3rag_data_parallel import update
     from transformers import AutoModelForCausalLM
 
+    from rag_lab.train.sharded import full_state_dict
+
     model, stats, _ = update(model_dir)
     initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
-    moved = sum(not torch.equal(model.state_dict()[f"lm.{k}"], v) for k, v in initial.items())
+    weights = full_state_dict(model)  # every process (a collective when sharded)
+    moved = sum(not torch.equal(weights[f"lm.{k}"], v) for k, v in initial.items())
     keys = ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio")
     return model, {k: stats[k] for k in keys} | {"moved": moved}
 
@@ -225,21 +230,37 @@ TRAINERS = {
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:
     """Each of the comma-separated ``trainers`` in turn; rank 0 saves ``<out>/<trainer>.pt``."""
     from rag_lab.train.parallel import barrier, is_main, processes
+    from rag_lab.train.sharded import fsdp_modules, full_state_dict, save_full
 
     for trainer in trainers.split(","):
         model, stats = TRAINERS[trainer](model_dir, Path(work) / f"{trainer}-p{processes()}")
+        sharded = fsdp_modules(model) or stats.pop("sharded", False)
+        weights = full_state_dict(model)  # every process: a collective when sharded
+        if sharded and hasattr(model, "save_pretrained"):  # the sharded save, loaded back by the test
+            save_full(model, Path(out) / f"{trainer}-saved", is_main=is_main())
         if is_main():
-            weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-            torch.save(
-                {"weights": weights, "stats": stats, "processes": processes()}, Path(out) / f"{trainer}.pt"
-            )
+            record = {"weights": weights, "stats": stats, "processes": processes(), "sharded": sharded}
+            torch.save(record, Path(out) / f"{trainer}.pt")
         barrier()
+
+
+# accelerate's FSDP2 variables, as `accelerate launch --config_file` sets them from conf/launch/fsdp_cpu.yaml
+FSDP_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+}
 
 
 def forked(*args: str) -> None:
     from accelerate.state import AcceleratorState
 
+    from rag_lab.train.parallel import state
+
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's one-process state came along
+    state()  # as rag_lab.launched does first: the process group (FSDP on CPU where the launch asks for it)
     main(*args)
 
 
@@ -249,8 +270,12 @@ if __name__ == "__main__":
     Path(args[3]).mkdir(parents=True, exist_ok=True)
     main(*args)
     if "--fork" in sys.argv:
+        import os
+
         from accelerate import debug_launcher
 
         n = int(sys.argv[sys.argv.index("--fork") + 1])
+        if "--fsdp" in sys.argv:  # what `accelerate launch` sets for launch=fsdp_cpu
+            os.environ.update(FSDP_ENV)
         Path(f"{args[3]}-{n}").mkdir(parents=True, exist_ok=True)
         debug_launcher(forked, (*args[:3], f"{args[3]}-{n}"), num_processes=n)

@@ -57,7 +57,7 @@ def update(model_dir: str):
     mine = list(range(rank, len(rewards), world))
     local = [replace(s, episode=mine.index(s.episode)) for s in samples if s.episode in mine]
     batch = tensors(local, pad_id=0)
-    batch = score(model, reference, batch, settings.micro_batch)
+    batch = score(model, reference, batch, settings.micro_batch, accelerator)
     batch = advantages(local, [rewards[i] for i in mine], batch, settings, accelerator)
     stats = ppo_update(model, optimizer, batch, settings, accelerator, seed=0)
     return accelerator.unwrap_model(model), stats, accelerator

@@ -261,3 +261,40 @@ def test_a_process_without_a_ppo_sample_stops_every_process_with_one_line(tmp_pa
         == said[1]
         == ("r3rag PPO: 1 of 2 process(es) have no sample (every prompt was too long for the model)")
     )
+
+
+SHARDED = ["sft", "grpo", "ppo", "qnet"]
+
+
+def test_two_fsdp_processes_make_the_updates_of_one_and_save_one_checkpoint(tiny_lm, tmp_path):
+    """FSDP2 on CPU (``launch=fsdp_cpu``: torch's ``fully_shard`` through accelerate, over gloo): SFT, GRPO,
+    PPO and the Q-network, each sharded over two processes, make the update of one unsharded process, and
+    the sharded save (the full weights gathered, written by the main process) loads back as one ordinary
+    checkpoint equal to the one process's weights."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("WORLD_SIZE", None)
+    trainers = os.environ.get("RAG_LAB_SHARDED", ",".join(SHARDED)).split(",")
+    command = [sys.executable, str(SCRIPT), ",".join(trainers), tiny_lm, str(tmp_path / "work"),
+               str(tmp_path / "out"), "--fork", "2", "--fsdp"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for trainer in trainers:
+        one, two = (torch.load(tmp_path / out / f"{trainer}.pt") for out in ("out", "out-2"))
+        assert (one["sharded"], two["sharded"]) == (False, True), trainer
+        assert one["weights"].keys() == two["weights"].keys(), trainer
+        for key, value in one["weights"].items():
+            atol = 1e-4 if key.endswith(("k_proj.bias", "key.bias")) else 1e-5
+            torch.testing.assert_close(
+                two["weights"][key], value, rtol=1e-4, atol=atol, msg=f"{trainer}: {key}"
+            )
+        assert two["stats"] == pytest.approx(one["stats"], rel=1e-4), trainer
+        if trainer in ("sft", "grpo"):  # causal LMs: the saved folder is an ordinary checkpoint
+            loaded = AutoModelForCausalLM.from_pretrained(
+                tmp_path / "out-2" / f"{trainer}-saved"
+            ).state_dict()
+        elif trainer == "qnet":  # the Q-network's last checkpoint, written from its gathered weights
+            loaded = torch.load(tmp_path / "work" / "qnet-p2" / "qnet_checkpoint.pt")["model"]
+        else:  # PPO's actor-critic: its full weights, gathered (its save is the LM's save_pretrained)
+            loaded = {}
+        for key, value in loaded.items():
+            torch.testing.assert_close(value, two["weights"][key], rtol=0, atol=0, msg=f"{trainer}: {key}")

@@ -31,7 +31,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
-from rag_lab.train.parallel import processes, share
+from rag_lab.train.parallel import accelerator_config, processes, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def sft_config(
         # said even where no GPU is: under `accelerate launch`, transformers takes CPU processes for
         # data-parallel ones only when told they are on the CPU
         use_cpu=not torch.cuda.is_available(),
+        accelerator_config=accelerator_config(),
     )
     return SFTConfig(**(shared | settings))
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from rag_lab.train.parallel import accelerator_config
+
 
 def trainer_args(
     work: Path, device: str, seed: int, save_steps: int, bf16: bool | None = None
@@ -38,4 +40,5 @@ def trainer_args(
         use_cpu=not cuda,
         report_to="none",
         gradient_checkpointing=False,
+        accelerator_config=accelerator_config(),
     )

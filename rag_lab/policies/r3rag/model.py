@@ -31,6 +31,8 @@ class ActorCritic(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         self.head.to(next(lm.parameters()).device)
+        # FSDP's transformer-based wrap shards each of the LM's layers on its own (accelerate reads this)
+        self._no_split_modules = list(getattr(lm, "_no_split_modules", None) or [])
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return list(self.lm.parameters())

@@ -54,6 +54,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
 from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs
+from rag_lab.train.sharded import sharded
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +118,35 @@ def build(lm, settings: PPOSettings, accelerator):
 
 
 @torch.no_grad()
-def score(model, reference, batch: dict, micro: int) -> dict:
+def score(model, reference, batch: dict, micro: int, accelerator=None) -> dict:
     """``old_logprobs`` / ``init_logprobs`` [N, L-1] and ``old_values`` [N], added to ``batch`` (forward
-    passes over rows of like length)."""
+    passes over rows of like length; as many in every process when the model is sharded: :func:`passes`)."""
     n, width = batch["input_ids"].shape
     device = batch["input_ids"].device
     lengths = batch["attention_mask"].sum(1)
     old, init = torch.zeros(n, width - 1, device=device), torch.zeros(n, width - 1, device=device)
     values = torch.zeros(n, device=device)
-    for rows in torch.argsort(lengths, descending=True, stable=True).split(micro):
+    groups = list(torch.argsort(lengths, descending=True, stable=True).split(micro))
+    for q in range(passes(len(groups), accelerator)):
+        rows = groups[min(q, len(groups) - 1)]  # past its own: a pass that keeps nothing (sharded models)
         w = int(lengths[rows].max())
         ids, attention = batch["input_ids"][rows, :w], batch["attention_mask"][rows, :w]
-        old[rows, : w - 1], values[rows] = model(ids, attention, batch["value_at"][rows])
-        init[rows, : w - 1] = token_logprobs(reference(input_ids=ids, attention_mask=attention).logits, ids)
+        logprobs, value = model(ids, attention, batch["value_at"][rows])
+        if q < len(groups):
+            old[rows, : w - 1], values[rows] = logprobs, value
+            logits = reference(input_ids=ids, attention_mask=attention).logits
+            init[rows, : w - 1] = token_logprobs(logits, ids)
     return batch | {"old_logprobs": old, "init_logprobs": init, "old_values": values}
+
+
+def passes(count: int, accelerator) -> int:
+    """How many forward passes this process makes where it has ``count`` of them: its own count, or under
+    FSDP / ZeRO-3 the largest over the processes (a sharded forward gathers each layer from every process,
+    so a process that stopped early would leave the others waiting; its extra passes weigh 0)."""
+    if accelerator is None or accelerator.num_processes == 1 or not sharded(accelerator):
+        return count
+    counts = accelerator.gather(torch.tensor([count], device=accelerator.device))
+    return int(counts.max())
 
 
 def global_stats(values: Sequence[float], accelerator) -> tuple[float, float]:
@@ -243,11 +259,12 @@ def update(model, optimizer, batch: dict, settings: PPOSettings, accelerator, se
             # forward passes over rows of like length (little padding); a process with no row in this
             # minibatch still takes part in the gradient sync, with weight 0
             rows = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
-            pieces, weight = (
-                (list(rows.split(settings.micro_batch)), 1.0) if len(rows) else ([order[:1]], 0.0)
-            )
+            pieces = list(rows.split(settings.micro_batch)) if len(rows) else []
+            weights = [1.0] * len(pieces)
+            extra = passes(max(len(pieces), 1), accelerator) - len(pieces)
+            pieces, weights = pieces + [pieces[0] if pieces else order[:1]] * extra, weights + [0.0] * extra
             optimizer.zero_grad()
-            for q, piece in enumerate(pieces):
+            for q, (piece, weight) in enumerate(zip(pieces, weights, strict=True)):
                 with accelerator.no_sync(model) if q < len(pieces) - 1 else nullcontext():
                     loss, part = minibatch_loss(model, batch, piece, totals, settings, world * weight)
                     accelerator.backward(loss)

@@ -178,7 +178,7 @@ class PPOTrainer:
         check_samples(len(samples), acc)  # before this process builds its batch: all raise, or none
         pad = self.base.tokenizer.pad_token_id
         batch = {k: v.to(acc.device) for k, v in tensors(samples, pad).items()}
-        batch = score(self.model, self.reference, batch, self.settings.micro_batch)
+        batch = score(self.model, self.reference, batch, self.settings.micro_batch, self.accelerator)
         batch = advantages(samples, rewards, batch, self.settings, acc)
         ev = self.explained_variance(batch)
         stats = update(self.model, self.optimizer, batch, self.settings, acc, iteration_seed(self.seed, it))

@@ -55,6 +55,8 @@ class QNetwork(nn.Module):
         self.stop_head = head(width, head_hidden or width, dropout)
         self.cont_head = head(width, head_hidden or width, dropout)
         self._cache: dict[tuple[str, tuple[str, ...]], torch.Tensor] = {}
+        # FSDP's transformer-based wrap shards each encoder layer on its own (accelerate reads this)
+        self._no_split_modules = list(getattr(self.encoder, "_no_split_modules", None) or [])
 
     def inputs(self, question: str, passages: list[str]) -> list[int]:
         """Token ids of ``[CLS] question [SEP] d_1 [SEP] … [SEP] d_t [SEP]`` within ``max_length``."""
@@ -104,8 +106,13 @@ class QNetwork(nn.Module):
         pooled = pooled.to(self.stop_head[1].weight.device)
         return self.stop_head(pooled)[:, 0], self.cont_head(pooled)[:, 0]
 
-    def forward(self, states: list[tuple[str, list[str]]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Q(s, STOP), Q(s, CONT)) per state."""
+    def forward(
+        self, states: list[tuple[str, list[str]]] | None = None, pooled: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q(s, STOP), Q(s, CONT)) per state, or per ``pooled`` encoding (the frozen encoder's, kept: a
+        call through ``forward``, so that a sharded network gathers its heads first)."""
+        if pooled is not None:
+            return self.heads(pooled)
         if self.frozen:
             return self.heads(self.encode(states))
         return self.heads(self.pool([self.inputs(q, ps) for q, ps in states]))

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from rag_lab.policies.stoprag.offline import Trajectory, states_of
@@ -39,6 +40,13 @@ from rag_lab.records import atomic_write_text
 from rag_lab.train.heldout import rng_kept
 from rag_lab.train.parallel import is_main, main_first, shared_backward
 from rag_lab.train.resume import load_torch
+from rag_lab.train.sharded import (
+    fsdp_launch,
+    full_state_dict,
+    load_optimizer_state,
+    optimizer_state,
+    sharded_backward,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +158,11 @@ class QLoss:
         qnet, features, inputs = self.qnet, self.features, self.inputs
         if ts is not None:
             if features is not None:
-                return qnet.heads(features[rows, [t - 1 for t in ts]])
+                return qnet(pooled=features[rows, [t - 1 for t in ts]])
             return qnet([inputs[r][t - 1] for r, t in zip(rows, ts, strict=True)])
         with torch.no_grad():
             if features is not None:
-                s, c = qnet.heads(features[rows].flatten(0, 1))
+                s, c = qnet(pooled=features[rows].flatten(0, 1))
             else:
                 s, c = qnet([st for r in rows for st in inputs[r]])
         pad = torch.zeros(len(rows), 1, device=self.device)
@@ -163,7 +171,10 @@ class QLoss:
             torch.cat([pad, c.view(len(rows), -1), pad], 1),
         )
 
-    def __call__(self, batch: list[tuple[int, int]], lam: float) -> torch.Tensor:
+    def __call__(
+        self, batch: list[tuple[int, int]], lam: float, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The summed loss of ``batch``'s states (each weighted by ``weights`` where given)."""
         rows, qnet = [i for i, _ in batch], self.qnet
         ts = torch.tensor([t for _, t in batch], device=self.device)
         bootstrap = self.target in ("qlambda", "q0")
@@ -176,8 +187,11 @@ class QLoss:
             stop, cont = self.q_values(rows, ts=ts.tolist())
         stop, cont = stop.float(), cont.float()
         if self.target == "binary":
-            return torch.nn.functional.binary_cross_entropy_with_logits(stop - cont, cont_t, reduction="sum")
-        return ((stop_t - stop) ** 2 + (cont_t - cont) ** 2).sum()
+            reduction = "sum" if weights is None else "none"
+            losses = F.binary_cross_entropy_with_logits(stop - cont, cont_t, reduction=reduction)
+        else:
+            losses = (stop_t - stop) ** 2 + (cont_t - cont) ** 2
+        return losses.sum() if weights is None else (losses * weights.to(losses.device)).sum()
 
     def validation(self, lam: float, batch_size: int) -> float:
         """The mean loss per validation state, in eval mode, in training-size chunks (a fine-tuned
@@ -219,17 +233,10 @@ def train_qnet(
     total = max(1, math.ceil(policy.epochs * per_epoch))
     sched = get_cosine_schedule_with_warmup(opt, int(policy.warmup_ratio * total), total)
     ckpt, step, rows = out_dir / "qnet_checkpoint.pt", 0, []
-    saved = load_torch(ckpt, map_location=policy.device)
-    if saved is not None and "rng" not in saved:
-        log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
-        saved = None
+    saved = resumed(policy, ckpt, opt, sched, total)
     if saved is not None:
-        qnet.load_state_dict(saved["model"], strict=False)
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
         step, rows, rng = saved["step"], saved["log"], saved["rng"]
-        policy.stats.update(saved["stats"])
-        log.info("Stop-RAG: resuming Q-network training at step %d / %d", step, total)
+    accelerator, plain = shard(qnet, opt, saved), None
     if rng is not None:
         set_rng_state(rng)
     main, log_path = is_main(), out_dir / "train_log.jsonl"
@@ -243,36 +250,97 @@ def train_qnet(
             break
         lam = lambda_at(step / total, *policy.lambdas)
         opt.zero_grad()
-        loss = shared_backward(batch, lambda states, lam=lam: loss_of(states, lam), params)
+        if accelerator is None:
+            loss = shared_backward(batch, lambda states, lam=lam: loss_of(states, lam), params)
+        else:  # FSDP: the sharded network's step (every process makes the same passes)
+            loss = sharded_backward(batch, lambda states, w, lam=lam: loss_of(states, lam, w), accelerator)
         opt.step()
         sched.step()
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item() / policy.batch_size:.4f}", lam=f"{lam:.2f}")
-        if (step % policy.checkpoint_every == 0 or step == total) and main:
-            lr = sched.get_last_lr()[0]
-            row = {"step": step, "loss": loss.item() / len(batch), "lambda": lam, "lr": lr}
-            if loss_of.val_pairs:
-                row["val_loss"] = loss_of.validation(lam, policy.batch_size)
-            if heldout is not None:
-                with rng_kept():
-                    row |= heldout(qnet)
-                training_mode(qnet)
-            rows.append(row)
-            policy.stats["train"] = row
-            save_atomic(
-                {
-                    "model": policy.trainable_state(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "step": step,
-                    "rng": rng_state(),
-                    "log": plain_data(rows),
-                    "stats": plain_data(policy.stats),
-                },
-                ckpt,
-            )
+        if step % policy.checkpoint_every and step != total:
+            continue
+        if accelerator is None:
+            net, optimizer = qnet, {"optimizer": opt.state_dict()} if main else None
+        else:  # every process: the full weights into an unsharded copy, the optimizer's full state
+            net = plain = unsharded(policy, qnet, plain)
+            optimizer = {"sharded_optimizer": optimizer_state(qnet, opt)}
+        if main:  # the main process measures, logs and saves (the unsharded copy's weights)
+            row = {
+                "step": step,
+                "loss": loss.item() / len(batch),
+                "lambda": lam,
+                "lr": sched.get_last_lr()[0],
+            }
+            policy.qnet = loss_of.qnet = net
+            rows.append(checkpoint_row(policy, loss_of, row, heldout))
+            state = {"model": policy.trainable_state(), **optimizer, "scheduler": sched.state_dict()}
+            state |= {"step": step, "rng": rng_state(), "log": plain_data(rows)}
+            save_atomic(state | {"stats": plain_data(policy.stats)}, ckpt)
             with log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(rows[-1]) + "\n")
+            policy.qnet = loss_of.qnet = qnet
     bar.close()
-    qnet.eval()
+    if accelerator is not None:  # what follows (τ, saving, evaluating) runs on the trained unsharded copy
+        policy.qnet = unsharded(policy, qnet, plain)
+    policy.qnet.eval()
+
+
+def resumed(policy, ckpt: Path, opt, sched, total: int) -> dict | None:
+    """The checkpoint at ``ckpt`` loaded into ``policy.qnet``, ``opt`` (an unsharded run's) and ``sched``
+    (None: none, or one that predates exact resumption)."""
+    saved = load_torch(ckpt, map_location=policy.device)
+    if saved is not None and "rng" not in saved:
+        log.warning("Stop-RAG: %s predates exact resumption; training from step 0", ckpt)
+        return None
+    if saved is not None:
+        policy.qnet.load_state_dict(saved["model"], strict=False)
+        opt.load_state_dict(saved["optimizer"]) if "optimizer" in saved else None
+        sched.load_state_dict(saved["scheduler"])
+        policy.stats.update(saved["stats"])
+        log.info("Stop-RAG: resuming Q-network training at step %d / %d", saved["step"], total)
+    return saved
+
+
+def checkpoint_row(policy, loss_of: QLoss, row: dict, heldout) -> dict:
+    """A checkpoint's log row: ``row`` with the validation loss and the held-out curve's values, measured
+    on ``policy.qnet`` (kept in training mode), also kept as ``policy.stats["train"]``."""
+    if loss_of.val_pairs:
+        row["val_loss"] = loss_of.validation(row["lambda"], policy.batch_size)
+    if heldout is not None:
+        with rng_kept():
+            row |= heldout(policy.qnet)
+        training_mode(policy.qnet)
+    policy.stats["train"] = row
+    return row
+
+
+def shard(qnet: QNetwork, opt, saved: dict | None):
+    """Under an FSDP launch: the Q-network and its optimizer prepared by accelerate (FSDP2 shards them in
+    place), a sharded checkpoint's optimizer state loaded into them; the accelerator (None: not sharded)."""
+    if not fsdp_launch():
+        return None
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    plugin, named = accelerator.state.fsdp_plugin, accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap
+    plugin.transformer_cls_names_to_wrap = qnet._no_split_modules  # its encoder's layers, not an LM's
+    try:
+        accelerator.prepare(qnet, opt)
+    finally:
+        plugin.transformer_cls_names_to_wrap = named
+    if saved is not None and "sharded_optimizer" in saved:
+        load_optimizer_state(qnet, opt, saved["sharded_optimizer"])
+    return accelerator
+
+
+def unsharded(policy, qnet, plain: QNetwork | None) -> QNetwork:
+    """An unsharded Q-network (``plain``, or a new one) holding the sharded ``qnet``'s full weights: every
+    process calls it (a collective)."""
+    weights = full_state_dict(qnet)
+    if plain is None:
+        plain = QNetwork(**policy.qnet_args).to(policy.device)
+    plain.load_state_dict(weights)
+    training_mode(plain)
+    return plain
