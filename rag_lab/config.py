@@ -1,16 +1,15 @@
 """Config schemas: the top-level run schema, and component schemas derived from signatures.
 
-Every config group is a registry: a yaml's ``_target_`` names the class (or function) that
-builds it. The *schema* of such a node is the target's own signature: :func:`schema_for`
-turns ``__init__``'s parameters, type hints and defaults into an OmegaConf structured config,
-so there is exactly one place where a component's options are declared. :func:`validate`
-merges every ``_target_`` node of a composed config into its schema right after Hydra
-composes it and before anything is built, so an unknown key (a yaml typo, a ``+group.key=``
-that the component does not take) or a wrong type fails at once with OmegaConf's message,
-naming the key and the full path. Overrides of keys that exist nowhere already fail inside
-Hydra's compose (configs are in struct mode); keys *appended* with ``+key=value`` bypass that
-check, so :func:`validate` also merges the whole config into its top-level schema
-(:class:`RunConfig`, :class:`ScoreConfig`, :class:`ServeConfig`).
+Every config group is a registry: a yaml's ``_target_`` names the class (or function) that builds it. The
+*schema* of such a node is the target's own signature: :func:`schema_for` turns ``__init__``'s parameters,
+type hints and defaults into an OmegaConf structured config, so there is exactly one place where a
+component's options are declared. :func:`validate` merges every ``_target_`` node of a composed config into
+its schema right after Hydra composes it and before anything is built, so an unknown key (a yaml typo, a
+``+group.key=`` that the component does not take) or a wrong type fails at once with OmegaConf's message,
+naming the key and the full path. Overrides of keys that exist nowhere already fail inside Hydra's compose
+(configs are in struct mode); keys *appended* with ``+key=value`` bypass that check, so :func:`validate`
+also merges the whole config into its top-level schema (:class:`RunConfig`, :class:`ScoreConfig`,
+:class:`ServeConfig`).
 
 A setting's valid range rides in the same place, once, beside its declaration: a parameter typed
 ``Annotated[float, Range(0, 1)]`` (or one of the aliases: :data:`PositiveInt`, :data:`Positive`,
@@ -138,9 +137,11 @@ class ServeSettings:
 
 @dataclass
 class ServeConfig:
-    """The schema of ``conf/serve.yaml`` (``python -m rag_lab.serve``)."""
+    """The schema of ``conf/serve.yaml`` (``python -m rag_lab.serve``): a generator, a retriever, or both."""
 
-    generator: Any = MISSING
+    generator: Any = None
+    data: Any = None
+    retriever: Any = None
     serve: ServeSettings = field(default_factory=ServeSettings)
     seed: int = 0
     cache_dir: str = "~/.cache/rag_lab"

@@ -1,9 +1,11 @@
 """Shared fixtures: every cache, wandb and matplotlib file goes under pytest's tmp dirs; offline."""
 
+import contextlib
 import logging
 import os
 import runpy
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -146,6 +148,31 @@ def tiny_lm(tmp_path_factory):
     return str(path)
 
 
+# The tiny BERT encoder's vocabulary (tests/test_dense.py, tests/test_remote_retriever.py).
+ENCODER_WORDS = (
+    "ada paris london city born film directed by was is a the in of query passage : who where".split()
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory):
+    """A tiny BERT encoder (16 wide, 2 layers, 64 positions) and its word-level vocabulary."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *ENCODER_WORDS]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"))
+    # transformers 5 ignores `vocab_file=`: every word became [UNK] and the encoder saw only lengths
+    assert tokenizer.tokenize("Ada was born in London.") == ["ada", "was", "born", "in", "london", "[UNK]"]
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+    BertModel(config).save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
@@ -247,3 +274,29 @@ def pytest_collection_modifyitems(config, items):
         return next((i for i, first in enumerate(LONG_FIRST) if name.startswith(first)), len(LONG_FIRST))
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@contextlib.contextmanager
+def retrieval_server(retriever, config: dict, corpus):
+    """``rag_lab.serve``'s retrieval server over a built ``retriever`` (its resolved ``config``) on a free
+    port, served from a thread of this process: (its URL, the server)."""
+    from rag_lab.serve import Server, retriever_info
+
+    server = Server(None, "", "127.0.0.1", 0, retriever, retriever_info(config, corpus))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 with nobody listening."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

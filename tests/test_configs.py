@@ -15,7 +15,7 @@ from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.sweeps import soften
 
-from conftest import cli
+from conftest import cli, retrieval_server
 
 # config group -> package (conf/<group>/ <-> rag_lab/<package>/)
 PACKAGES = {
@@ -57,6 +57,8 @@ def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
     # generator=tiny (tiny_t19, tiny_t48) on the tests' world would train a toy LM (test_tiny_world trains
     # them); on the default world it loads its shipped checkpoint, the option's own path
     shipped = group == "generator" and option in ("tiny", "tiny_t19", "tiny_t48")
+    if (group, option) == ("retriever", "remote"):  # a retrieval server's client: compose checks it answers
+        return check_remote(tiny_cfg)
     cfg = compose([f"{group}={option}"]) if shipped else tiny_cfg(f"{group}={option}")
     node = cfg[group]
     assert "_target_" in node
@@ -80,6 +82,15 @@ def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
         assert re.search(r"not available offline|needs vLLM: `make install-gpu`", str(e.__cause__))
         return
     assert obj is not None
+
+
+def check_remote(tiny_cfg) -> None:
+    """retriever=remote against a server of what its ``serves`` names (BM25) over CORPUS."""
+    bm25 = tiny_cfg().retriever
+    config = OmegaConf.to_container(bm25, resolve=True)
+    with retrieval_server(build(bm25, corpus=CORPUS), config, CORPUS) as (url, _):
+        obj = instantiate(tiny_cfg("retriever=remote", f"retriever.url={url}").retriever, corpus=CORPUS)
+        assert obj.search(["Where was Ada Lovelace born?"], 1)[0][0].id == "p1"
 
 
 @pytest.mark.parametrize("name", group_options("experiment"))

@@ -10,27 +10,9 @@ from rag_lab.data.base import Corpus
 from rag_lab.errors import RagLabError
 from rag_lab.retrievers.dense import DenseRetriever, Encoder
 
-WORDS = "ada paris london city born film directed by was is a the in of query passage : who where".split()
 TEXTS = ["Ada was born in London.", "Paris is a city.", "The film was directed by Ada.", "London is a city.",
          "Who directed the film?", "Where was Ada born?", "Paris", "a city in London"]  # fmt: skip
 CORPUS = Corpus([f"p{i}" for i in range(len(TEXTS))], [f"T{i}" for i in range(len(TEXTS))], TEXTS)
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder_dir(tmp_path_factory):
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"))
-    # transformers 5 ignores `vocab_file=`: every word became [UNK] and the encoder saw only lengths
-    assert tokenizer.tokenize("Ada was born in London.") == ["ada", "was", "born", "in", "london", "[UNK]"]
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=5 + len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)  # fmt: skip
-    BertModel(config).save_pretrained(path)
-    return str(path)
 
 
 def hidden_and_mask(encoder: Encoder, texts: list[str]):
@@ -155,3 +137,23 @@ def test_exclusion_and_empty_queries(tiny_encoder_dir):
 def test_missing_model_is_one_line():
     with pytest.raises(RagLabError, match=r"model 'org/not-a-model' is not available offline: download it"):
         Encoder("org/not-a-model")
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8", "IVF2,Flat"])
+def test_a_cached_faiss_index_is_memory_mapped_and_searches_the_same(tiny_encoder_dir, tmp_path, factory):
+    """Built, written and mapped; then read from the cache, mapped again: the file's pages are in the
+    process's maps (not a private copy), and both search exactly as the index built in memory does."""
+    encoder = Encoder(tiny_encoder_dir)
+    kwargs = {"index_factory": factory, "nprobe": 2, "show_progress": False}
+    queries = ["the film was directed by ada", "paris city", "who was born in london"]
+    in_memory = DenseRetriever(CORPUS, encoder, **kwargs).search(queries, 5)
+
+    def mappings() -> int:
+        (file,) = (tmp_path / "index" / "faiss").glob("*/index.faiss")
+        return open("/proc/self/maps").read().count(str(file.resolve()))
+
+    built = DenseRetriever(CORPUS, encoder, cache_dir=str(tmp_path), **kwargs)
+    after_build = mappings()
+    loaded = DenseRetriever(CORPUS, encoder, cache_dir=str(tmp_path), **kwargs)
+    assert after_build >= 1 and mappings() > after_build
+    assert built.search(queries, 5) == loaded.search(queries, 5) == in_memory

@@ -9,7 +9,9 @@ memory-mapped), so a 21M-passage corpus never has to sit in RAM as floats, and a
 resumes at the next missing shard. The faiss index comes from an ``index_factory`` string
 (``Flat``, ``HNSW32``, ``IVF4096,PQ64``, ...) with inner-product metric, trained on a sample when
 the type needs training, moved to every GPU when faiss sees one, and cached with the embeddings
-under the corpus fingerprint and the encoder config.
+under the corpus fingerprint and the encoder config. A cached index is read memory-mapped
+(:func:`read_mapped`), so the processes of a node share one copy in the page cache; one retrieval
+server a node (``retriever=remote``, rag_lab/retrievers/remote.py) shares the encoder too.
 """
 
 import math
@@ -194,9 +196,7 @@ class DenseRetriever:
     def _build_index(self, shards: list[np.ndarray], factory: str, train_size: int, path: Path | None):
         import faiss
 
-        if path is not None and (path / "index.faiss").exists():
-            index = faiss.read_index(str(path / "index.faiss"))
-        else:
+        if path is None or not (path / "index.faiss").exists():
             index = faiss.index_factory(self.encoder.dim, factory, faiss.METRIC_INNER_PRODUCT)
             if not index.is_trained:
                 rng = np.random.default_rng(0)
@@ -208,6 +208,8 @@ class DenseRetriever:
             if path is not None:
                 with cache.publish(path) as tmp:
                     faiss.write_index(index, str(tmp / "index.faiss"))
+        if path is not None:  # the builder too keeps the mapped file, not a private copy
+            index = read_mapped(path / "index.faiss")
         if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
             index = faiss.index_cpu_to_all_gpus(index)
         return index
@@ -239,6 +241,16 @@ class DenseRetriever:
             ]
             out[i] = filter_hits(hits, exclude[i], k)
         return out
+
+
+def read_mapped(file: Path):
+    """A faiss index memory-mapped, not read into memory: its pages live in the page cache, shared by every
+    process of the machine that maps the file. ``IO_FLAG_MMAP_IFC`` maps the codes of every index type
+    ``index_factory`` makes here (Flat, HNSW, PQ, IVF); ``IO_FLAG_MMAP`` maps IVF lists only (faiss 1.15:
+    a Flat index read with it still grows the process by the file's size)."""
+    import faiss
+
+    return faiss.read_index(str(file), faiss.IO_FLAG_MMAP_IFC)
 
 
 def _gather(shards: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
