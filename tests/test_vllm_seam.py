@@ -1,16 +1,13 @@
-"""``generator=vllm`` in training, on CPU: vLLM replaced by a fake engine (a transformers copy of the model),
-TRL's ``GRPOTrainer`` with ``use_vllm`` as DAPO runs it. Before each step's rollouts TRL loads the trained
-weights into the engine, DAPO's multi-turn rollouts generate through that engine, and the run then
-evaluates on an engine of the trained weights."""
+"""``generator=vllm`` in training, on CPU: vLLM replaced by a fake engine (a transformers copy of the model,
+tests/vllm_fakes.py) under TRL's real vLLM backend, TRL's ``GRPOTrainer`` with ``use_vllm`` as DAPO runs
+it. Before each step's rollouts TRL loads the trained weights into the engine, DAPO's multi-turn rollouts
+generate through that engine, and the run then evaluates on an engine of the trained weights."""
 
-import copy
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
 import test_dapo
-import torch
+import vllm_fakes
 
 from rag_lab.env import Env
 from rag_lab.generators.base import Sampling
@@ -20,74 +17,27 @@ from rag_lab.train.heldout import HeldOut
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 base, policy = test_dapo.base, test_dapo.policy  # the toy LM fixture, DAPO of toy sizes
-
-
-class FakeLLM:
-    """vLLM's ``LLM.generate`` on its own copy of the weights; every call checks them against the
-    trainer's live model (``source``): the rollouts must see the weights the trainer has now."""
-
-    def __init__(self, generator: HFGenerator, source):
-        self.source, self.weights = source, copy.deepcopy(source).eval()
-        self.generator, self.calls = generator.with_model(self.weights), []
-
-    def generate(self, texts, params, use_tqdm=False):
-        live = dict(self.source.named_parameters())
-        synced = all(torch.equal(p, live[n]) for n, p in self.weights.named_parameters())
-        self.calls.append((synced, float(sum(p.detach().sum() for p in self.weights.parameters()))))
-        sampling = Sampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                            max_new_tokens=params.max_tokens, stop=tuple(params.stop or ()),
-                            include_stop=params.include_stop_str_in_output, seed=params.seed)  # fmt: skip
-        outputs = self.generator.generate(texts, sampling)
-        return [
-            SimpleNamespace(
-                outputs=[
-                    SimpleNamespace(
-                        text=c.text,
-                        token_ids=c.token_ids,
-                        finish_reason=c.finish_reason,
-                        logprobs=[
-                            {t: SimpleNamespace(logprob=lp)}
-                            for t, lp in zip(c.token_ids, c.logprobs, strict=True)
-                        ],
-                    )
-                    for c in completions
-                ]
-            )  # fmt: skip
-            for completions in outputs
-        ]
-
-
-class FakeVLLMGeneration:
-    """TRL's ``VLLMGeneration`` (colocate): ``sync_weights`` loads the live model's weights into the fake."""
-
-    generator: HFGenerator = None
-    made: list = []
-
-    def __init__(self, model, accelerator, processing_class, mode="colocate", **settings):
-        self.mode, self.model, self.syncs = mode, model, 0
-        self.llm = FakeLLM(self.generator, model)
-        FakeVLLMGeneration.made.append(self)
-
-    def sync_weights(self):
-        self.syncs += 1
-        self.llm.weights.load_state_dict(self.model.state_dict())
+FakeLLM, trl_vllm = vllm_fakes.FakeLLM, vllm_fakes.trl_vllm  # the fake engine and its fixture
 
 
 @pytest.fixture
-def fake_vllm(monkeypatch, base):
-    """vLLM's module (its ``SamplingParams``) and TRL's vLLM backend replaced by the fakes above."""
-    import trl.trainer.grpo_trainer as grpo  # before the fake: TRL looks for vLLM when it is imported
+def fake_vllm(monkeypatch, base, trl_vllm):
+    """TRL's real vLLM backend on the fake engine (tests/vllm_fakes.py), which compares its weights at every
+    generate with the model TRL's backend was built around (the trainer's live one)."""
+    import trl.trainer.grpo_trainer as grpo
+    from trl.generation.vllm_generation import VLLMGeneration
 
-    module = types.ModuleType("vllm")
-    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-    module.LLM = lambda **kw: pytest.fail("the run's own engine is built only to evaluate")
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(grpo, "VLLMGeneration", FakeVLLMGeneration)
-    FakeVLLMGeneration.generator = HFGenerator(
-        str(base), str(base / "tokenizer"), chat=False, dtype="float32"
-    )
-    FakeVLLMGeneration.made = []
-    return module
+    class Watched(VLLMGeneration):
+        made: list = []
+
+        def __init__(self, model, *args, **kwargs):
+            super().__init__(model, *args, **kwargs)
+            trl_vllm.live = lambda: model
+            Watched.made.append(self)
+
+    monkeypatch.setattr(grpo, "VLLMGeneration", Watched)
+    trl_vllm.tokenizer_dir = str(base / "tokenizer")
+    return Watched
 
 
 def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_update(
@@ -100,11 +50,12 @@ def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_updat
     dapo = policy(steps=3, heldout=HeldOut(n=0), cache_dir=str(tmp_path / "cache"))
     dapo.fit(env, data.split("train"), [], tmp_path / "out")
 
-    [engine] = FakeVLLMGeneration.made
-    assert engine.mode == "colocate" and engine.syncs == 3  # once before each step's rollouts
-    synced, sums = zip(*engine.llm.calls, strict=True)
+    [backend], [engine] = fake_vllm.made, FakeLLM.made
+    assert backend.mode == "colocate" and engine.syncs == 3  # TRL's sync, once before each step's rollouts
+    assert engine.settings["gpu_memory_utilization"] == 0.2
+    synced, versions = zip(*engine.calls, strict=True)
     assert all(synced)  # every rollout generated on the weights the trainer had then
-    assert len(set(sums)) >= 3  # and those moved from step to step: the updates reached the engine
+    assert set(versions) == {1, 2, 3}  # each step's rollouts after that step's sync
     # evaluation: an engine of the trained weights, with the run's tokenizer and settings, built when used
     assert isinstance(dapo.generator, VLLMGenerator) and dapo.generator._llm is None
     assert dapo.generator.model_name.startswith(str(tmp_path / "cache"))
@@ -148,14 +99,18 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
     assert [c.finish_reason for c in out] == ["stop", "stop"]
 
 
-def test_a_method_whose_rollouts_do_not_go_through_vllm_is_one_line(fake_vllm):
+def test_the_methods_train_a_transformers_copy_and_any_other_is_one_line(fake_vllm, base):
     from rag_lab.errors import RagLabError
     from rag_lab.generators.vllm import VLLMGenerator
     from rag_lab.train.start import starting_model
 
-    for method in ("evorag", "r3rag"):
-        with pytest.raises(RagLabError, match=f"generator=vllm: policy={method} rolls out with transformers"):
-            starting_model(method, VLLMGenerator("m"), None, None, "unused", trains=True)
+    run = VLLMGenerator(str(base), tokenizer=str(base / "tokenizer"), chat=False)
+    for method in ("dapo", "evorag", "r3rag"):  # their rollouts go through vLLM (tests/test_vllm_methods.py)
+        start, copy = starting_model(method, run, None, None, "unused", trains=True)
+        assert isinstance(copy, HFGenerator) and start == base
+        assert starting_model(method, run, None, None, "unused", trains=False)[1] is run  # nothing trains
+    with pytest.raises(RagLabError, match="generator=vllm: policy=other rolls out with transformers"):
+        starting_model("other", run, None, None, "unused", trains=True)
 
 
 def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(data, base, monkeypatch):

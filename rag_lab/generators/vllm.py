@@ -13,8 +13,16 @@ weights into its engine after every update, before the next rollouts, and DAPO's
 generate through that engine (:func:`engine_generator`). After training, the run evaluates with an engine
 on the trained weights (:meth:`VLLMGenerator.with_weights`).
 
+The methods whose loops TRL does not run (R3-RAG's PPO, EVO-RAG's cycles) build TRL's vLLM backend themselves
+(:mod:`rag_lab.train.vllm_engine`, from :meth:`VLLMGenerator.backend_settings`) and generate through the same
+adapters (:func:`engine_generator`): each process on its own colocated engine (tensor parallelism 1) or its
+own client of the server; with tensor parallelism > 1 in colocate mode the ranks of a TP group share one
+engine and generate through TRL's ``VLLMGeneration.generate``, which gathers the group's prompts
+(:class:`TPGroupGenerator`).
+
 Hand-written: only the adapters between our ``generate(prompts, sampling)`` and vLLM's engine / TRL's
-vLLM client. The weight sync (DeepSpeed / FSDP gathering included) is TRL's. The tests run the seam with a
+vLLM client / TRL's ``VLLMGeneration.generate``. The weight sync (DeepSpeed / FSDP gathering, LoRA merge
+included) and the TP group's prompt gather are TRL's. The tests run the seam with a
 fake engine in place of vLLM's (no GPU there); the real engine is checked on a GPU machine.
 """
 
@@ -131,6 +139,19 @@ class VLLMGenerator:
             settings["vllm_server_base_url"] = self.server_url
         return settings
 
+    def backend_settings(self) -> dict[str, Any]:
+        """The same settings as keys of TRL's ``VLLMGeneration`` (a loop TRL does not run builds it:
+        :mod:`rag_lab.train.vllm_engine`)."""
+        s = self.trl_settings()
+        return {
+            "mode": s["vllm_mode"],
+            "server_base_url": s.get("vllm_server_base_url"),
+            "tensor_parallel_size": s["vllm_tensor_parallel_size"],
+            "gpu_memory_utilization": s["vllm_gpu_memory_utilization"],
+            "max_model_length": s["vllm_max_model_length"],
+            "logprobs": 0,
+        }
+
     def params(self, sampling: Sampling):
         return self._vllm.SamplingParams(
             n=sampling.n,
@@ -180,17 +201,93 @@ class VLLMServerGenerator:
                 "seed": self.seed if sampling.seed is None else sampling.seed,
             },
         )
-        completions = []
-        for ids, logprobs in zip(out["completion_ids"], out["logprobs"], strict=True):
-            text, end = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), sampling)
-            finish = "length" if end is None and len(ids) >= sampling.max_new_tokens else "stop"
-            completions.append(Completion(text, list(ids), finish, [step[0] for step in logprobs]))
-        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(texts))]
+        return from_ids(self.tokenizer, out["completion_ids"], out["logprobs"], sampling)
+
+
+def from_ids(tokenizer, completion_ids, logprobs, sampling: Sampling) -> list[list[Completion]]:
+    """vLLM's completions as token ids (``sampling.n`` a prompt, in order) and their top-1 log-probs, as
+    ours: the text decoded and cut at the first stop string, as the engine cuts it."""
+    completions = []
+    for ids, lps in zip(completion_ids, logprobs, strict=True):
+        text, end = cut_at_stop(tokenizer.decode(ids, skip_special_tokens=True), sampling)
+        finish = "length" if end is None and len(ids) >= sampling.max_new_tokens else "stop"
+        completions.append(Completion(text, list(ids), finish, [step[0] for step in lps]))
+    n = sampling.n
+    return [completions[i * n : (i + 1) * n] for i in range(len(completions) // n)]
+
+
+class TPGroupGenerator:
+    """``generate`` through TRL's ``VLLMGeneration.generate`` (colocate mode, tensor parallelism > 1): the
+    ranks of a TP group share one engine, and TRL gathers the prompts of every rank of the group
+    (``all_gather_object`` over its ``tp_group``), generates them all and slices each rank's share back.
+
+    TRL's slicing wants the same number of prompts on every rank of the group, in every call, and one
+    sampling; a multi-turn rollout has none of these (episodes end at different turns, PPO's temperatures
+    change between plays). Each call is therefore a round (hand-written): the ranks first exchange their
+    prompt counts and samplings, then for each sampling any rank asked for (in one order) all call TRL's
+    generate, their prompts repeated ``n`` times (TRL's colocate contract) and padded to the group's largest
+    count with a one-token prompt. A rank whose rollouts ended calls :meth:`finish`
+    (:func:`rollouts_done`), which takes part in the rounds until no rank asks.
+    Deviation: ``sampling.seed`` is not sent (one seed on ``n`` copies of a prompt would give ``n`` equal
+    samples); the engine's own seed, TRL's per TP group, draws."""
+
+    def __init__(self, backend, tokenizer, chat: bool, seed: int = 0):
+        self.backend, self.tokenizer, self.chat, self.seed = backend, tokenizer, chat, seed
+
+    @property
+    def context_length(self) -> int:
+        return self.backend.llm.llm_engine.model_config.max_model_len
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        texts = [render(self.tokenizer, p) for p in prompts]
+        return self.round([self.tokenizer(t, add_special_tokens=False).input_ids for t in texts], sampling)
+
+    def finish(self) -> None:
+        """Take part in the group's rounds, with no prompt, until no rank of the group asks."""
+        while self.round([], None) is not None:
+            pass
+
+    def round(self, ids: list[list[int]], sampling: Sampling | None) -> list[list[Completion]] | None:
+        """One round of the group (class docstring); this rank's completions, None when no rank asked."""
+        import torch.distributed as dist
+
+        asks: list = [None] * self.backend.tensor_parallel_size
+        dist.all_gather_object(asks, (len(ids), sampling), group=self.backend.tp_group)
+        wanted = sorted({s for count, s in asks if count}, key=repr)
+        if not wanted:
+            return None
+        mine: list[list[Completion]] = []
+        for s in wanted:
+            width = max(count * s.n for count, t in asks if t == s)
+            rows = [x for x in ids for _ in range(s.n)] if s == sampling else []
+            pad = [self.tokenizer.eos_token_id or 0]
+            b = self.backend
+            b.temperature, b.max_completion_length = s.temperature, s.max_new_tokens
+            b.top_p = s.top_p if s.temperature > 0 else 1.0
+            b.generation_kwargs = {"stop": list(s.stop) or None, "include_stop_str_in_output": s.include_stop}
+            _, out, logprobs, _ = b.generate(rows + [pad] * (width - len(rows)), None, num_generations=1)
+            if s == sampling:
+                mine = from_ids(self.tokenizer, out[: len(rows)], logprobs[: len(rows)], s)
+        return mine
+
+
+def rollouts_done(generator) -> None:
+    """A rank's rollouts of a phase ended: with a TP group's engine (:class:`TPGroupGenerator`), it takes
+    part in the others' rounds until theirs end too; with any other generator, nothing to do."""
+    finish = getattr(generator, "finish", None)
+    if finish is not None:
+        finish()
 
 
 def engine_generator(vllm_generation, tokenizer, chat: bool, seed: int = 0):
-    """Our generator on TRL's vLLM backend (``trainer.vllm_generation``): its colocated engine, or its
-    server's client (a process without one opens its own, for generation only)."""
+    """Our generator on TRL's vLLM backend (``trainer.vllm_generation``, or
+    :mod:`rag_lab.train.vllm_engine`'s): its colocated engine (with tensor parallelism > 1, through TRL's
+    generate, which gathers the TP group's prompts: :class:`TPGroupGenerator`), or its server's client (a
+    process without one opens its own, for generation only)."""
+    if vllm_generation.mode == "colocate" and vllm_generation.tensor_parallel_size > 1:
+        return TPGroupGenerator(vllm_generation, tokenizer, chat, seed)
     if vllm_generation.mode == "colocate":
         return VLLMGenerator.around(vllm_generation.llm, tokenizer, chat, seed)
     client = getattr(vllm_generation, "vllm_client", None)

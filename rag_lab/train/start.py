@@ -1,6 +1,7 @@
-"""The model a trained method starts from (DAPO, EVO-RAG): the cold start of the run's model when one is
-configured (:func:`rag_lab.train.cold_start.cold_start`, cached), else a copy of the run's model (the run's
-generator is shared, so a method never trains it in place), or the run's model itself when nothing trains.
+"""The model a trained method starts from (DAPO, EVO-RAG, R3-RAG): the cold start of the run's model when one
+is configured (:func:`rag_lab.train.cold_start.cold_start`, cached), else a copy of the run's model (the run's
+generator is shared, so a method never trains it in place), or the run's generator itself when nothing trains.
+With ``generator=vllm`` the copy is a transformers one of the same weights (the rollouts go through vLLM).
 """
 
 from pathlib import Path
@@ -9,17 +10,23 @@ from rag_lab.errors import RagLabError
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.resume import load_model
 
+# the methods whose training rollouts generate on vLLM with generator=vllm: DAPO through TRL's GRPOTrainer,
+# R3-RAG's PPO and EVO-RAG's cycles through rag_lab.train.vllm_engine (APEX's planner: its own GRPOTrainer)
+ROLLS_OUT_ON_VLLM = ("dapo", "evorag", "r3rag")
+
 
 def starting_model(
     method: str, base, config: ColdStartConfig | None, train_data, cache_dir: str, trains: bool
 ) -> tuple[Path, object]:
     """(the starting weights' directory, a generator acting with them) for ``policy=<method>`` from the run's
     generator ``base``; ``trains``: whether any stage will train (else the run's model is used as it is)."""
+    run = base
     if hasattr(base, "trainable"):  # generator=vllm: train a transformers copy (rag_lab.generators.vllm)
-        if method != "dapo":
+        if method not in ROLLS_OUT_ON_VLLM:
             raise RagLabError(
-                f"generator=vllm: policy={method} rolls out with transformers while it trains (only DAPO's "
-                "rollouts go through TRL's vLLM engine); set generator=hf generator.model=<the same model>"
+                f"generator=vllm: policy={method} rolls out with transformers while it trains (the rollouts "
+                f"of {', '.join(ROLLS_OUT_ON_VLLM)} go through vLLM); set generator=hf generator.model=<the "
+                "same model>"
             )
         base = base.trainable()
     if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
@@ -39,4 +46,4 @@ def starting_model(
         return start, load(start, batch_size=base.batch_size, seed=base.seed)
     if trains:
         return start, base.with_model(load_model(start, like=base.model))
-    return start, base
+    return start, run

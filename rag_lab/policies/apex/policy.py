@@ -124,6 +124,9 @@ class APEX(APEXPipeline):
         if not self.executor_sft and not (self.plan and self.plan_rl):  # nothing to train: the prompting loop
             self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
             return
+        run_generator = base
+        if hasattr(base, "trainable"):  # generator=vllm: train transformers copies, plans roll out on vLLM
+            base = base.trainable()
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)
@@ -144,14 +147,15 @@ class APEX(APEXPipeline):
             )
             self.generator = load(path, batch_size=base.batch_size, seed=base.seed)
             if self.plan and self.planner is None:
-                self.planner = base  # the untrained planner plans, not the executor's fine-tuned model
+                self.planner = run_generator  # the untrained planner plans, not the fine-tuned executor
             offset = rows[-1]["step"] if rows else 0
             losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
         if self.plan and self.plan_rl:
             # after the executor: the held-out curve runs the whole pipeline, with the executor it will have
             heldout = self._heldout(env.with_generator(self.generator or base), dev)
-            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir), heldout)
+            vllm = run_generator.trl_settings() if hasattr(run_generator, "trl_settings") else None
+            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir), heldout, vllm)
             offset = rows[-1]["step"] if rows else 0
             rows += [
                 r | {"stage": "planner", "step": offset + r["step"]}
@@ -189,9 +193,11 @@ class APEX(APEXPipeline):
         train: list[QAExample],
         out_dir: Path,
         heldout: HeldOutCallback | None = None,
+        vllm: dict | None = None,
     ) -> Path:
         """The planner trained by GRPO with SEPR (cached, see the module docstring), loaded as
-        ``self.planner``; its dir."""
+        ``self.planner``; its dir. ``vllm``: TRL's vLLM keys (``generator=vllm``: the plans roll out on TRL's
+        engine, which TRL syncs after every update)."""
         questions = [q for q in train if q.decomposition]
         plans = [[q.id, q.question, [[s.question, s.answer] for s in q.decomposition]] for q in questions]
         root = self.cache_dir if self.run_config is not None else out_dir
@@ -206,6 +212,8 @@ class APEX(APEXPipeline):
             reward,
             # the held-out curve in its log: its questions and the executor it ran with
             [self.heldout, [q.id for q in heldout.questions], heldout.executor] if heldout else None,
+            # rolled out on vLLM: other samples, another planner (keys without vLLM unchanged)
+            *([vllm] if vllm else []),
             code="rag_lab.policies.apex.planner",
         )
         settings = {"chat": base.chat, "batch_size": base.batch_size, "seed": base.seed, "dtype": "float32"}
@@ -214,7 +222,7 @@ class APEX(APEXPipeline):
         else:
             fresh = HFGenerator(str(model_dir), str(tokenizer_dir), **settings)
             train_planner(
-                fresh, questions, self.sepr, self.planner_config, out, chat=base.chat, heldout=heldout
+                fresh, questions, self.sepr, self.planner_config, out, base.chat, heldout=heldout, vllm=vllm
             )
         self.planner = HFGenerator(str(readable(out, "APEX planner")), str(tokenizer_dir), **settings)
         return out

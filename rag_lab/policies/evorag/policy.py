@@ -50,6 +50,7 @@ from rag_lab.train.curves import write_curves
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model
 from rag_lab.train.start import starting_model
+from rag_lab.train.vllm_engine import rollout_engine
 
 log = logging.getLogger(__name__)
 PANELS = [
@@ -153,6 +154,7 @@ class EvoRAG(Agent):
         self.scorer = getattr(train_data, "scorer", "squad")
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
+        self.engine = None
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
@@ -188,6 +190,10 @@ class EvoRAG(Agent):
         self.generator = generator
         if not self.stages:
             return
+        # generator=vllm: the rollouts' engine (rag_lab.train.vllm_engine; None: transformers)
+        self.engine = rollout_engine(
+            base, generator.model, generator.tokenizer, generator.chat, main_only=True
+        )
         self.reward.scorer = self.scorer
         if self.reward.refusal == "verifier" and self.reward.verifier.generator is None:
             self.reward.verifier.generator = base
@@ -204,7 +210,9 @@ class EvoRAG(Agent):
             generator = generator.with_model(load_model(best, like=generator.model))
             previous, start_em = best.name, json.loads((best / "cycle.json").read_text())["dev_em"]
             chosen[str(stage)] = {"cycles": [str(p) for p in result.cycles], "chosen": str(best)}
-        self.generator = generator
+        self.generator, self.engine = generator, None
+        if hasattr(base, "with_weights"):  # generator=vllm: evaluate on an engine of the chosen weights
+            self.generator = base.with_weights(str(best))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")

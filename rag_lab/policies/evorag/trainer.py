@@ -11,6 +11,10 @@ checkpoints and ``log.jsonl``, ``merged/`` (the policy after it), ``dev.json``. 
 ``pairs.jsonl`` (the DPO rows) and ``cycle.json``. Every random draw is seeded by (seed, stage, cycle), so
 a killed cycle resumes to the numbers of an uninterrupted one.
 
+With ``generator=vllm`` the rollouts, branches and dev EM generate on TRL's vLLM backend
+(:func:`acting`; :mod:`rag_lab.train.vllm_engine`), into which TRL's sync loads the weights they act with
+(after each DPO epoch, its LoRA adapter merged) before they generate.
+
 Hand-written: the alternation of the two epochs and the cycle's bookkeeping; DPO is TRL's.
 """
 
@@ -32,6 +36,7 @@ from rag_lab.env.fit import fitted_prompts
 from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
+from rag_lab.generators.vllm import rollouts_done
 from rag_lab.policies.evorag import branches as br
 from rag_lab.policies.evorag.dpo import dpo_epoch, dpo_rows
 from rag_lab.policies.evorag.preference import Branch, PreferenceModel
@@ -48,6 +53,16 @@ def cycle_seed(seed: int, stage: int, cycle: int) -> int:
     return seed * 1_000_003 + stage * 10_007 + cycle * 101
 
 
+def acting(policy, generator):
+    """What generates with ``generator``'s weights: the policy's vLLM engine (``policy.engine``, with
+    ``generator=vllm``) once TRL's sync loaded them into it, else ``generator`` itself."""
+    engine = getattr(policy, "engine", None)
+    if engine is None:
+        return generator
+    engine.sync(generator.model)
+    return engine.generator
+
+
 def write_json(path: Path, value) -> None:
     atomic_write_text(path, json.dumps(value, indent=1, default=str) + "\n")
 
@@ -62,7 +77,7 @@ def collect(
     seed = cycle_seed(policy.seed, stage, cycle)
     drawn = random.Random(f"{policy.seed}/{stage}/{cycle}")
     picked = drawn.sample(questions, min(policy.questions_per_cycle, len(questions)))
-    acting = env.with_generator(generator)
+    acting_env = env.with_generator(acting(policy, generator))
     sampling = Sampling(
         temperature=policy.train_temperature,
         top_p=policy.top_p,
@@ -71,9 +86,13 @@ def collect(
     )
     counts = dict.fromkeys(COUNTS, 0)
     t_max, protocol = policy.max_turns, policy.protocol
-    base, traces = br.base_rollouts(protocol, acting, picked, sampling, policy.k, t_max, policy.exclude_seen)
+    base, traces = br.base_rollouts(
+        protocol, acting_env, picked, sampling, policy.k, t_max, policy.exclude_seen
+    )
     nodes = br.visited(base, traces, policy.states_per_episode, f"{seed}/nodes", counts)
-    br.roll(protocol, acting, nodes, policy.actions, br.replace_seed(sampling, 7), policy.k, t_max, counts)
+    siblings = br.replace_seed(sampling, 7)
+    br.roll(protocol, acting_env, nodes, policy.actions, siblings, policy.k, t_max, counts)
+    rollouts_done(acting_env.generator)
     verifier = policy.reward.verifier if policy.reward.refusal == "verifier" else None
     asked = (verifier.calls, verifier.unparsed) if verifier is not None else None
     values, sibling_values = br.returns(policy.reward, base, nodes, picked, stage, t_max)
@@ -179,10 +198,11 @@ def dev_em(policy, generator, env: Env, dev: list[QAExample], work: Path | None 
     path = work / "dev.json" if work is not None else None
     if path is not None and path.exists():
         return json.loads(path.read_text())["dev_em"]
+    acting_env = env.with_generator(acting(policy, generator))
     episodes = run_agent(
-        policy.protocol, dev, env.with_generator(generator), policy.sampling, policy.k, policy.max_turns,
-        policy.exclude_seen,
+        policy.protocol, dev, acting_env, policy.sampling, policy.k, policy.max_turns, policy.exclude_seen,
     )  # fmt: skip
+    rollouts_done(acting_env.generator)
     em = SCORERS[policy.scorer]["em"]
     value = sum(em(e.prediction, list(q.answers)) for e, q in zip(episodes, dev, strict=True)) / max(
         len(dev), 1

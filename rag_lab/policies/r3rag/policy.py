@@ -143,6 +143,8 @@ class R3RAG(Agent):
         if not (done / "ppo.json").exists():  # in every process of a launched run (rag_lab.launched)
             self.train(generator, env, questions, done, dev)
         self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
+        if hasattr(env.generator, "with_weights"):  # generator=vllm: evaluation on an engine of the weights
+            self.generator = env.generator.with_weights(str(done))
         rows = list(read_records(done / "log.jsonl"))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

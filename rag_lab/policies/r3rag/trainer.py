@@ -8,6 +8,11 @@ iteration: the reward parts (process, outcome, per-step), the rollouts' accuracy
 the policy and value losses, the KL to the initial model, the clip fraction, the mean ratio, the explained
 variance of the critic's values before the update, samples and tokens, the judges' unparsed replies.
 
+With ``generator=vllm`` the rollouts (and the held-out curve's episodes) generate on TRL's vLLM backend
+(:mod:`rag_lab.train.vllm_engine`: colocated engine or ``trl vllm-serve`` server), into which TRL's sync
+loads the policy's weights after every update, before the next rollouts (and after a resume); the log-probs
+PPO trains on are still the policy's own (:func:`.ppo.score`).
+
 Hand-written: TRL 1.16 has no PPO trainer (:mod:`.ppo`).
 """
 
@@ -28,6 +33,7 @@ from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
+from rag_lab.generators.vllm import rollouts_done
 from rag_lab.policies.r3rag.losses import explained_variance
 from rag_lab.policies.r3rag.ppo import (
     PPOSettings,
@@ -43,6 +49,7 @@ from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples,
 from rag_lab.records import RecordWriter, atomic_write_text
 from rag_lab.train.heldout import HeldOut, measured
 from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
+from rag_lab.train.vllm_engine import rollout_engine
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +99,19 @@ class PPOTrainer:
         self.env = CutDocuments(env.corpus, env.retriever, None, max_chars=settings.max_doc_chars)
         self.heldout, self.heldout_questions = heldout or HeldOut(n=0), list(heldout_questions)
         self.scorer = scorer
+        # generator=vllm: the engine the rollouts generate on (None: the policy itself, with transformers)
+        self.engine = rollout_engine(
+            env.generator, self.unwrapped.lm, generator.tokenizer, generator.chat, self.accelerator
+        )
 
     @property
     def unwrapped(self):
         return self.accelerator.unwrap_model(self.model)
 
     def acting(self) -> Env:
-        """The environment acting with the policy as it is now."""
+        """The environment acting with the policy as it is now (on its synced vLLM engine, if any)."""
+        if self.engine is not None:
+            return self.env.with_generator(self.engine.generator)
         return self.env.with_generator(self.base.with_model(self.unwrapped.lm))
 
     def run(self, work: Path, out: Path) -> list[dict]:
@@ -145,7 +158,10 @@ class PPOTrainer:
         sampling = Sampling(max_new_tokens=r.max_new_tokens)
 
         def rollout(share: list) -> list:
-            return run_agent(r.protocol, share, self.acting(), sampling, r.k, r.max_turns)
+            env = self.acting()
+            episodes = run_agent(r.protocol, share, env, sampling, r.k, r.max_turns)
+            rollouts_done(env.generator)
+            return episodes
 
         row = measured(step, self.heldout_questions, rollout, self.scorer)
         model.train(was_training)
@@ -172,6 +188,7 @@ class PPOTrainer:
         examples, live, traces = rollouts(
             r.protocol, env, mine, self.settings.temperatures, sampling, r.k, r.max_turns
         )
+        rollouts_done(env.generator)
         episodes = [x.episode for x in live]
         rewards, parts = self.reward.score(episodes, examples, lambda i, j: live[i].state.turns[j].passages)
         samples = step_samples(env, r.protocol, live, traces, sampling)
@@ -182,6 +199,8 @@ class PPOTrainer:
         batch = advantages(samples, rewards, batch, self.settings, acc)
         ev = self.explained_variance(batch)
         stats = update(self.model, self.optimizer, batch, self.settings, acc, iteration_seed(self.seed, it))
+        if self.engine is not None:  # the updated weights into the engine, before the next rollouts
+            self.engine.sync()
         n = len(episodes)
         row = {"step": it + 1, "stage": "ppo", "time": time.time()}
         # each process's parts are means over its own episodes (equal shares): their mean is the batch's
@@ -237,6 +256,8 @@ class PPOTrainer:
                 f"r3rag PPO: {path / 'optimizer.pt'} is damaged: remove {path} to resume from the one before"
             )
         self.optimizer.load_state_dict(optimizer)
+        if self.engine is not None:
+            self.engine.sync()
         state = json.loads((path / "state.json").read_text())
         log.info("r3rag PPO: resuming from %s (iteration %d)", path, state["iteration"])
         return state["iteration"], state["rows"]

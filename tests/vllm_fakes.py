@@ -1,0 +1,102 @@
+"""A fake of vLLM's ``LLM`` under TRL's real vLLM backend (``trl.generation.vllm_generation.VLLMGeneration``),
+so that the seams of the methods run TRL's own engine set-up, weight sync (PEFT merge, parameter names) and,
+with tensor parallelism > 1, its prompt gather, on CPU. The fake generates with a transformers copy of the
+weights it was built from, loaded as vLLM loads them (``load_weights`` by vLLM's names: an unknown name
+fails), and records, at every ``generate``, whether its weights equal the live model's (``FakeLLM.live``)."""
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rag_lab.generators.base import Sampling
+from rag_lab.generators.hf import HFGenerator
+
+
+class FakeLLM:
+    made: list = []
+    tokenizer_dir: str = ""
+    # the model the rollouts should see (a callable returning it), compared at every generate
+    live = None
+
+    def __init__(self, model: str, **settings):
+        self.settings, self.syncs, self.calls, self.prompts = settings, 0, [], []
+        self.generator = HFGenerator(model, self.tokenizer_dir, chat=False, dtype="float32", batch_size=64)
+        self.model = self.generator.model.eval()
+        runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
+            model_config=SimpleNamespace(max_model_len=self.generator.context_length),
+        )
+        FakeLLM.made.append(self)
+
+    def load_weights(self, pairs) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in pairs:
+            assert name in params, f"vLLM has no parameter {name}"
+            params[name].data.copy_(tensor)
+
+    def reset_prefix_cache(self) -> None:  # TRL calls it at the end of every sync
+        self.syncs += 1
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def synced(self) -> bool:
+        live = dict(FakeLLM.live().named_parameters()) if FakeLLM.live else {}
+        return bool(live) and all(torch.equal(p, live[n]) for n, p in self.model.named_parameters())
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=False):
+        decode = self.generator.tokenizer.decode
+        texts = [p if isinstance(p, str) else decode(p["prompt_token_ids"]) for p in prompts]
+        self.prompts.append(texts)
+        self.calls.append((self.synced(), self.syncs))
+        sp = sampling_params
+        sampling = Sampling(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens,
+                            stop=tuple(getattr(sp, "stop", None) or ()),
+                            include_stop=getattr(sp, "include_stop_str_in_output", False),
+                            seed=getattr(sp, "seed", None))  # fmt: skip
+        outputs = self.generator.generate(texts, sampling)
+        tokenizer = self.generator.tokenizer
+        return [
+            SimpleNamespace(
+                prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids,
+                outputs=[
+                    SimpleNamespace(
+                        text=c.text,
+                        token_ids=c.token_ids,
+                        finish_reason=c.finish_reason,
+                        logprobs=[
+                            {t: SimpleNamespace(logprob=lp, rank=1)}
+                            for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+                        ],
+                    )  # fmt: skip
+                    for c in completions
+                ],
+            )
+            for text, completions in zip(texts, outputs, strict=True)
+        ]
+
+
+@pytest.fixture
+def trl_vllm(monkeypatch):
+    """TRL's vLLM backend on :class:`FakeLLM` (vLLM's module faked: its ``SamplingParams``); the process
+    environment TRL's colocate set-up writes (RANK, MASTER_PORT, ...) restored afterwards."""
+    import trl.generation.vllm_generation as backend
+    import trl.trainer.grpo_trainer  # noqa: F401  (imported before the fake vLLM module: TRL probes vLLM)
+
+    module = types.ModuleType("vllm")
+    module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    module.LLM = lambda **kw: pytest.fail("the run's own engine is built only to evaluate")
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(backend, "is_vllm_available", lambda: True)
+    monkeypatch.setattr(backend, "LLM", FakeLLM, raising=False)
+    monkeypatch.setattr(backend, "SamplingParams", module.SamplingParams, raising=False)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # recorded as it was, restored at the end
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(FakeLLM, "made", [])
+    monkeypatch.setattr(FakeLLM, "live", None)
+    return FakeLLM
