@@ -79,3 +79,42 @@ def test_two_processes_branch_train_and_measure_what_one_does(data, tmp_path):
     ha, hb = (torch.load(x / "heads.pt") for x in (one, two))
     for key, value in ha.items():
         torch.testing.assert_close(hb[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_evorag_run_resumes_to_the_uninterrupted_numbers(tiny_cfg, tmp_path):
+    """``launch=cpu2`` EVO-RAG (one Discovery cycle: 4 questions in rollout batches of 2, DPO for 3 epochs)
+    killed with SIGKILL once its DPO epoch has a checkpoint, then run again: it resumes from that checkpoint
+    (the branches and the preference model's epoch from the cycle's work dir), and its trained weights, pairs
+    and metrics are those of a run never killed."""
+    from test_data_parallel import LAUNCHED
+
+    from rag_lab.run import run
+
+    from conftest import TINY_DATA, TINY_LM, killed_run
+
+    overrides = [*TINY_DATA, *TINY_LM, "generator.reading_steps=4", "generator.tune_steps=2",
+                 "+experiment=evorag_synth", "hydra.mode=RUN", *LAUNCHED["evorag_synth"], "policy.stages=[1]",
+                 "policy.questions_per_cycle=4", "policy.rollout_batch=2", "policy.dpo_epochs=3",
+                 "policy.save_steps=1", "eval.limit=2", "launch=cpu2",
+                 "+launch.config.main_process_port=29539"]  # fmt: skip
+    straight = run(tiny_cfg(*overrides, f"cache_dir={tmp_path / 'a'}"), tmp_path / "run_a")
+    killed = [*overrides, f"cache_dir={tmp_path / 'b'}"]
+    killed_run(
+        killed, tmp_path / "run_b", "evorag/*.work/dpo/checkpoint-1/trainer_state.json", tmp_path / "b"
+    )
+    assert not list((tmp_path / "b").glob("evorag/*/cycle.json")), "killed after the cycle ended"
+    resumed = run(tiny_cfg(*killed), tmp_path / "run_b")
+
+    [a], [b] = (sorted((tmp_path / x).glob("evorag/*/cycle.json")) for x in "ab")
+    wa, wb = (load_file(x.parent / "model.safetensors") for x in (a, b))
+    for name, value in wa.items():
+        torch.testing.assert_close(wb[name], value, rtol=0, atol=1e-6, msg=name)
+    assert (a.parent / "pairs.jsonl").read_text() == (b.parent / "pairs.jsonl").read_text()
+    assert resumed["all"] == straight["all"]
+    cards = [json.loads(x.read_text()) for x in (a, b)]
+    steps = cards[0]["dpo/steps"]
+    assert cards[0]["dpo/resumed_from"] is None and 1 <= cards[1]["dpo/resumed_from"] < steps, cards
+    assert cards[1]["processes"] == 2 and cards[1]["dev_em"] == cards[0]["dev_em"]
+    rows = [json.loads(line) for line in (b.parent / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, steps + 1))  # each step logged once
