@@ -228,6 +228,35 @@ def kill_at(step: int = 1):
     return KillAt()
 
 
+def killed_run(overrides: list[str], run_dir: Path, ready: str, root: Path, timeout_s: float = 600) -> None:
+    """``python -m rag_lab.run *overrides`` in a process of its own, killed with SIGKILL (it, ``accelerate
+    launch`` and every training process under it: torch's elastic agent starts each in a session of its own,
+    so the runner's process group does not hold them) once a file matching the glob ``ready`` exists under
+    ``root``; returns when all are gone."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent),
+                        "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    command = [sys.executable, "-m", "rag_lab.run", *overrides, f"hydra.run.dir={run_dir}"]
+    job = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + timeout_s
+    while not list(root.glob(ready)):
+        assert job.poll() is None and time.time() < deadline, f"the run ended before {ready} was written"
+        time.sleep(0.2)
+    tree = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    for process in tree:
+        process.send_signal(signal.SIGKILL)
+    job.wait()
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), alive
+    time.sleep(2.0)  # the killed rendezvous' port
+
+
 def cli(module: str, args: list[str], capfd, monkeypatch, cwd=None, env=None) -> tuple[int, str]:
     """Run ``python -m rag_lab.<module> *args`` in this process, ``__main__`` and all, in ``cwd`` with
     ``env``'s variables set; (exit status, stdout + stderr). The same command as a subprocess, less the

@@ -116,15 +116,12 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg,
     checkpoint, then run again: it resumes from that checkpoint, and its trained weights and metrics are
     those of a run never killed."""
     import json
-    import signal
-    import time
 
-    import psutil
     from safetensors.torch import load_file
 
     from rag_lab.run import run
 
-    from conftest import TINY_DATA, TINY_LM
+    from conftest import TINY_DATA, TINY_LM, killed_run
 
     overrides = [*TINY_DATA, *TINY_LM, "generator.reading_steps=4", "generator.tune_steps=2",
                  "+experiment=dapo_synth", "hydra.mode=RUN", *LAUNCHED["dapo_synth"], "policy.stages=[1]",
@@ -133,25 +130,9 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg,
     straight = run(tiny_cfg(*overrides, f"cache_dir={tmp_path / 'a'}"), tmp_path / "run_a")
 
     killed = [*overrides, f"cache_dir={tmp_path / 'b'}"]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "rag_lab.run", *killed, f"hydra.run.dir={tmp_path / 'run_b'}"]
-    job = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.time() + 600
-    while not list((tmp_path / "b").glob("dapo/*.work/checkpoint-1/trainer_state.json")):
-        assert job.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.2)
-    # the runner, `accelerate launch` and both training processes (torch's elastic agent starts each of them
-    # in a session of its own: the runner's process group does not hold them); a checkpoint cut short is
-    # skipped on resume (resume.py)
-    tree = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
-    for process in tree:
-        process.send_signal(signal.SIGKILL)
-    job.wait()
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), alive
+    # a checkpoint cut short is skipped on resume (resume.py)
+    killed_run(killed, tmp_path / "run_b", "dapo/*.work/checkpoint-1/trainer_state.json", tmp_path / "b")
     assert not list((tmp_path / "b").glob("dapo/*/model.safetensors")), "killed after the stage ended"
-    time.sleep(2.0)  # the killed rendezvous' port
     resumed = run(tiny_cfg(*killed), tmp_path / "run_b")
 
     [a], [b] = (sorted((tmp_path / x).glob("dapo/*/model.safetensors")) for x in "ab")

@@ -3,6 +3,7 @@ preferred action's log-ratio; a killed cycle resumes to the uninterrupted number
 rule; the cycle's cache key; bad settings; the paper setup."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -245,3 +246,31 @@ def test_the_paper_setup_is_its_section_3_4():
         False,
         False,
     )
+
+
+def test_each_processs_share_of_the_rollouts_is_its_slice_of_one_processs(data, base, tmp_path, monkeypatch):
+    """The sharding rule in one process (the fast side of test_evorag_data_parallel): 5 questions in rollout
+    batches of 2; process r of 2 plays batches r, r+2, ... (a fresh process: nothing played before), and its
+    nodes are the whole cycle's nodes of those batches; its share of dev EM adds up to the whole's."""
+    from rag_lab.policies.evorag import trainer
+    from rag_lab.train.parallel import my_units
+
+    env, evorag = env_for(data, base), policy(questions_per_cycle=5, rollout_batch=2, dev_limit=3)
+    train, dev = data.split("train")[:20], data.split("dev")[:3]
+    dev = [replace(q, answers=("",)) if i % 2 else q for i, q in enumerate(dev)]  # EM 1/3 untrained
+    shares, ems = [], []
+    for rank in (1, 0):
+        monkeypatch.setattr(trainer, "spread", lambda n, work, r=rank: work(my_units(n, 2, r)))
+        shares.append(
+            trainer.collect(evorag, env.generator, env, 1, 1, train, tmp_path / f"r{rank}")["nodes"]
+        )
+        ems.append(trainer.dev_em(evorag, env.generator, env, dev))
+    monkeypatch.undo()
+    whole = trainer.collect(evorag, env.generator, env, 1, 1, train, tmp_path / "whole")
+    mine = {1: [2, 3], 0: [0, 1, 4]}  # the episodes of batches 1, and 0 and 2
+    for rank, nodes in zip((1, 0), shares, strict=True):
+        expected = [
+            n | {"index": mine[rank].index(n["index"])} for n in whole["nodes"] if n["index"] in mine[rank]
+        ]
+        assert nodes == expected and nodes
+    assert sum(ems) == trainer.dev_em(evorag, env.generator, env, dev) == pytest.approx(1 / 3)

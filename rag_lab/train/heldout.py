@@ -76,25 +76,18 @@ def measured(
     scorer: str,
 ) -> dict | None:
     """The curve's row at ``step``, measured by every process: process i rolls out ``questions[i::N]``, and
-    each question's score goes to the main process (accelerate's ``gather_object``), which gets the row of
-    all of them; the others get None. Every process
-    calls it at the same steps, one with no share too (it joins the gather). Under ``launch`` no rank waits
-    in a collective while the main process measures alone (issue 66)."""
-    from rag_lab.train.parallel import is_main, processes, rank
+    the episodes are gathered (:func:`rag_lab.train.parallel.spread`); the main process gets the row of all of
+    them, the others None. Every process calls it at the same steps, one with no share too (it joins the
+    gather). Under ``launch`` no rank waits in a collective while the main process measures alone (issue
+    66)."""
+    from rag_lab.train.parallel import is_main, spread
 
-    world, me = processes(), rank()
-    mine = list(range(me, len(questions), world))
-    with rng_kept():
-        episodes = rollout([questions[i] for i in mine]) if mine else []
-    shares = list(zip(mine, episodes, strict=True))
-    if world > 1:
-        from accelerate.utils import gather_object
+    def roll(units: list[int]) -> list[Episode]:
+        with rng_kept():
+            return rollout([questions[i] for i in units])
 
-        shares = gather_object(shares)
-    if not is_main():
-        return None
-    shares.sort(key=lambda share: share[0])
-    return heldout_row(step, [questions[i] for i, _ in shares], [ep for _, ep in shares], scorer)
+    episodes = spread(len(questions), roll)
+    return heldout_row(step, questions, episodes, scorer) if is_main() else None
 
 
 @contextlib.contextmanager

@@ -9,13 +9,17 @@ A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started 
   update of one (TRL's trainers take the share as ``per_device_train_batch_size``; accelerate's
   data loader hands process i every N-th share of the global batch);
 - the result published by the main process alone (:func:`publish_on_main`), the others waiting for it;
+- rollouts and evaluations (EVO-RAG's branches and dev EM, the held-out curves): :func:`spread`, so each
+  process does every N-th unit of work and every process gets all the results, in order (no process waits in
+  a collective while the main one works alone, issue 66);
 - a hand-written training loop (Stop-RAG's Q-network, EVO-RAG's preference model) takes every N-th item of
   each batch and sums the gradients across the processes before its optimiser steps
   (:func:`shared_backward`), so N processes make the step of one.
 
 In one process (no ``accelerate launch``) each helper is the plain single-process step. Hand-written: only
 these few lines over accelerate's ``PartialState`` (its process index, barrier and
-``main_process_first``); process groups and gradient all-reduce are accelerate's and torch's.
+``main_process_first``); process groups, gradient all-reduce and the gathering of results are accelerate's
+and torch's.
 
 Resuming several CPU processes: transformers' ``Trainer`` loads the optimiser's checkpoint with
 ``map_location=args.device``, which is ``cpu:<i>`` in a multi-process CPU run, and torch's loader knows the
@@ -27,7 +31,7 @@ point) that ``cpu:<i>`` is the CPU.
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +44,7 @@ def _indexed_cpu(storage, location: str):
 
 
 torch.serialization.register_package(11, lambda _: None, _indexed_cpu)
+R = TypeVar("R")
 
 
 def state(timeout_s: int | None = None):
@@ -184,3 +189,28 @@ def shared_backward(batch: Sequence[Any], loss_of: Callable[[list], Any], params
         p.grad = summed[offset : offset + g.numel()].view_as(g) if hit > 0 else None
         offset += g.numel()
     return summed[-1]
+
+
+def my_units(n: int, processes: int, rank: int) -> list[int]:
+    """The units of work, of ``n``, that process ``rank`` of ``processes`` does: every ``processes``-th from
+    its own index (none where ``n`` is smaller than its index).
+
+    >>> my_units(7, 2, 0), my_units(7, 2, 1), my_units(1, 2, 1)
+    ([0, 2, 4, 6], [1, 3, 5], [])
+    """
+    return list(range(rank, n, processes))
+
+
+def spread(n: int, work: Callable[[list[int]], Sequence[R]]) -> list[R]:
+    """The results of ``n`` units of work, unit 0 first, in every process: this process does its units
+    (:func:`my_units`; ``work(units)`` returns one result per unit, which must not depend on which other units
+    it was given), and the results are gathered (accelerate's ``gather_object``, picklable results). Every
+    process calls it at the same point, one with no unit too: it calls no ``work`` and joins the gather."""
+    world = processes()
+    mine = my_units(n, world, rank())
+    done = list(zip(mine, work(mine), strict=True)) if mine else []
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        done = gather_object(done)
+    return [result for _, result in sorted(done, key=lambda unit: unit[0])]

@@ -17,7 +17,8 @@ trains a copy of the generator's model:
   logger; which cycle each stage chose to ``checkpoints/evorag.json``.
 
 Deviations, written down (the embedded default's sizes; the paper's are ``evorag_hotpotqa``'s): a cycle
-draws ``questions_per_cycle`` training questions and branches ``states_per_episode`` states of each; dev
+draws ``questions_per_cycle`` training questions, rolled out in batches of ``rollout_batch`` (each its own
+seed, so that 1 and N processes branch alike), and branches ``states_per_episode`` states of each; dev
 EM is on the dev split's first ``dev_limit`` questions; the preference model reads MiniLM embeddings (a
 frozen LLM in the paper) and trains beside the policy without steering it (the paper leaves its role in the
 update open: DPO's pairs come from the returns, as its sec. 3.4 describes them); each DPO's reference is
@@ -96,6 +97,9 @@ class EvoRAG(Agent):
         # per cycle: training questions rolled out, states branched per episode (null: all)
         questions_per_cycle: PositiveInt = 64,
         states_per_episode: PositiveInt | None = 2,
+        # questions rolled out together under one seed (.trainer.collect): a batch plays the same in 1 or N
+        # processes, and a launched run's processes share the batches (more batches than processes: all busy)
+        rollout_batch: PositiveInt = 16,
         # the dev questions dev EM is measured on (null: all)
         dev_limit: PositiveInt | None = 200,
         # the action kinds a state's siblings take
@@ -144,6 +148,7 @@ class EvoRAG(Agent):
         self.questions_per_cycle, self.states_per_episode, self.dev_limit = (
             questions_per_cycle, states_per_episode, dev_limit,
         )  # fmt: skip
+        self.rollout_batch = rollout_batch
         self.margin, self.pairs_per_state = margin, pairs_per_state
         self.preference = preference or PreferenceSettings()
         self.beta, self.lr, self.batch_size, self.grad_accum = beta, lr, batch_size, grad_accum
@@ -159,8 +164,8 @@ class EvoRAG(Agent):
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
         """What the processes of a launched run split equally (:mod:`rag_lab.launch`): DPO's batch (the
-        preference model's is split item by item; the rollouts and branches run on the main process:
-        :mod:`.trainer`)."""
+        preference model's is split item by item; the rollout batches and the dev questions are taken in
+        turn, a process with none joining the gather: :mod:`.trainer`)."""
         return {"batch_size": int(s["batch_size"])}
 
     @staticmethod
@@ -191,9 +196,7 @@ class EvoRAG(Agent):
         if not self.stages:
             return
         # generator=vllm: the rollouts' engine (rag_lab.train.vllm_engine; None: transformers)
-        self.engine = rollout_engine(
-            base, generator.model, generator.tokenizer, generator.chat, main_only=True
-        )
+        self.engine = rollout_engine(base, generator.model, generator.tokenizer, generator.chat)
         self.reward.scorer = self.scorer
         if self.reward.refusal == "verifier" and self.reward.verifier.generator is None:
             self.reward.verifier.generator = base

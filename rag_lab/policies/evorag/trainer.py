@@ -15,6 +15,11 @@ With ``generator=vllm`` the rollouts, branches and dev EM generate on TRL's vLLM
 (:func:`acting`; :mod:`rag_lab.train.vllm_engine`), into which TRL's sync loads the weights they act with
 (after each DPO epoch, its LoRA adapter merged) before they generate.
 
+Under ``launch`` no phase runs on the main process alone (issue 66): every process rolls out and branches its
+share of the cycle's rollout batches and plays its share of the dev questions, and the results are gathered
+(:func:`rag_lab.train.parallel.spread`), so N processes branch the pairs and measure the dev EM of one; the
+preference model and DPO train in every process on its share of each batch.
+
 Hand-written: the alternation of the two epochs and the cycle's bookkeeping; DPO is TRL's.
 """
 
@@ -41,7 +46,7 @@ from rag_lab.policies.evorag import branches as br
 from rag_lab.policies.evorag.dpo import dpo_epoch, dpo_rows
 from rag_lab.policies.evorag.preference import Branch, PreferenceModel
 from rag_lab.records import atomic_write_text, read_records
-from rag_lab.train.parallel import is_main, main_first, processes, publish_on_main
+from rag_lab.train.parallel import is_main, processes, publish_on_main, spread
 from rag_lab.train.resume import load_model, load_torch
 
 log = logging.getLogger(__name__)
@@ -67,17 +72,46 @@ def write_json(path: Path, value) -> None:
     atomic_write_text(path, json.dumps(value, indent=1, default=str) + "\n")
 
 
+def batch_seed(seed: int, batch: int) -> int:
+    """The sampling seed of rollout batch ``batch`` of a cycle seeded ``seed`` (batch 0: the cycle's own)."""
+    return seed + 7_919 * batch
+
+
 def collect(
     policy, generator, env: Env, stage: int, cycle: int, questions: list[QAExample], work: Path
 ) -> dict:
-    """Branch the policy's rollouts on the cycle's questions (:mod:`.branches`); kept in ``branches.json``."""
+    """Branch the policy's rollouts on the cycle's questions (:mod:`.branches`); kept in ``branches.json``.
+
+    The drawn questions are rolled out in batches of ``policy.rollout_batch``, batch b under its own seed
+    (:func:`batch_seed`), so what a batch plays depends on its questions and its seed alone; under ``launch``
+    process i rolls out batches i, i+N, ... and every process gets them all (:func:`spread`): N processes
+    branch what one does. The main process writes ``branches.json``."""
     path = work / "branches.json"
     if path.exists():
         return json.loads(path.read_text())
     seed = cycle_seed(policy.seed, stage, cycle)
     drawn = random.Random(f"{policy.seed}/{stage}/{cycle}")
     picked = drawn.sample(questions, min(policy.questions_per_cycle, len(questions)))
-    acting_env = env.with_generator(acting(policy, generator))
+    size = policy.rollout_batch
+    batches = [picked[at : at + size] for at in range(0, len(picked), size)]
+
+    engine = acting(policy, generator)  # the weights the cycle acts with (vLLM: synced into its engine)
+
+    def roll(units: list[int]) -> list[dict]:
+        done = [branch_batch(policy, engine, env, stage, batches[b], batch_seed(seed, b)) for b in units]
+        rollouts_done(engine)  # a TP group's engine: this rank joins the others' turns before the gather
+        return done
+
+    out = merged(spread(len(batches), roll), policy.scorer)
+    publish_on_main(lambda: write_json(path, out))
+    return out
+
+
+def branch_batch(policy, generator, env: Env, stage: int, picked: list[QAExample], seed: int) -> dict:
+    """One batch of the cycle's questions rolled out under ``seed``, branched and scored: its nodes (their
+    ``index``: the base episode's in the batch), each episode's monitors (:func:`episode_stats`), the counts,
+    the verifier's calls."""
+    acting_env = env.with_generator(generator)
     sampling = Sampling(
         temperature=policy.train_temperature,
         top_p=policy.top_p,
@@ -92,17 +126,13 @@ def collect(
     nodes = br.visited(base, traces, policy.states_per_episode, f"{seed}/nodes", counts)
     siblings = br.replace_seed(sampling, 7)
     br.roll(protocol, acting_env, nodes, policy.actions, siblings, policy.k, t_max, counts)
-    rollouts_done(acting_env.generator)
     verifier = policy.reward.verifier if policy.reward.refusal == "verifier" else None
     asked = (verifier.calls, verifier.unparsed) if verifier is not None else None
     values, sibling_values = br.returns(policy.reward, base, nodes, picked, stage, t_max)
     fitted = fitted_prompt_of(generator, protocol, nodes, sampling)
-    out = {"nodes": [], "stats": rollout_stats(base, picked, policy.scorer)}
-    if asked is not None:  # the verifier's calls for this cycle, and its unparsable replies (scored failures)
-        out["stats"] |= {
-            "verifier/calls": verifier.calls - asked[0],
-            "verifier/unparsed": verifier.unparsed - asked[1],
-        }
+    out = {"nodes": [], "episodes": episode_stats(base, picked, policy.scorer), "verifier": None}
+    if asked is not None:  # the verifier's calls for this batch, and its unparsable replies (scored failures)
+        out["verifier"] = [verifier.calls - asked[0], verifier.unparsed - asked[1]]
     for node, sv, prompt in zip(nodes, sibling_values, fitted, strict=True):
         b = br.node_branches(node, base[node.index], values[node.index], sv)
         out["nodes"].append(
@@ -110,7 +140,24 @@ def collect(
         )
     counts["episodes"], counts["states"] = len(base), len(nodes)
     out["counts"] = counts
-    write_json(path, out)
+    return out
+
+
+def merged(batches: list[dict], scorer: str) -> dict:
+    """The cycle's branches from its batches' (:func:`branch_batch`), in batch order: the nodes (``index``:
+    the base episode's in the cycle), the rollouts' means (:func:`rollout_stats`), the counts summed."""
+    out, offset = {"nodes": [], "counts": dict.fromkeys(COUNTS, 0)}, 0
+    for batch in batches:
+        out["nodes"] += [node | {"index": offset + node["index"]} for node in batch["nodes"]]
+        offset += len(batch["episodes"])
+        out["counts"] = {k: out["counts"][k] + batch["counts"][k] for k in COUNTS}
+    out["stats"] = rollout_stats([row for batch in batches for row in batch["episodes"]])
+    asked = [batch["verifier"] for batch in batches if batch["verifier"] is not None]
+    if asked:  # the verifier's calls for this cycle, and its unparsable replies
+        out["stats"] |= {
+            "verifier/calls": sum(a[0] for a in asked),
+            "verifier/unparsed": sum(a[1] for a in asked),
+        }
     return out
 
 
@@ -120,18 +167,28 @@ def fitted_prompt_of(generator, protocol, nodes, sampling) -> list:
     return fitted_prompts(generator, protocol, [n.live.state for n in nodes], chat, sampling)[0]
 
 
-def rollout_stats(base, questions: list[QAExample], scorer: str) -> dict:
-    """The base rollouts' means: EM, steps, backtracks, refusals (the training curves' monitors)."""
+# each base episode's monitors, in this order (rollout_stats: their means)
+MONITORS = ("rollout/em", "rollout/steps", "rollout/backtracks", "rollout/refused")
+
+
+def episode_stats(base, questions: list[QAExample], scorer: str) -> list[list[float]]:
+    """Each base rollout's EM, steps, backtracks and refusal (:data:`MONITORS`)."""
     em = SCORERS[scorer]["em"]
-    episodes = [x.episode for x in base]
+    return [
+        [
+            float(em(x.episode.prediction, list(q.answers))),
+            float(len(x.episode.steps)),
+            float(sum(s.action == BACKTRACK for s in x.episode.steps)),
+            float(x.episode.stop_reason == REFUSE),
+        ]
+        for x, q in zip(base, questions, strict=True)
+    ]
+
+
+def rollout_stats(episodes: list[list[float]]) -> dict:
+    """The base rollouts' means (:func:`episode_stats`' rows): the training curves' monitors."""
     n = max(len(episodes), 1)
-    return {
-        "rollout/em": sum(em(e.prediction, list(q.answers)) for e, q in zip(episodes, questions, strict=True))
-        / n,
-        "rollout/steps": sum(len(e.steps) for e in episodes) / n,
-        "rollout/backtracks": sum(s.action == BACKTRACK for e in episodes for s in e.steps) / n,
-        "rollout/refused": sum(e.stop_reason == REFUSE for e in episodes) / n,
-    }
+    return {key: sum(row[i] for row in episodes) / n for i, key in enumerate(MONITORS)}
 
 
 def pairs(data: dict, margin: float, per_state: int | None) -> list[list[tuple[Branch, Branch]]]:
@@ -194,21 +251,26 @@ def policy_epoch(policy, generator, data: dict, seed: int, work: Path, what: str
 
 
 def dev_em(policy, generator, env: Env, dev: list[QAExample], work: Path | None = None) -> float:
-    """The policy's EM on ``dev``, greedy (the stall rule's signal); cached in ``dev.json``."""
+    """The policy's EM on ``dev``, greedy (the stall rule's signal); cached in ``dev.json``. Under ``launch``
+    process i plays ``dev[i::N]`` and the scores are gathered (:func:`spread`; greedy, so a question's episode
+    does not depend on the others it is batched with)."""
     path = work / "dev.json" if work is not None else None
     if path is not None and path.exists():
         return json.loads(path.read_text())["dev_em"]
-    acting_env = env.with_generator(acting(policy, generator))
-    episodes = run_agent(
-        policy.protocol, dev, acting_env, policy.sampling, policy.k, policy.max_turns, policy.exclude_seen,
-    )  # fmt: skip
-    rollouts_done(acting_env.generator)
-    em = SCORERS[policy.scorer]["em"]
-    value = sum(em(e.prediction, list(q.answers)) for e, q in zip(episodes, dev, strict=True)) / max(
-        len(dev), 1
-    )
+    engine = acting(policy, generator)
+    actor, em = env.with_generator(engine), SCORERS[policy.scorer]["em"]
+
+    def scores(units: list[int]) -> list[float]:
+        share = [dev[i] for i in units]
+        episodes = run_agent(
+            policy.protocol, share, actor, policy.sampling, policy.k, policy.max_turns, policy.exclude_seen
+        )
+        rollouts_done(engine)  # a TP group's engine: this rank joins the others' turns before the gather
+        return [float(em(e.prediction, list(q.answers))) for e, q in zip(episodes, share, strict=True)]
+
+    value = sum(spread(len(dev), scores)) / max(len(dev), 1)
     if path is not None:
-        write_json(path, {"dev_em": value})
+        publish_on_main(lambda: write_json(path, {"dev_em": value}))
     return value
 
 
@@ -218,10 +280,9 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
     work.mkdir(parents=True, exist_ok=True)
     what, began = f"EVO-RAG stage {stage} cycle {cycle}", time.perf_counter()
     seed = policy.seed * 1000 + stage * 100 + cycle
-    # under launch: the main process rolls out and branches, the others read them; the preference model and
-    # DPO train in every process, each on its share of every batch (rag_lab.train.parallel)
-    with main_first():
-        data = collect(policy, generator, env, stage, cycle, questions, work)
+    # under launch every process rolls out and branches its share of the questions, and the preference model
+    # and DPO train in every process, each on its share of every batch (rag_lab.train.parallel)
+    data = collect(policy, generator, env, stage, cycle, questions, work)
     data["counts"]["pairs_pm"] = sum(
         map(len, pairs(data, policy.preference.margin, policy.preference.pairs_per_state))
     )
@@ -230,8 +291,7 @@ def run_cycle(policy, generator, env: Env, stage: int, cycle: int, questions, de
     pm_stats = pm_epoch(policy, pm, data, seed, work)
     model, dpo_stats = policy_epoch(policy, generator, data, seed, work, what)
     trained = generator.with_model(model)
-    with main_first():
-        em = dev_em(policy, trained, env, dev, work)
+    em = dev_em(policy, trained, env, dev, work)
     log.info("%s: dev EM %.3f, preference accuracy %s", what, em, pm_stats["pm/accuracy"])
     publish_on_main(
         lambda: publish_cycle(done, work, model, data, em, pm_stats, dpo_stats, stage, cycle, began)
