@@ -22,7 +22,8 @@ first node), trains its share, and writes nothing into the run dir but ``launch/
 
 Hand-written: only the glue between a Hydra config and ``accelerate launch`` and the checks made before
 anything trains (the program on ``PATH``, accelerate's own reading of the config file, GPUs where the
-config needs them, DeepSpeed installed where it is named). Process groups, DDP, ZeRO and FSDP are
+config needs them, DeepSpeed installed where it is named; the processes against every trainer's batches:
+:mod:`rag_lab.batches`). Process groups, DDP, ZeRO and FSDP are
 accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
