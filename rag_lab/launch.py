@@ -22,7 +22,8 @@ first node), trains its share, and writes nothing into the run dir but ``launch/
 
 Hand-written: only the glue between a Hydra config and ``accelerate launch`` and the checks made before
 anything trains (the program on ``PATH``, accelerate's own reading of the config file, GPUs where the
-config needs them, DeepSpeed installed where it is named). Process groups, DDP, ZeRO and FSDP are
+config needs them, DeepSpeed installed where it is named; the processes against every trainer's batches:
+:mod:`rag_lab.batches`). Process groups, DDP, ZeRO and FSDP are
 accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
@@ -43,6 +44,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from rag_lab.batches import divides, trainers
 from rag_lab.errors import RagLabError
 from rag_lab.ranges import PositiveInt
 
@@ -325,67 +327,16 @@ class Launch:
         return problems + divides(Launch(config).processes, run)
 
 
-def divides(processes: int, run) -> list[tuple[str, str]]:
-    """Every global batch of the run's policy (its class names them: ``global_batches(settings) -> {key:
-    size}``; so does a stopping rule it trains), the cold start's included, splits into equal shares, one
-    per process, so N processes make the update of one; and a held-out curve has a question for every
-    process (:func:`rag_lab.train.heldout.measured`)."""
-    sizes = {}
-    for where, cls, node in _trainers(run):
-        batches = getattr(cls, "global_batches", None)
-        sizes |= {
-            f"{where}.{key}".removeprefix("policy."): n
-            for key, n in (batches(node) if batches else {}).items()
-        }
-    settings = _trainers(run)[0][2]
-    if isinstance(settings.get("cold_start"), dict) and settings["cold_start"].get("batch_size"):
-        sizes["cold_start.batch_size"] = int(settings["cold_start"]["batch_size"])
-    problems = []
-    for key, size in sizes.items():
-        if size % processes:
-            why = f"{processes} processes do not divide policy.{key}={size} (each takes an equal share)"
-            problems.append(("config.num_processes", why))
-    for where, _, node in _trainers(run):  # each process measures a share of a held-out curve's questions
-        held = node.get("heldout")
-        n = held.get("n") if isinstance(held, dict) else getattr(held, "n", None)
-        if n and n < processes:
-            why = (
-                f"{processes} processes and {where}.heldout.n={n} held-out questions: at least one a process"
-            )
-            problems.append(("config.num_processes", why))
-    return problems
-
-
 def single_process_trainers(run) -> list[tuple[str, str]]:
     """The run's trainers that do not train data-parallel yet (no ``global_batches``): checked right before
     a launched run trains (the configs of every experiment compose with every ``launch`` option)."""
     problems = []
-    for where, cls, _ in _trainers(run):
+    for where, cls, _ in trainers(run):
         if getattr(cls, "trains", True) and getattr(cls, "global_batches", None) is None:
             why = (f"{where}={cls.__name__} trains in one process only (its data-parallel training is not "
                    "built yet); launch=null trains it here")  # fmt: skip
             problems.append(("config", why))
     return problems
-
-
-def _trainers(run) -> list[tuple[str, type, dict]]:
-    """(where, class, settings) of the run's policy and of a stopping rule it trains."""
-    from omegaconf import OmegaConf
-
-    from rag_lab.config import locate, schema_for
-
-    def with_defaults(target: str, node: dict) -> dict:  # the node over its signature's defaults
-        schema = schema_for(target)
-        return (OmegaConf.to_container(OmegaConf.structured(schema)) if schema is not dict else {}) | node
-
-    settings = with_defaults(run.policy._target_, OmegaConf.to_container(run.policy, resolve=True))
-    parts = [("policy", locate(run.policy._target_), settings)]
-    stopper = settings.get("stopper")
-    if isinstance(stopper, dict) and stopper.get("_target_"):
-        parts.append(
-            ("policy.stopper", locate(stopper["_target_"]), with_defaults(stopper["_target_"], stopper))
-        )
-    return parts
 
 
 def launch_of(run_config: dict | None) -> Launch | None:

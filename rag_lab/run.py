@@ -61,6 +61,17 @@ def check_launch(cfg: DictConfig) -> None:
         raise ConfigError(f"config 'launch.{key}': {why}")
 
 
+def check_lora(cfg: DictConfig) -> None:
+    """Before the run dir is touched: each LoRA target module of a training policy (its own, its cold
+    start's, its executor's) is a module of the run's model, where that model is known (:func:`model_dir`)."""
+    from rag_lab.train.lora import lora_targets
+
+    if getattr(locate(cfg.policy._target_), "trains", False):
+        policy = OmegaConf.to_container(cfg.policy, resolve=True)
+        for key, why in lora_targets({"policy": policy}, model_dir(cfg)):
+            raise ConfigError(f"config '{key}': {why}")
+
+
 def model_dir(cfg: DictConfig) -> str | None:
     """The folder of the run's generator model where it is known before the run builds anything: a local
     folder or a hub name in the cache (``generator.model``), or the shipped tiny LM (``generator=tiny``
@@ -186,6 +197,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     validate(cfg)
     check_judge(cfg)
     check_launch(cfg)
+    check_lora(cfg)
     row = row_hash(cfg)  # of the config as composed: building the components resolves nodes of it in place
     data = instantiate(cfg.data)  # bad data fails here, before the run dir is touched
     if follows(cfg, run_dir, data):

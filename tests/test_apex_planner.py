@@ -127,7 +127,8 @@ def test_the_planners_micro_batches_accumulate_into_one_update_a_step():
         32,
     )
     with pytest.raises(
-        RagLabError, match=r"policy\.planner\.micro_batch: 5 does not divide a step's 32 plans"
+        RagLabError,
+        match=r"policy\.planner\.micro_batch: 5 does not divide each process's 32 plans of a step",
     ):
         PlannerRL(micro_batch=5)
 

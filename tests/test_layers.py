@@ -25,6 +25,7 @@ LAYERS = [
             "rag_lab.ranges",
             "rag_lab.fastyaml",
             "rag_lab.launch",
+            "rag_lab.batches",
             "rag_lab.config",
             "rag_lab.cli",
             "rag_lab.seeding",

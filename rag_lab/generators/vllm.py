@@ -30,6 +30,7 @@ import copy
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+from rag_lab.batches import colocated_engine
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.ranges import OneOf, OpenUnit, PositiveInt
@@ -46,6 +47,9 @@ def _vllm():
 
 
 class VLLMGenerator:
+    # a colocated engine's tensor-parallel group splits the training ranks (rag_lab.batches)
+    check_settings = staticmethod(colocated_engine)
+
     def __init__(
         self,
         model: str,

@@ -57,7 +57,7 @@ import torch
 from rag_lab import cache
 from rag_lab.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
-from rag_lab.train.lora import peft_config
+from rag_lab.train.lora import lora_settings, peft_config
 from rag_lab.train.parallel import main_first, processes, publish_on_main
 from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
@@ -89,6 +89,7 @@ class ColdStartConfig(SFTSettings, DemoSettings):
             problems.append(("protocols", str(e).removeprefix("cold_start.protocols: ")))
         if s["epochs"] <= 0 and not s["max_steps"]:
             problems.append(("epochs", f"{s['epochs']} with max_steps 0: no training step"))
+        problems += lora_settings(s.get("lora"))
         return problems
 
 

@@ -48,12 +48,3 @@ def passes(per_process: int, micro_batch: int | None, key: str) -> dict[str, int
         )
     n = per_process // micro
     return dict(per_device_train_batch_size=micro, gradient_accumulation_steps=n, steps_per_generation=n)
-
-
-def micro_batch_problems(settings: dict, unit: str) -> list[tuple[str, str]]:
-    """``check_settings``'s line for a ``micro_batch`` that does not divide a step's ``questions_per_step x
-    group_size`` ``unit`` (a larger one is one pass)."""
-    micro, step = settings["micro_batch"], settings["questions_per_step"] * settings["group_size"]
-    if micro and micro < step and step % micro:
-        return [("micro_batch", f"{micro} does not divide a step's {step} {unit} (questions_per_step x G)")]
-    return []

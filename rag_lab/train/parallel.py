@@ -137,7 +137,7 @@ def barrier() -> None:
 
 def share(global_batch: int, key: str) -> int:
     """This process's share of a global batch of ``global_batch`` (named ``key`` in errors): equal shares,
-    or a one-line error (checked at compose as well: :func:`rag_lab.launch.divides`)."""
+    or a one-line error (checked at compose as well: :func:`rag_lab.batches.divides`)."""
     n = processes()
     if global_batch % n:
         raise RagLabError(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from rag_lab import cache
+from rag_lab.batches import enough_questions, micro_batch, processes_of
 from rag_lab.config import NonNegative, OneOf, Positive, PositiveInt, Range, check_ranges
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
@@ -38,7 +39,7 @@ from rag_lab.records import read_records
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.curves import CurveLog
-from rag_lab.train.grpo import grpo_config, micro_batch_problems, passes
+from rag_lab.train.grpo import grpo_config, passes
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
@@ -79,8 +80,9 @@ class PlannerRL:
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides a step's plans."""
-        return micro_batch_problems(s, "plans")
+        """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides each process's plans
+        of a step, and a step finds its questions (:mod:`rag_lab.batches`)."""
+        return micro_batch(s, "plans", processes_of(run)) + enough_questions(s)
 
 
 def plan_steps(completions: list[Any], **_: Any) -> list[float]:

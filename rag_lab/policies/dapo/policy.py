@@ -37,6 +37,7 @@ from typing import Annotated, Any
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import cache
+from rag_lab.batches import enough_questions, micro_batch, processes_of
 from rag_lab.config import NonNegative, OneOf, OpenUnit, Positive, PositiveInt, Range, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
@@ -48,9 +49,8 @@ from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
-from rag_lab.train.grpo import micro_batch_problems
 from rag_lab.train.heldout import HeldOut
-from rag_lab.train.lora import LoRA
+from rag_lab.train.lora import LoRA, lora_settings
 from rag_lab.train.resume import load_model, readable
 from rag_lab.train.start import starting_model
 
@@ -141,7 +141,8 @@ class DAPO(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): the clip range, the stages, names."""
+        """What the declarations cannot say (:mod:`rag_lab.config`): the clip range, the stages, names; the
+        batch's relations and its shares over the processes (:mod:`rag_lab.batches`), LoRA's settings."""
         problems = []
         if not 0 < s["epsilon"] <= s["epsilon_high"] < 1:
             why = (
@@ -151,7 +152,8 @@ class DAPO(Agent):
         problems += [
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
-        problems += micro_batch_problems(s, "episodes")
+        problems += micro_batch(s, "episodes", processes_of(run)) + enough_questions(s)
+        problems += lora_settings(s["lora"])
         terms = OmegaConf.select(run, "reward")
         names = (
             [k for k in terms if not k.startswith("_") and k != "beta"]

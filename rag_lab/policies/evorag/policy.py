@@ -48,7 +48,7 @@ from rag_lab.records import atomic_write_text
 from rag_lab.rewards.evorag import COMPONENTS, EvoRAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
-from rag_lab.train.lora import LoRA
+from rag_lab.train.lora import LoRA, lora_settings
 from rag_lab.train.resume import load_model
 from rag_lab.train.start import starting_model
 from rag_lab.train.vllm_engine import rollout_engine
@@ -180,6 +180,7 @@ class EvoRAG(Agent):
             problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
         if s.get("max_turns", 1) < 1:
             problems.append(("max_turns", f"(T_max) must be >= 1, got {s['max_turns']}"))
+        problems += lora_settings(s.get("lora"))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("EvoRAGReward"):
             problems.append(("reward", f"policy=evorag needs reward=evorag, not {target}"))

@@ -24,12 +24,14 @@ support overlap (no LLM judge runs on 2 CPU cores).
 import json
 import logging
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from rag_lab import cache
+from rag_lab.batches import ppo_minibatches, processes_of
 from rag_lab.config import PositiveInt, check_ranges, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
@@ -112,10 +114,12 @@ class R3RAG(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): a temperature at least, the reward."""
+        """What the declarations cannot say (:mod:`rag_lab.config`): a temperature at least, the reward, a
+        sample in every PPO minibatch of each process (:mod:`rag_lab.batches`)."""
         ppo, problems = dict(s.get("ppo") or {}), []
         if not list(ppo.get("temperatures", [1.0])):
             problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
+        problems += ppo_minibatches(asdict(PPOSettings()) | ppo, processes_of(run))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("R3RAGReward"):
             problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))
