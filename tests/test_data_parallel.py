@@ -82,6 +82,22 @@ LAUNCHED = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", sorted(LAUNCHED))
+def test_a_method_trains_sharded_under_launch_fsdp_cpu(experiment, tiny_cfg, tmp_path):
+    """``launch=fsdp_cpu``: the method's whole training with every model FSDP-sharded over two CPU processes
+    (the tiny LM's SFT, the cold start, the method's trainer; rollouts on unsharded copies, the results saved
+    from the gathered weights), then the runner evaluates what was published."""
+    from rag_lab.run import run
+
+    launch = ["launch=fsdp_cpu", "+launch.config.main_process_port=29545"]
+    cfg = tiny_cfg(f"+experiment={experiment}", "hydra.mode=RUN", *LAUNCHED[experiment], *launch,
+                   "eval.limit=2", f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    metrics = run(cfg, tmp_path / "run")
+    assert metrics["all"]["n"] == 2
+    assert "FSDP" in (tmp_path / "run" / "launch" / "accelerate.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", sorted(LAUNCHED))
 def test_a_method_trains_under_launch_cpu2(experiment, tiny_cfg, tmp_path):
     """``launch=cpu2``: the runner starts the method's whole training in two CPU processes
     (rag_lab.launched: the cold start's SFT and the method's own trainer), then finds the published

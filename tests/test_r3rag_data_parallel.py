@@ -55,9 +55,12 @@ def check_same_update(tiny_lm: str, one_path: Path, two_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("launch", ["cpu2", "fsdp_cpu"])
+def test_policy_launch_trains_ppo_as_a_two_process_job(launch, tiny_cfg, tmp_path):
     """``launch=cpu2``: the runner launches the training (the cold start's SFT, then PPO) under accelerate
-    in two CPU processes (rag_lab.launched), then finds the results and evaluates."""
+    in two CPU processes (rag_lab.launched), then finds the results and evaluates. ``launch=fsdp_cpu``: the
+    same with every model sharded (FSDP2 over gloo): the rollouts generate on unsharded copies, the
+    checkpoints and results are the gathered full weights."""
     from rag_lab.run import run
 
     cfg = tiny_cfg(
@@ -68,10 +71,11 @@ def test_policy_launch_trains_ppo_as_a_two_process_job(tiny_cfg, tmp_path):
         "policy.ppo.iterations=2",
         "policy.ppo.batch_size=2",
         "policy.ppo.temperatures=[1.0]",
+        "policy.ppo.minibatches=1",
         "policy.max_new_tokens=16",
         "policy.max_turns=2",
-        "launch=cpu2",
-        "+launch.config.main_process_port=29534",
+        f"launch={launch}",
+        f"+launch.config.main_process_port={29534 if launch == 'cpu2' else 29544}",
         "eval.limit=2",
         f"cache_dir={tmp_path / 'cache'}",
     )

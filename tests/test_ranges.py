@@ -85,7 +85,7 @@ OUT_OF_RANGE = [
     (["policy=evorag", "policy.top_p=1.5"], r"'policy\.top_p' must be in \(0, 1\], got 1\.5"),
     (["policy=evorag", "policy.preference.lr=0"], r"'policy\.preference\.lr' must be > 0, got 0"),
     (["policy=evorag", "policy.preference.margin=-0.3"], r"'policy\.preference\.margin' must be >= 0"),
-    (["policy=evorag", "policy.lora.dropout=1.0"], r"'policy\.lora\.dropout' must be in \[0, 1\), got 1\.0"),
+    (["policy=evorag", "policy.lora.dropout=1.0"], r"'policy\.lora\.dropout':? must be in \[0, 1\), got 1\.0"),  # noqa: E501
     (["policy=evorag", "policy.dev_limit=0"], r"'policy\.dev_limit' must be >= 1, got 0"),
     # R3-RAG's PPO
     (["policy=r3rag", "policy.ppo.gamma=1.5"], r"'policy\.ppo\.gamma' must be in \[0, 1\], got 1\.5"),

@@ -57,10 +57,11 @@ import torch
 from rag_lab import cache
 from rag_lab.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
-from rag_lab.train.lora import lora_settings, peft_config
+from rag_lab.train.lora import lora_settings
 from rag_lab.train.parallel import main_first, processes, publish_on_main
 from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
+from rag_lab.train.sharded import saveable
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -147,7 +148,7 @@ def cold_start(
     log.info("cold start: %d pairs into %s", len(demos.pairs), out)
     # every process trains (its share of each batch); the main one publishes the result
     trainer, stats = sft(model_dir, tokenizer_dir, demos.pairs, config, work, callbacks)
-    trained = trainer.model.merge_and_unload() if peft_config(config.lora) else trainer.model
+    trained = saveable(trainer.model, trainer.accelerator)  # LoRA merged; a collective under FSDP / ZeRO-3
 
     def write() -> None:
         with cache.publish(out) as tmp:

@@ -25,6 +25,7 @@ from rag_lab.config import AtLeast
 from rag_lab.data.base import QAExample
 from rag_lab.env import Episode
 from rag_lab.eval.metrics import SCORERS
+from rag_lab.train.sharded import generation_copy
 
 HELDOUT_KEY = "heldout/acc"
 # the questions a held-out row was measured on
@@ -130,6 +131,8 @@ class HeldOutCallback(TrainerCallback):
 
     def measure(self, step: int, model: Any) -> None:
         """Every process measures its share (:func:`measured`); the main process writes the row."""
+        # FSDP: an unsharded copy of the current weights (every process here: a collective)
+        model = self.held = generation_copy(model, getattr(self, "held", None))
         was_training = model.training
         model.eval()
         row = measured(step, self.questions, lambda share: self.rollout(model, share), self.scorer)

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 
 from rag_lab.errors import RagLabError
+from rag_lab.train.sharded import fsdp_on_cpu, make_cpu_fsdp
 
 
 def _indexed_cpu(storage, location: str):
@@ -60,51 +61,15 @@ def state(timeout_s: int | None = None):
 
     extra = {"timeout": timedelta(seconds=timeout_s)} if timeout_s and processes() > 1 else {}
     partial = PartialState(cpu=not torch.cuda.is_available(), **extra)
-    if fsdp_on_cpu() and partial.distributed_type == "MULTI_CPU":
-        _fsdp_on_cpu()
+    if partial.distributed_type == "MULTI_CPU" and fsdp_on_cpu():
+        make_cpu_fsdp()
     return partial
-
-
-def fsdp_on_cpu() -> bool:
-    """Whether this is a launched CPU process that the launch makes FSDP (``launch=fsdp_cpu``)."""
-    import torch
-
-    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-    return fsdp and processes() > 1 and not torch.cuda.is_available()
-
-
-def accelerator_config() -> dict | None:
-    """transformers' ``accelerator_config`` for TRL's trainers: under FSDP on CPU, the accelerator state
-    made by :func:`state` (``use_configured_state``: transformers would reset it to a plain CPU one);
-    else transformers' default (null)."""
-    return {"use_configured_state": True} if fsdp_on_cpu() else None
-
-
-def _fsdp_on_cpu() -> None:
-    """FSDP in launched CPU processes (``launch=fsdp_cpu``): the sharded code path of a GPU run, over gloo.
-
-    accelerate makes a process FSDP only where its device is a GPU-family one (its ``AcceleratorState``
-    ignores ``ACCELERATE_USE_FSDP`` for ``MULTI_CPU``), yet FSDP2 itself (torch's ``fully_shard``) shards,
-    gathers and reduce-scatters on CPU tensors over gloo. Here the shared accelerator state (a Borg: every
-    later ``Accelerator``, TRL's trainers' included, reads it) is made FSDP with the plugin accelerate would
-    build from the launch's ``FSDP_*`` variables; preparing, ``get_state_dict`` and saving are then
-    accelerate's own FSDP2 code, as on GPUs. Hand-written: these lines only (no library runs FSDP on CPU)."""
-    from accelerate import Accelerator, PartialState
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
-    plugin = FullyShardedDataParallelPlugin()  # read from the launch's FSDP_* variables
-    Accelerator(cpu=True, fsdp_plugin=plugin)  # the shared state, made as every Accelerator makes it
-    # every AcceleratorState copies the PartialState's type on construction: both say FSDP
-    PartialState._shared_state.update(distributed_type=DistributedType.FSDP)
-    AcceleratorState._shared_state.update(distributed_type=DistributedType.FSDP, fsdp_plugin=plugin)
 
 
 def processes() -> int:
     """How many processes train together: ``WORLD_SIZE``, as ``accelerate launch`` (and torchrun, and
     accelerate's ``debug_launcher``) sets it for each process; 1 when not launched. Read from the
     environment, so asking starts no process group."""
-    import os
 
     return max(1, int(os.environ.get("WORLD_SIZE") or 1))
 

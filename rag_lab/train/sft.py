@@ -31,8 +31,9 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
-from rag_lab.train.parallel import accelerator_config, processes, share
+from rag_lab.train.parallel import processes, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
+from rag_lab.train.sharded import accelerator_config
 
 if TYPE_CHECKING:
     from datasets import Dataset

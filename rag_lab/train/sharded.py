@@ -20,6 +20,7 @@ transformers' own.
 """
 
 import copy
+import os
 from pathlib import Path
 
 import torch
@@ -72,6 +73,11 @@ def merged_copy(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tor
     base = inner.get_base_model() if peft else inner
     with torch.device("meta"):
         plain = type(base)(copy.deepcopy(base.config))
+    own = dict(base.named_buffers())
+    for name, buffer in list(plain.named_buffers()):  # no weights (rotary frequencies): copied as they are
+        if buffer.is_meta:
+            module, _, attr = name.rpartition(".")
+            plain.get_submodule(module).register_buffer(attr, own[name].clone(), persistent=False)
     if peft:
         from peft import get_peft_model
 
@@ -116,11 +122,12 @@ def save_full(model: torch.nn.Module, path: Path, accelerator=None, is_main: boo
 def fsdp_launch() -> bool:
     """Whether this is a launched process whose launch shards models with FSDP (``launch=fsdp``,
     ``launch=fsdp_cpu``): a hand-written loop then prepares its network through accelerate as well."""
-    import os
+    return _world() > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
 
-    from rag_lab.train.parallel import processes
 
-    return processes() > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+def _world() -> int:
+    """``WORLD_SIZE`` as ``accelerate launch`` sets it (:func:`rag_lab.train.parallel.processes`)."""
+    return max(1, int(os.environ.get("WORLD_SIZE") or 1))
 
 
 def sharded_backward(batch: list, loss_of, accelerator) -> torch.Tensor:
@@ -150,3 +157,76 @@ def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """A full state dict loaded into ``model``, sharded or not (torch's ``set_model_state_dict``: each
+    process keeps its shard of every weight)."""
+    if not fsdp_modules(model):
+        unwrapped(model).load_state_dict(weights)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+
+
+def saveable(model: torch.nn.Module, accelerator=None) -> torch.nn.Module:
+    """The model to ``save_pretrained`` once training is done: ``model`` (LoRA merged), or under FSDP /
+    ZeRO-3 an unsharded copy of its full weights (every process calls it: a collective)."""
+    inner = unwrapped(model)
+    if fsdp_modules(model) or (accelerator is not None and zero3(accelerator)):
+        return merged_copy(model, full_state_dict(model, accelerator))
+    return inner.merge_and_unload() if hasattr(inner, "peft_config") else inner
+
+
+# ---- FSDP in CPU processes (launch=fsdp_cpu) ------------------------------------------------------------
+def fsdp_on_cpu() -> bool:
+    """Whether this is a launched CPU process that the launch makes FSDP (``launch=fsdp_cpu``)."""
+    import torch
+
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    return fsdp and _world() > 1 and not torch.cuda.is_available()
+
+
+def accelerator_config() -> dict | None:
+    """transformers' ``accelerator_config`` for TRL's trainers: under FSDP on CPU, the accelerator state
+    made by :func:`state` (``use_configured_state``: transformers would reset it to a plain CPU one);
+    else transformers' default (null)."""
+    return {"use_configured_state": True} if fsdp_on_cpu() else None
+
+
+def make_cpu_fsdp() -> None:
+    """FSDP in launched CPU processes (``launch=fsdp_cpu``): the sharded code path of a GPU run, over gloo.
+
+    accelerate makes a process FSDP only where its device is a GPU-family one (its ``AcceleratorState``
+    ignores ``ACCELERATE_USE_FSDP`` for ``MULTI_CPU``), yet FSDP2 itself (torch's ``fully_shard``) shards,
+    gathers and reduce-scatters on CPU tensors over gloo. Here the shared accelerator state (a Borg: every
+    later ``Accelerator``, TRL's trainers' included, reads it) is made FSDP with the plugin accelerate would
+    build from the launch's ``FSDP_*`` variables; preparing, ``get_state_dict`` and saving are then
+    accelerate's own FSDP2 code, as on GPUs. Hand-written: these lines only (no library runs FSDP on CPU)."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()  # read from the launch's FSDP_* variables
+    Accelerator(cpu=True, fsdp_plugin=plugin)  # the shared state, made as every Accelerator makes it
+    # every AcceleratorState copies the PartialState's type on construction: both say FSDP
+    PartialState._shared_state.update(distributed_type=DistributedType.FSDP)
+    AcceleratorState._shared_state.update(distributed_type=DistributedType.FSDP, fsdp_plugin=plugin)
+    if not getattr(Accelerator.get_state_dict, "cpu_copies", False):
+        Accelerator.get_state_dict = _copied_state_dict(Accelerator.get_state_dict)
+
+
+def _copied_state_dict(get_state_dict):
+    """accelerate's ``get_state_dict`` (what transformers' Trainer saves checkpoints with) for FSDP2 on CPU:
+    torch's ``cpu_offload`` leaves a CPU tensor uncopied, a view of FSDP2's gathered buffer that is freed
+    when the layer reshards ("invalid python storage" when saved); here the full weights are gathered into
+    tensors of their own (:func:`rag_lab.train.sharded.full_state_dict`)."""
+
+    def copied(self, model, unwrap=True):
+        if not self.is_fsdp2:
+            return get_state_dict(self, model, unwrap)
+        return full_state_dict(model)
+
+    copied.cpu_copies = True
+    return copied

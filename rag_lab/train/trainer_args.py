@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rag_lab.train.parallel import accelerator_config
+from rag_lab.train.sharded import accelerator_config
 
 
 def trainer_args(

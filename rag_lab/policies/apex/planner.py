@@ -43,6 +43,7 @@ from rag_lab.train.grpo import grpo_config, passes
 from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
+from rag_lab.train.sharded import saveable
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +197,11 @@ def train_planner(
         "bf16": trainer.args.bf16,
     }
 
+    model = saveable(trainer.model, trainer.accelerator)  # a collective under FSDP / ZeRO-3
+
     def write() -> None:
         with cache.publish(out) as tmp:
-            generator.model.save_pretrained(tmp)
+            model.save_pretrained(tmp)
             (tmp / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
             (tmp / "train.json").write_text(json.dumps(stats | {"processes": processes()}, indent=1) + "\n")
         shutil.rmtree(work, ignore_errors=True)

@@ -59,6 +59,7 @@ from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.vllm import engine_generator, rollouts_done
 from rag_lab.rewards.dapo import answer_correct
 from rag_lab.train.parallel import own_key, own_seed
+from rag_lab.train.sharded import generation_copy
 
 
 def is_flat(totals: np.ndarray) -> bool:
@@ -136,7 +137,12 @@ class SearchRollouts:
             batch = self.play(questions, group, step)
             rollouts_done(engine)  # a TP group's engine: this rank joins the others' turns until theirs end
             return self.encode(batch)
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        # FSDP: an unsharded copy of the current weights (a sharded forward is a collective, and each process
+        # plays its own turns); else the trained model itself
+        self.held = generation_copy(
+            trainer.accelerator.unwrap_model(trainer.model), getattr(self, "held", None)
+        )
+        model = self.held
         was_training = model.training
         self.env = self.env.with_generator(self.generator.with_model(model.eval()))
         try:

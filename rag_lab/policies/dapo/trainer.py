@@ -27,6 +27,7 @@ from rag_lab.train.heldout import HeldOutCallback
 from rag_lab.train.lora import peft_config
 from rag_lab.train.parallel import processes, publish_on_main, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
+from rag_lab.train.sharded import saveable
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def train_stage(
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < policy.steps:
         raise stopped_early(f"DAPO stage {stage}", trainer.state.global_step, policy.steps, work)
-    model = trainer.model.merge_and_unload() if peft else trainer.model
+    model = saveable(trainer.model, trainer.accelerator)  # LoRA merged; a collective under FSDP / ZeRO-3
     stats = {
         "stage": str(stage),
         "steps": policy.steps,

@@ -23,6 +23,7 @@ from rag_lab.train.dpo import dpo_config
 from rag_lab.train.lora import peft_config
 from rag_lab.train.parallel import share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
+from rag_lab.train.sharded import saveable
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < trainer.state.max_steps:
         raise stopped_early(what, trainer.state.global_step, trainer.state.max_steps, work)
-    trained = trainer.model.merge_and_unload() if peft else trainer.model
+    trained = saveable(trainer.model, trainer.accelerator)  # LoRA merged; a collective under FSDP / ZeRO-3
     stats = {"steps": trainer.state.global_step, "resumed_from": resumed_at or None}
     return trained.eval(), stats | {"device": str(trainer.args.device), "bf16": trainer.args.bf16}
 

@@ -35,6 +35,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.vllm import rollouts_done
 from rag_lab.policies.r3rag.losses import explained_variance
+from rag_lab.policies.r3rag.model import ActorCritic
 from rag_lab.policies.r3rag.ppo import (
     PPOSettings,
     advantages,
@@ -49,6 +50,14 @@ from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples,
 from rag_lab.records import RecordWriter, atomic_write_text
 from rag_lab.train.heldout import HeldOut, measured
 from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
+from rag_lab.train.sharded import (
+    fsdp_modules,
+    full_state_dict,
+    load_full,
+    load_optimizer_state,
+    merged_copy,
+    optimizer_state,
+)
 from rag_lab.train.vllm_engine import rollout_engine
 
 log = logging.getLogger(__name__)
@@ -112,7 +121,29 @@ class PPOTrainer:
         """The environment acting with the policy as it is now (on its synced vLLM engine, if any)."""
         if self.engine is not None:
             return self.env.with_generator(self.engine.generator)
-        return self.env.with_generator(self.base.with_model(self.unwrapped.lm))
+        return self.env.with_generator(self.base.with_model(self.unsharded().lm))
+
+    def unsharded(self):
+        """The policy with its current weights, unsharded: the trained model itself, or under FSDP a copy
+        refilled from its full weights (every process calls it at the same point: a collective), which the
+        rollouts generate with (a sharded forward gathers each layer from every process, and each process
+        plays its own turns) and the main process saves."""
+        if not fsdp_modules(self.model):
+            return self.unwrapped
+        weights, held = full_state_dict(self.model), getattr(self, "held", None)
+        if held is None:
+            lm = merged_copy(self.unwrapped.lm, {k[3:]: v for k, v in weights.items() if k.startswith("lm.")})
+            held = self.held = ActorCritic(lm, self.settings.critic)
+        held.load_state_dict(weights)
+        return held.eval()
+
+    def optimizer_state(self) -> dict:
+        """The optimizer's state to checkpoint: its own, or under FSDP the full one (a collective)."""
+        return (
+            optimizer_state(self.model, self.optimizer)
+            if fsdp_modules(self.model)
+            else self.optimizer.state_dict()
+        )
 
     def run(self, work: Path, out: Path) -> list[dict]:
         """Train ``settings.iterations`` iterations (resuming from ``work``), save the policy to ``out``; the
@@ -141,8 +172,9 @@ class PPOTrainer:
                 rows += self.measure(it + 1, writer)
             if (it + 1) % self.settings.save_steps == 0 or it + 1 == self.settings.iterations:
                 self.checkpoint(work, it + 1, rows)
+        policy = self.unsharded()
         if self.accelerator.is_main_process:
-            self.unwrapped.save(out)
+            policy.save(out)
         self.accelerator.wait_for_everyone()
         return rows
 
@@ -156,9 +188,9 @@ class PPOTrainer:
         was_training = model.training
         model.eval()
         sampling = Sampling(max_new_tokens=r.max_new_tokens)
+        env = self.acting()  # every process, one with no held-out question too (a collective under FSDP)
 
         def rollout(share: list) -> list:
-            env = self.acting()
             episodes = run_agent(r.protocol, share, env, sampling, r.k, r.max_turns)
             rollouts_done(env.generator)
             return episodes
@@ -228,12 +260,13 @@ class PPOTrainer:
 
     def checkpoint(self, work: Path, iteration: int, rows: list[dict]) -> None:
         """``checkpoint-<iteration>`` (written beside, then renamed), the older ones removed."""
+        policy, optimizer = self.unsharded(), self.optimizer_state()  # every process: collectives under FSDP
         if self.accelerator.is_main_process:
             final = work / f"checkpoint-{iteration}"
             tmp = work / f".checkpoint-{iteration}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            self.unwrapped.save(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            policy.save(tmp)
+            torch.save(optimizer, tmp / "optimizer.pt")
             (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "rows": rows}) + "\n")
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -248,14 +281,19 @@ class PPOTrainer:
         if last is None:
             return 0, []
         path = Path(last)
-        self.unwrapped.lm.load_state_dict(load_model(path, like=self.unwrapped.lm).state_dict())
-        self.unwrapped.load_critic(path)
+        saved = self.unsharded() if fsdp_modules(self.model) else self.unwrapped  # a plain one to load into
+        saved.lm.load_state_dict(load_model(path, like=saved.lm).state_dict())
+        saved.load_critic(path)
         optimizer = load_torch(path / "optimizer.pt", map_location="cpu")
         if optimizer is None:
             raise RagLabError(
                 f"r3rag PPO: {path / 'optimizer.pt'} is damaged: remove {path} to resume from the one before"
             )
-        self.optimizer.load_state_dict(optimizer)
+        if fsdp_modules(self.model):  # each process keeps its shard of the weights and the optimizer state
+            load_full(self.model, saved.state_dict())
+            load_optimizer_state(self.model, self.optimizer, optimizer)
+        else:
+            self.optimizer.load_state_dict(optimizer)
         if self.engine is not None:
             self.engine.sync()
         state = json.loads((path / "state.json").read_text())

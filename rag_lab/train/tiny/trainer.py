@@ -24,6 +24,7 @@ from rag_lab import cache
 from rag_lab.errors import RagLabError
 from rag_lab.launch import local_gpu
 from rag_lab.train.parallel import barrier, is_main, processes
+from rag_lab.train.sharded import saveable
 from rag_lab.train.tiny.model import TinyConfig, build_model, read, sft_stage
 from rag_lab.train.tiny.tokenizer import build_tokenizer, one_token_names
 
@@ -107,7 +108,7 @@ def train_tiny_lm(
             stats["reading"] = read(model, tokenizer, reading, config, one_token_names(tokenizer, entities))
         if config.sft_steps:
             stats["sft"] = sft_stage(model, tokenizer, pairs, config, tmp / "trainer")
-        model.save_pretrained(tmp)
+        saveable(model).save_pretrained(tmp)  # under FSDP the SFT stage sharded it: its full weights
         stats["wall_s"] = time.perf_counter() - start
         stats["versions"] = _versions()
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
