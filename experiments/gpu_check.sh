@@ -3,7 +3,8 @@
 # deadline so that what finished comes back: (1) the fast suite and the gpu set (`-m "not slow or gpu"`:
 # SmolLM2's SFT / DPO / GRPO and the DAPO / APEX steps on CUDA in bf16), (2) bench_rollout with the tiny LM
 # on the GPU (the batched engine against one question at a time, and its bound), (3) a short SmolLM2 run of
-# a trained method with its held-out curve. Then experiments/gpu_check_page.py writes the results page
+# a trained method with its held-out curve, (4) one FSDP step of it, (5) a vLLM rollout of it where vLLM
+# imports. Then experiments/gpu_check_page.py writes the results page
 # (experiments/results/gpu_check.md) from $OUT.
 #
 #   OUT=/tmp/gpu make gpu-check              # on a GPU machine with the project installed
@@ -54,5 +55,19 @@ fi
 # DAPO stage one from the cold start, its held-out Acc every 4 steps (checkpoints/train_log.jsonl)
 step dapo_run 150 "$PYTHON" -m rag_lab.run +experiment=dapo_synth hydra.mode=RUN "policy.stages=[1]" \
   "hydra.run.dir=$OUT/dapo_run" "${RUN[@]}"
+# (4) one sharded run (issue 66): the same DAPO stage, one step, under FSDP2 through accelerate (launch=fsdp
+# with one process a GPU here; the CPU smoke runs launch=fsdp_cpu's two processes)
+if [ "${SMOKE:-0}" = 1 ]; then SHARD=(launch=fsdp_cpu); else SHARD=(launch=fsdp launch.config.num_processes=1); fi
+step fsdp_step 150 "$PYTHON" -m rag_lab.run +experiment=dapo_synth hydra.mode=RUN "policy.stages=[1]" \
+  "hydra.run.dir=$OUT/fsdp_step" "${RUN[@]}" policy.steps=1 "${SHARD[@]}"
+# (5) a vLLM rollout where vLLM imports: DAPO's step with its rollouts on TRL's colocated engine (SmolLM2's
+# converted checkpoint, the folder generator=smollm2 made above)
+if "$PYTHON" -c "import vllm" >/dev/null 2>&1 && [ "${SMOKE:-0}" != 1 ]; then
+  MODEL=$("$PYTHON" -c "from rag_lab.generators.smollm2 import convert; import os; print(convert(os.environ['RAG_LAB_CACHE']))")
+  step vllm_rollout 150 "$PYTHON" -m rag_lab.run +experiment=dapo_synth hydra.mode=RUN "policy.stages=[1]" \
+    "hydra.run.dir=$OUT/vllm_rollout" "${RUN[@]}" policy.steps=1 generator=vllm "generator.model=$MODEL"
+else
+  printf 'vllm_rollout\tskipped (no vLLM)\t0\n' >>"$OUT/steps.tsv"
+fi
 "$PYTHON" experiments/gpu_check_page.py "$OUT"
 [ "${SMOKE:-0}" = 1 ] || cp "$OUT/gpu_check.md" experiments/results/gpu_check.md

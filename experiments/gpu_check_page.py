@@ -21,6 +21,8 @@ def main(out: Path) -> str:
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines() if line.strip()]
 
     def status(rc: str) -> str:
+        if not rc.isdigit():  # a step that did not run says why
+            return rc
         return "ok" if rc == "0" else f"exit {rc}" + (" (deadline)" if rc == "124" else "")
 
     table = "\n".join(f"| {name} | {status(rc)} | {secs} |" for name, rc, secs in steps)

@@ -165,15 +165,24 @@ class Launch:
     """How training is launched: ``program`` (accelerate's command line) with ``config`` (the keys of an
     accelerate config file, as ``accelerate config`` writes them)."""
 
-    def __init__(self, config: dict[str, Any], program: str = "accelerate", timeout_s: PositiveInt = 1800):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        program: str = "accelerate",
+        timeout_s: PositiveInt = 1800,
+        gradient_checkpointing: bool = False,
+    ):
         """``timeout_s``: how long a process waits in a collective (a barrier, an all-reduce) for the others
         before its process group gives up (torch's default, 10-30 min depending on the backend, passes
-        unnoticed where one rank has died; the runner then names the rank)."""
+        unnoticed where one rank has died; the runner then names the rank). ``gradient_checkpointing``:
+        TRL's trainers (SFT, GRPO, DPO) recompute activations in the backward pass instead of keeping them
+        (transformers' gradient checkpointing, non-reentrant), a 7B model's activations in a GPU's memory."""
         from omegaconf import DictConfig, OmegaConf
 
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
         self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
 
     @property
     def processes(self) -> int:
@@ -194,7 +203,7 @@ class Launch:
         n, rank, host = nodes
         port = int(self.config.get("main_process_port") or 29500)
         where = {"num_machines": n, "machine_rank": rank, "main_process_ip": host, "main_process_port": port}
-        return Launch(self.config | where, self.program, self.timeout_s)
+        return Launch(self.config | where, self.program, self.timeout_s, self.gradient_checkpointing)
 
     @property
     def node(self) -> int:
@@ -218,6 +227,7 @@ class Launch:
         work.mkdir(parents=True, exist_ok=True)
         slurm_job = os.environ.get("SLURM_JOB_ID")
         job = job | {"slurm_job": slurm_job, "timeout_s": self.timeout_s}
+        job |= {"gradient_checkpointing": self.gradient_checkpointing}
         atomic_write_text(work / "job.json", json.dumps(job, default=str) + "\n")
         self._run(module, work / "job.json", work)
 

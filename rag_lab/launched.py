@@ -26,16 +26,18 @@ def main(job_file: str) -> None:
     from rag_lab.launch import report_rank
     from rag_lab.run import components, fit
     from rag_lab.seeding import seed_everything
-    from rag_lab.train.parallel import state
+    from rag_lab.train.parallel import CHECKPOINTING_ENV, state
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
         job = json.loads(Path(job_file).read_text())
+        os.environ[CHECKPOINTING_ENV] = "1" if job.get("gradient_checkpointing") else "0"
         cfg = OmegaConf.create(job["run_config"])
         seed_everything(cfg.seed)
         data = instantiate(cfg.data)
         train_data = instantiate(cfg.train_data) if cfg.get("train_data") else data
         if job.get("part") == "generator":  # the tiny LM's recipe (the runner builds it from the cache after)
+            state(job.get("timeout_s"))
             build(cfg.generator, data=data)
             return
         with report_rank():

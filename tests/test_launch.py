@@ -341,3 +341,24 @@ def test_launch_fsdp_refuses_a_model_class_it_cannot_wrap_before_training(gpus, 
         check_launch(compose(fsdp))
     named = "+launch.config.fsdp_config.fsdp_transformer_layer_cls_to_wrap=Qwen2DecoderLayer"
     check_launch(compose([*fsdp, named]))
+
+
+def test_gradient_checkpointing_is_a_launch_setting_that_reaches_trls_trainers(tmp_path, monkeypatch):
+    """``launch.gradient_checkpointing`` (on in launch=fsdp and zero3) travels in job.json; a launched process
+    sets it for TRL's trainers (SFT and GRPO / DPO configs: non-reentrant), off elsewhere."""
+    from rag_lab.train.parallel import CHECKPOINTING_ENV
+    from rag_lab.train.sft import sft_config
+    from rag_lab.train.trainer_args import trainer_args
+
+    assert [compose([f"launch={n}"]).launch.gradient_checkpointing for n in ("cpu2", "fsdp", "zero3")] == [
+        False, True, True]  # fmt: skip
+    launch = instantiate(compose(["launch=fsdp"]).launch)
+    monkeypatch.setattr("rag_lab.launch.Launch._run", lambda self, module, job, work: None)
+    launch.run_job("rag_lab.launched", {}, tmp_path / "work")
+    assert json.loads((tmp_path / "work" / "job.json").read_text())["gradient_checkpointing"] is True
+    monkeypatch.delenv(CHECKPOINTING_ENV, raising=False)
+    assert sft_config(tmp_path, 1, 1, 1e-3, 0, 0).gradient_checkpointing is False
+    monkeypatch.setenv(CHECKPOINTING_ENV, "1")
+    config = sft_config(tmp_path, 1, 1, 1e-3, 0, 0)
+    assert config.gradient_checkpointing and config.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert trainer_args(tmp_path, "cpu", seed=0, save_steps=1)["gradient_checkpointing"] is True

@@ -238,3 +238,26 @@ def test_the_experiments_compose_and_bad_settings_are_one_line_errors(tiny_cfg):
         compose(["policy=r3rag", "policy.ppo.critic=both"])
     with pytest.raises(ConfigError, match=r"policy=r3rag needs reward=r3rag"):
         compose(["policy=r3rag", "reward=evorag"])
+
+
+def test_under_deepspeed_ppo_names_its_micro_batch_before_prepare(tiny_lm):
+    """accelerate's DeepSpeed prepare without a data loader needs ``train_micro_batch_size_per_gpu`` in the
+    config (it refuses "auto"): PPO's forward pass, ``ppo.micro_batch``, set before ``prepare``."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rag_lab.policies.r3rag.ppo import build
+
+    seen = {}
+    plugin = SimpleNamespace(deepspeed_config={"train_micro_batch_size_per_gpu": "auto"})
+
+    def prepare(*objects):
+        seen.update(plugin.deepspeed_config)
+        return objects
+
+    accelerator = SimpleNamespace(
+        state=SimpleNamespace(deepspeed_plugin=plugin), prepare=prepare, num_processes=2
+    )
+    build(AutoModelForCausalLM.from_pretrained(tiny_lm), PPOSettings(micro_batch=3), accelerator)
+    assert (seen["train_micro_batch_size_per_gpu"], seen["train_batch_size"]) == (3, 6)

@@ -194,3 +194,28 @@ class FakeRun:
 
     def backend_settings(self) -> dict:
         return {"mode": "colocate", "tensor_parallel_size": self.tp}
+
+
+def test_stoprag_collects_its_trajectories_on_the_runs_vllm_engine(
+    data, r3rag_base, trl_vllm, monkeypatch, tmp_path
+):
+    """Stop-RAG trains no LM: its rollouts (the offline trajectories its Q-network learns from) generate on the
+    run's own vLLM engine (``generator=vllm``), and give what transformers gives on the same weights."""
+    import sys
+
+    from rag_lab.generators.hf import HFGenerator
+    from rag_lab.policies.stoprag.offline import collect
+    from rag_lab.policies.stoprag.pipeline import IterativePipeline
+
+    monkeypatch.setattr(sys.modules["vllm"], "LLM", FakeLLM)
+    trl_vllm.tokenizer_dir = str(r3rag_base / "tokenizer")
+    questions, pipeline = data.split("train")[:3], IterativePipeline(iterations=2, max_new_tokens=8)
+    env = Env(data.corpus, BM25Retriever(data.corpus), vllm_generator(r3rag_base))
+    got = collect(pipeline, env, questions, tmp_path / "vllm.jsonl", samples=0, greedy_answers=True)
+    [engine] = FakeLLM.made
+    assert len(engine.calls) >= 2  # every iteration's queries and answers
+    hf = HFGenerator(str(r3rag_base), str(r3rag_base / "tokenizer"), chat=False, dtype="float32")
+    want = collect(
+        pipeline, env.with_generator(hf), questions, tmp_path / "hf.jsonl", samples=0, greedy_answers=True
+    )
+    assert got == want

@@ -66,6 +66,21 @@ def state(timeout_s: int | None = None):
     return partial
 
 
+# set by rag_lab.launched from the launch's gradient_checkpointing (a launched process's trainers read it)
+CHECKPOINTING_ENV = "RAG_LAB_GRADIENT_CHECKPOINTING"
+
+
+def gradient_checkpointing() -> dict:
+    """TRL's gradient-checkpointing keys for this process: on where the launch asks for it
+    (``launch.gradient_checkpointing``), non-reentrant (what FSDP and ZeRO-3 need); off elsewhere (a small
+    model only slows down)."""
+    on = os.environ.get(CHECKPOINTING_ENV) == "1"
+    return {
+        "gradient_checkpointing": on,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False} if on else None,
+    }
+
+
 def processes() -> int:
     """How many processes train together: ``WORLD_SIZE``, as ``accelerate launch`` (and torchrun, and
     accelerate's ``debug_launcher``) sets it for each process; 1 when not launched. Read from the

@@ -31,7 +31,7 @@ from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
-from rag_lab.train.parallel import processes, share
+from rag_lab.train.parallel import gradient_checkpointing, processes, share
 from rag_lab.train.resume import last_good_checkpoint, stopped_early
 from rag_lab.train.sharded import accelerator_config
 
@@ -82,9 +82,10 @@ def sft_config(
 
     shared = dict(
         output_dir=str(output_dir),
-        # TRL's defaults: bf16 fails at init on CPU; gradient checkpointing only slows a small model.
+        # TRL's defaults: bf16 fails at init on CPU; gradient checkpointing only slows a small model (on
+        # where launch.gradient_checkpointing says)
         bf16=False,
-        gradient_checkpointing=False,
+        **gradient_checkpointing(),
         max_steps=steps,
         # batch_size is the global batch: this process's share of it
         per_device_train_batch_size=share(batch_size, "batch_size"),

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rag_lab.train.parallel import gradient_checkpointing
 from rag_lab.train.sharded import accelerator_config
 
 
@@ -39,6 +40,6 @@ def trainer_args(
         bf16=(cuda and torch.cuda.is_bf16_supported()) if bf16 is None else bf16,
         use_cpu=not cuda,
         report_to="none",
-        gradient_checkpointing=False,
         accelerator_config=accelerator_config(),
+        **gradient_checkpointing(),
     )

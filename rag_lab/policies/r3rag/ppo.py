@@ -113,6 +113,13 @@ def build(lm, settings: PPOSettings, accelerator):
             {"params": model.critic_parameters(), "lr": settings.critic_lr},
         ]
     )
+    deepspeed = accelerator.state.deepspeed_plugin
+    if deepspeed is not None:  # no data loader to read it from: DeepSpeed's micro-batch is PPO's forward pass
+        deepspeed.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=settings.micro_batch,
+            gradient_accumulation_steps=1,  # PPO accumulates its micro-batches itself (update)
+            train_batch_size=settings.micro_batch * accelerator.num_processes,
+        )
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, reference, optimizer
 
