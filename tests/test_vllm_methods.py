@@ -199,8 +199,8 @@ class FakeRun:
 def test_stoprag_collects_its_trajectories_on_the_runs_vllm_engine(
     data, r3rag_base, trl_vllm, monkeypatch, tmp_path
 ):
-    """Stop-RAG trains no LM: its rollouts (the offline trajectories its Q-network learns from) generate on the
-    run's own vLLM engine (``generator=vllm``), and give what transformers gives on the same weights."""
+    """Stop-RAG trains no LM: its rollouts (the offline trajectories its Q-network learns from) generate on
+    the run's own vLLM engine (``generator=vllm``), and give what transformers gives on the same weights."""
     import sys
 
     from rag_lab.generators.hf import HFGenerator
