@@ -27,6 +27,7 @@ def main(job_file: str) -> None:
     from rag_lab.run import components, fit
     from rag_lab.seeding import seed_everything
     from rag_lab.train.parallel import CHECKPOINTING_ENV, state
+    from rag_lab.train.sharded import zero3_loading
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
@@ -44,6 +45,7 @@ def main(job_file: str) -> None:
             # the process group first (with the launch's timeout), then the models: each on this rank's own
             # device (launch.local_gpu)
             state(job.get("timeout_s"))
+            zero3_loading()  # ZeRO-3: each weight partitioned as it loads
             env, policy = components(cfg, job["run_config"], data, train_data)
             rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
             work = run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}"

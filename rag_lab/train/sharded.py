@@ -230,3 +230,18 @@ def _copied_state_dict(get_state_dict):
 
     copied.cpu_copies = True
     return copied
+
+
+def zero3_loading() -> bool:
+    """Under a DeepSpeed ZeRO-3 launch with ``zero3_init_flag`` (``launch=zero3``), called by each launched
+    process before its models load: the accelerator state is made first, so that its DeepSpeed plugin
+    registers the config with transformers (``HfDeepSpeedConfig``) and ``from_pretrained`` partitions each
+    weight as it loads (``deepspeed.zero.Init``) instead of loading the whole model in every process, as
+    accelerate's docs ask (the Accelerator before the model). Whether it did."""
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    if not (deepspeed and os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT", "").lower() == "true"):
+        return False
+    from accelerate import Accelerator
+
+    Accelerator()
+    return True
