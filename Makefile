@@ -85,8 +85,11 @@ format: install ## Apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-docs: install ## Regenerate README's config-group table from conf/ (a test fails when it drifts)
+# make docs: README's config-group table (when README has its markers), then the site: the reference pages
+# are generated from the code by docs/hooks/reference.py; --strict: a broken link or reference fails
+docs: install ## The docs site into site/ (mkdocs build --strict; reference generated from the code), README's table
 	$(PY) -m rag_lab.docs
+	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/
 	@for f in experiments/bench_*.py; do [ $$f = experiments/bench_vs_flashrag.py ] && continue; \

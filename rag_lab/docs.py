@@ -1,20 +1,42 @@
-"""README.md's generated part: the config-group table, built from the config tree.
+"""Generated documentation: the config reference (every key of every config group with its default, valid
+values and help text) and README.md's config-group table, both read from the config tree and the code.
+
+A key of ``conf/<group>/<option>.yaml`` is a key the yaml sets or a keyword parameter of its ``_target_``
+(the schema :func:`rag_lab.config.schema_for` reads; the runner's :data:`~rag_lab.config.INJECTED` objects
+and, for a ``_partial_`` node, the call's own arguments left out). Its default is the yaml's value, else
+the signature's; its valid values are the ``Range`` / ``OneOf`` of its type hint (:mod:`rag_lab.ranges`).
+
+**Help text** is a comment, written where the key is: the comment block that heads the run of lines the
+key is in, a run being consecutive lines with no blank line and no other comment between them (the
+house style: one comment above a key, or above a few keys that go together), or a comment at the end of
+the key's own line. In the yaml that sets the key (its own level of the mapping), else in the Python
+source that declares it: the target's parameter list, a dataclass's fields, and for a target whose
+``**settings`` come from :func:`rag_lab.config.takes`, the sources named there. ``tests/test_docs.py``
+fails naming every key without help (:func:`keys_without_help`).
 
 ``python -m rag_lab.docs`` rewrites the table between the ``<!-- config-groups:begin -->`` and
-``<!-- config-groups:end -->`` markers of README.md; ``--check`` only says whether it is stale
-(``tests/test_report.py`` runs that check). The options of a group are the yaml stems of
-``conf/<group>/`` (the config group is the only registry) and its default comes from
-``conf/config.yaml``; only the package column is written here, in :data:`PACKAGES`.
+``<!-- config-groups:end -->`` markers of README.md (nothing to do when README has no markers);
+``--check`` only says whether it is stale. The site's config reference pages are rendered from
+:func:`option_keys` and :func:`schema_keys` by its build hook (``docs/hooks/reference.py``, ``make docs``).
 """
 
 import argparse
+import ast
+import dataclasses
+import inspect
+import re
 import sys
+import textwrap
+import typing
+from typing import Any
 
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.config import group_options
+from rag_lab.cli import flat_keys  # noqa: F401 - the site's experiment page (docs/hooks/reference.py)
+from rag_lab.config import INJECTED, RunConfig, ScoreConfig, ServeConfig, group_options, locate
 from rag_lab.errors import RagLabError
+from rag_lab.ranges import field_checks, strip_annotated
 
 README = CONF_DIR.parent / "README.md"
 BEGIN, END = "<!-- config-groups:begin -->", "<!-- config-groups:end -->"
@@ -32,6 +54,191 @@ PACKAGES = {
     "launch": "`launch.py` — training data-parallel under `accelerate launch` (an accelerate config file)",
     "experiment": "— `# @package _global_` deltas over the defaults",
 }
+# Config folders whose yaml are not one component each: experiments (deltas over the whole config, listed
+# with what they set) and Hydra's own nodes (hydra/launcher: keys of Hydra's plugins, help from the yaml).
+NOT_COMPONENTS = ("experiment", "hydra")
+
+
+@dataclasses.dataclass
+class Key:
+    """One config key: its name, default, type, valid values and help text (None: it has none)."""
+
+    name: str
+    default: Any
+    type: str
+    valid: str
+    help: str | None
+
+
+def comment_help(lines: list[str], first: int = 0) -> dict[int, str]:
+    """Line index -> the help text of the key on that line (module docstring: the comment heading its
+    run, or its own trailing comment), for the non-comment lines of ``lines[first:]``.
+
+    >>> comment_help(["# a and b", "a: 1", "b: 2", "", "c: 3  # c's own", "# d", "d: 4"])
+    {1: 'a and b', 2: 'a and b', 4: "c's own", 6: 'd'}
+    """
+    out, block, heading = {}, [], None
+    for i, line in enumerate(lines[first:], first):
+        text = line.strip()
+        if not text:
+            block, heading = [], None
+        elif text.startswith("#"):
+            block.append(text.lstrip("#").strip())
+        else:
+            if block:
+                heading, block = " ".join(block), []
+            if help_text := _trailing(line) or heading:
+                out[i] = help_text
+    return out
+
+
+def _trailing(line: str) -> str | None:
+    """The comment at the end of a line of code, not a ``#`` inside a quoted string."""
+    head, sep, tail = line.partition(" #")
+    while sep and (head.count("'") % 2 or head.count('"') % 2):
+        more, sep, tail = tail.partition(" #")
+        head += " #" + more
+    return tail.strip() or None if sep else None
+
+
+def yaml_help(text: str) -> dict[str, str]:
+    """The help text of each top-level key of a yaml mapping (nested lines belong to their key's run)."""
+    lines = text.splitlines()
+    comments = comment_help(lines)
+    out = {}
+    for i, line in enumerate(lines):
+        # a top-level key, or a group the defaults list picks (``  - data: synth  # questions``)
+        match = re.match(r"(\w+):|\s+- (\w+)(@\w+)?:", line)
+        if match and i in comments:
+            out.setdefault(match[1] or match[2], comments[i])
+    return out
+
+
+def source_help(obj: Any) -> dict[str, str]:
+    """Parameter (or dataclass field) -> its help text in the source of ``obj``, a function or a class
+    (a dataclass: its fields; another class: its ``__init__``'s parameters)."""
+    if inspect.isclass(obj) and not dataclasses.is_dataclass(obj):
+        obj = obj.__init__
+    try:
+        lines, _ = inspect.getsourcelines(inspect.unwrap(obj))
+    except (OSError, TypeError):  # a builtin, a generated __init__
+        return {}
+    lines = textwrap.dedent("".join(lines)).splitlines()
+    tree = ast.parse("\n".join(lines)).body[0]
+    if isinstance(tree, ast.ClassDef):
+        items = [(s.target.id, s.lineno) for s in tree.body if isinstance(s, ast.AnnAssign)]
+    else:
+        a = tree.args
+        items = [(x.arg, x.lineno) for x in a.posonlyargs + a.args + a.kwonlyargs]
+    comments = comment_help(lines, first=tree.lineno)
+    return {name: comments[line - 1] for name, line in items if line - 1 in comments}
+
+
+def declared_help(target: Any) -> dict[str, str]:
+    """The help text of every setting of ``target`` in the code: its own source first, then the sources of
+    its :func:`~rag_lab.config.takes` (recursively)."""
+    fn = target.__init__ if inspect.isclass(target) and not dataclasses.is_dataclass(target) else target
+    out = source_help(target)
+    for source in getattr(fn, "__takes__", ()):
+        out = declared_help(source) | out
+    return out
+
+
+def _hint_text(hint: Any) -> tuple[str, str]:
+    """(type, valid values) of a type hint, e.g. ``('int', '>= 1')``."""
+    base, checks = strip_annotated(hint)
+    name = getattr(base, "__name__", None) if not typing.get_args(base) else None
+    text = name or str(base).replace("typing.", "")
+    valid = "; ".join(
+        str(c) if hasattr(c, "min") else "one of " + ", ".join(map(str, c.choices)) for c in checks
+    )
+    return text, valid
+
+
+def target_keys(node: dict, text: str) -> list[Key]:
+    """The keys of a component node (module docstring), in declaration order, the yaml's own after."""
+    own = {k: v for k, v in node.items() if k not in ("defaults", "_target_", "_partial_")}
+    helps = yaml_help(text)
+    keys: dict[str, Key] = {}
+    if "_target_" in node:
+        target = locate(node["_target_"])
+        fn = target.__init__ if inspect.isclass(target) else target
+        hints = typing.get_type_hints(fn, include_extras=True)
+        code_help = declared_help(target)
+        for name, p in inspect.signature(fn).parameters.items():
+            variadic = p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            call_argument = node.get("_partial_") and p.default is p.empty and name not in own
+            if name == "self" or variadic or name in INJECTED or call_argument:
+                continue
+            default = own.get(name, "(required)" if p.default is p.empty else p.default)
+            kind, valid = _hint_text(hints.get(name, Any))
+            keys[name] = Key(name, default, kind, valid, helps.get(name) or code_help.get(name))
+    for name, value in own.items():
+        keys.setdefault(name, Key(name, value, "", "", helps.get(name)))
+    return list(keys.values())
+
+
+def schema_keys(schema: type, text: str, prefix: str = "") -> list[Key]:
+    """The keys of a top-level schema (a dataclass of :mod:`rag_lab.config`) and of its nested
+    dataclasses, the defaults as ``text`` (its yaml) sets them; help from the yaml, else the fields'
+    comments."""
+    node = yaml.safe_load(text) or {}
+    for part in prefix.split(".")[:-1]:
+        node = node.get(part) or {}
+    helps = yaml_help(textwrap.dedent("\n".join(_block(text, prefix))) if prefix else text)
+    code_help, keys = source_help(schema), []
+    hints = typing.get_type_hints(schema, include_extras=True)
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.type):
+            keys += schema_keys(f.type, text, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        default = node.get(f.name, "(required)" if str(default) == "???" else default)
+        kind, valid = _hint_text(hints[f.name])
+        valid = valid or "; ".join(map(str, field_checks(f)))
+        keys.append(Key(prefix + f.name, default, kind, valid, helps.get(f.name) or code_help.get(f.name)))
+    return keys
+
+
+def _block(text: str, prefix: str) -> list[str]:
+    """The indented lines under the top-level key ``prefix`` (``eval.``) of a yaml text."""
+    lines, out, inside = text.splitlines(), [], False
+    for line in lines:
+        if line[:1].strip():
+            inside = line.startswith(prefix[:-1] + ":")
+        elif inside:
+            out.append(line)
+    return out
+
+
+TOP_LEVEL = {"config": RunConfig, "score": ScoreConfig, "serve": ServeConfig}
+
+
+def option_keys(group: str, option: str) -> list[Key]:
+    path = CONF_DIR / group / f"{option}.yaml"
+    text = path.read_text()
+    return target_keys(yaml.safe_load(text) or {}, text)
+
+
+def component_groups() -> list[str]:
+    """The config groups of components: the folders of ``conf/`` holding yaml, experiments aside."""
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+
+
+def keys_without_help() -> list[str]:
+    """``conf/<group>/<option>.yaml: key`` (and ``conf/<name>.yaml: key`` for the top-level configs) for
+    every key without help text (module docstring)."""
+    missing = []
+    for name, schema in TOP_LEVEL.items():
+        text = (CONF_DIR / f"{name}.yaml").read_text()
+        missing += [f"conf/{name}.yaml: {k.name}" for k in schema_keys(schema, text) if not k.help]
+    for group in component_groups():
+        if group in NOT_COMPONENTS:
+            continue
+        for option in group_options(group):
+            keys = option_keys(group, option)
+            missing += [f"conf/{group}/{option}.yaml: {k.name}" for k in keys if not k.help]
+    return missing
 
 
 def defaults() -> dict[str, str | None]:
@@ -60,7 +267,9 @@ def config_groups_table() -> str:
 
 
 def with_table(readme: str, table: str) -> str:
-    """``readme`` with the text between the markers replaced by ``table``."""
+    """``readme`` with the text between the markers replaced by ``table`` (unchanged without markers)."""
+    if readme.count(BEGIN) == readme.count(END) == 0:
+        return readme
     if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
         raise RagLabError(f"README.md needs one {BEGIN} line followed by one {END} line")
     head, rest = readme.split(BEGIN)

@@ -106,7 +106,10 @@ class FlashRAGDataset:
         path: str,
         corpus_path: str,
         name: str = "flashrag",
+        # skip a malformed line (counted in the run's log) instead of failing on it
         skip_malformed: bool = False,
+        # where the files come from, and the `make` target that downloads them (both named in the error
+        # when a file is missing)
         source: str = "https://huggingface.co/datasets/RUC-NLPIR/FlashRAG_datasets",
         make_target: str = "data-flashrag",
     ):

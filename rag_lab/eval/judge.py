@@ -57,6 +57,7 @@ class LLMJudge:
         generator: Generator,
         n: PositiveInt = 1,
         temperature: NonNegative = 0.0,
+        # a jsonl of verdicts already given (prompt key -> score), read first, then appended to (null: none)
         cache_path: str | None = None,
     ):
         if generator is None:

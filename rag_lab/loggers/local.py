@@ -11,7 +11,12 @@ from rag_lab.records import RecordWriter
 
 
 class LocalLogger:
-    def __init__(self, run_dir: str, run_config: Any = None):
+    def __init__(
+        self,
+        # the run directory (the runner passes it)
+        run_dir: str,
+        run_config: Any = None,
+    ):
         self.writer = RecordWriter(Path(run_dir) / "log.jsonl")
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:

@@ -23,8 +23,10 @@ STEP_COLUMNS = ["id", "step", "action", "query", "retrieved_ids", "answer", "rew
 class WandbLogger:
     def __init__(
         self,
+        # the run directory (the runner passes it); offline runs are written under <run_dir>/wandb/
         run_dir: str,
         run_config: Any = None,
+        # wandb's own run settings (null: wandb's defaults)
         project: str = "rag_lab",
         entity: str | None = None,
         name: str | None = None,

@@ -26,7 +26,14 @@ class Prompting:
 
     trains = False
 
-    def __init__(self, k: PositiveInt = 5, max_new_tokens: PositiveInt = 32, temperature: NonNegative = 0.0):
+    def __init__(
+        self,
+        # passages per search (a policy that retrieves)
+        k: PositiveInt = 5,
+        # the longest completion of one call, and its sampling temperature (0: greedy)
+        max_new_tokens: PositiveInt = 32,
+        temperature: NonNegative = 0.0,
+    ):
         self.k = k
         self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature)
 
@@ -127,9 +134,13 @@ class ChainOfThought(Prompting):
 
     def __init__(
         self,
+        # IRCoT: retrieve k passages with each reasoning sentence (false: CoT, no retrieval)
         retrieve: bool = False,
+        # reasoning sentences (calls) before the answer is forced
         max_steps: PositiveInt = 6,
+        # passages per search
         k: PositiveInt = 3,
+        # the longest completion of one call, and its sampling temperature (0: greedy)
         max_new_tokens: PositiveInt = 48,
         temperature: NonNegative = 0.0,
     ):

@@ -25,6 +25,7 @@ class CrossEncoderReranker:
         depth: PositiveInt = 10,
         batch_size: PositiveInt = 32,
         max_length: PositiveInt = 512,
+        # the reranker's device, e.g. cuda:0 (null: the GPU when there is one, else the CPU)
         device: str | None = None,
     ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer

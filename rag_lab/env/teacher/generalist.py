@@ -220,7 +220,14 @@ class GeneralistTeacher(TeacherGenerator):
     decide = GENERALIST
 
     @takes(Habits)
-    def __init__(self, data, seed: int = 0, noise: Noise | None = None, **habits):
+    def __init__(
+        self,
+        data,
+        seed: int = 0,
+        # the world teacher's mistakes (a Noise config; null: none)
+        noise: Noise | None = None,
+        **habits,
+    ):
         """``data``: the dataset whose questions it reads (the runner hands it over); ``habits``:
         :class:`Habits`' settings; ``noise``: the world teacher's (none by default)."""
         super().__init__(data, seed=seed, **asdict(noise or Noise()))

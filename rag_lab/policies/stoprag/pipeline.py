@@ -56,6 +56,7 @@ class IterativePipeline:
 
     def __init__(
         self,
+        # decides before each further iteration whether to stop (null: never; Stop-RAG passes its Q-network's)
         stopper: Stopper | None = None,
         # T: the most iterations per question
         iterations: PositiveInt = 10,

@@ -52,7 +52,13 @@ log = logging.getLogger(__name__)
 
 @takes(Recipe)
 def train(
-    data, cache_dir: str, before_chain: Path | None = None, before_generalist: Path | None = None, **settings
+    data,
+    cache_dir: str,
+    # a shipped model of this recipe before that stage, to start the stages from there on from (found by
+    # generator=tiny itself when one fits; null: train every stage)
+    before_chain: Path | None = None,
+    before_generalist: Path | None = None,
+    **settings,
 ) -> Path:
     """The recipe: the tiny LM trained on ``data`` (cached under ``cache_dir/tiny_lm/<key>``); its path.
     ``settings``: :class:`Recipe`'s. ``before_chain`` / ``before_generalist``: a model of this recipe's

@@ -1,0 +1,43 @@
+"""The docs: every config key has help text (rag_lab/docs.py defines it), and the site builds with
+``--strict`` (a broken link, a missing page, a results page not linked from results.md fail it)."""
+
+from pathlib import Path
+
+import pytest
+
+from rag_lab import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_config_key_has_help():
+    missing = docs.keys_without_help()
+    assert not missing, (
+        f"{len(missing)} config keys have no help text (a comment above the key or its run of keys, in the "
+        "yaml or at the parameter's declaration; rag_lab/docs.py):\n" + "\n".join(missing)
+    )
+
+
+def test_help_is_the_comment_heading_the_run():
+    lines = ["# a and b", "a: 1", "b: 2", "", "c: 3", "# d", "d: 4  # d's own"]
+    assert docs.comment_help(lines) == {1: "a and b", 2: "a and b", 6: "d's own"}
+    assert docs.yaml_help("\n".join(lines)) == {"a": "a and b", "b": "a and b", "d": "d's own"}
+
+
+def test_site_builds_strict(tmp_path, monkeypatch):
+    """mkdocs build --strict, in this process (the package is imported once for the suite)."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    monkeypatch.chdir(ROOT)
+    config = load_config(str(ROOT / "mkdocs.yml"), site_dir=str(tmp_path / "site"), strict=True)
+    build(config)
+    assert (tmp_path / "site" / "reference" / "config" / "policy" / "index.html").exists()
+    assert (tmp_path / "site" / "notebooks" / "stoprag.ipynb").exists()
+
+
+@pytest.mark.parametrize("group", ["policy", "retriever"])
+def test_reference_lists_a_key_with_its_range(group):
+    keys = {k.name: k for k in docs.option_keys(group, "stoprag" if group == "policy" else "bm25")}
+    assert group != "policy" or (keys["top_p"].valid == "in (0, 1]" and keys["k"].default == 1)
+    assert group != "retriever" or keys["k1"].default == 1.5
