@@ -230,7 +230,8 @@ def test_csv_goes_where_readme_and_help_say(two_runs, tmp_path, monkeypatch, cap
     assert (cwd / "report.csv").read_text().count("\n") == 3  # header + 2 runs
     report(capsys, str(run_a), str(run_b), "--out", str(tmp_path / "x.csv"))
     assert (tmp_path / "x.csv").exists()
-    assert "./report.csv" in README.read_text() and "DIR/report.csv" in README.read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "runner.md").read_text()
+    assert "./report.csv" in page and "DIR/report.csv" in page
 
 
 # 5. report.md: a title, rows named by the varying overrides, a legend of every column shown.
