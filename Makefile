@@ -87,8 +87,7 @@ format: install ## Apply ruff's fixes and formatting
 
 # make docs: README's config-group table (when README has its markers), then the site: the reference pages
 # are generated from the code by docs/hooks/reference.py; --strict: a broken link or reference fails
-docs: install ## The docs site into site/ (mkdocs build --strict; reference generated from the code), README's table
-	$(PY) -m rag_lab.docs
+docs: install ## The docs site into site/ (mkdocs build --strict; the reference generated from the code)
 	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/

@@ -1,5 +1,5 @@
 """Generated documentation: the config reference (every key of every config group with its default, valid
-values and help text) and README.md's config-group table, both read from the config tree and the code.
+values and help text) and the config-group table, both read from the config tree and the code.
 
 A key of ``conf/<group>/<option>.yaml`` is a key the yaml sets or a keyword parameter of its ``_target_``
 (the schema :func:`rag_lab.config.schema_for` reads; the runner's :data:`~rag_lab.config.INJECTED` objects
@@ -14,18 +14,15 @@ source that declares it: the target's parameter list, a dataclass's fields, and 
 ``**settings`` come from :func:`rag_lab.config.takes`, the sources named there. ``tests/test_docs.py``
 fails naming every key without help (:func:`keys_without_help`).
 
-``python -m rag_lab.docs`` rewrites the table between the ``<!-- config-groups:begin -->`` and
-``<!-- config-groups:end -->`` markers of README.md (nothing to do when README has no markers);
-``--check`` only says whether it is stale. The site's config reference pages are rendered from
-:func:`option_keys` and :func:`schema_keys` by its build hook (``docs/hooks/reference.py``, ``make docs``).
+The site's config reference pages (the group table, :func:`config_groups_table`, and each option's keys)
+are rendered from :func:`option_keys` and :func:`schema_keys` by its build hook
+(``docs/hooks/reference.py``, ``make docs``).
 """
 
-import argparse
 import ast
 import dataclasses
 import inspect
 import re
-import sys
 import textwrap
 import typing
 from typing import Any
@@ -37,9 +34,6 @@ from rag_lab.cli import flat_keys  # noqa: F401 - the site's experiment page (do
 from rag_lab.config import INJECTED, RunConfig, ScoreConfig, ServeConfig, group_options, locate
 from rag_lab.errors import RagLabError
 from rag_lab.ranges import field_checks, strip_annotated
-
-README = CONF_DIR.parent / "README.md"
-BEGIN, END = "<!-- config-groups:begin -->", "<!-- config-groups:end -->"
 
 # Config group -> the package column: the package that mirrors it and what it holds.
 PACKAGES = {
@@ -264,39 +258,3 @@ def config_groups_table() -> str:
             options += f" (default: `{chosen[group]}`)" if chosen[group] else " (default: none)"
         rows.append(f"| `{group}` | {package} | {options} |")
     return "\n".join(rows) + "\n"
-
-
-def with_table(readme: str, table: str) -> str:
-    """``readme`` with the text between the markers replaced by ``table`` (unchanged without markers)."""
-    if readme.count(BEGIN) == readme.count(END) == 0:
-        return readme
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise RagLabError(f"README.md needs one {BEGIN} line followed by one {END} line")
-    head, rest = readme.split(BEGIN)
-    return f"{head}{BEGIN}\n{table}{END}{rest.split(END)[1]}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rag_lab.docs", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 when README.md is stale")
-    args = parser.parse_args(argv)
-    try:
-        text = README.read_text()
-        fresh = with_table(text, config_groups_table())
-    except RagLabError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-    if args.check:
-        if fresh != text:
-            print(
-                "error: README.md's config-group table is stale: run `python -m rag_lab.docs`",
-                file=sys.stderr,
-            )
-            raise SystemExit(1)
-    elif fresh != text:
-        README.write_text(fresh)
-        print(f"rewrote the config-group table in {README}")
-
-
-if __name__ == "__main__":
-    main()
