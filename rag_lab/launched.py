@@ -43,7 +43,7 @@ def main(job_file: str) -> None:
             return
         with report_rank():
             # the process group first (with the launch's timeout), then the models: each on this rank's own
-            # device (launch.local_gpu)
+            # device (devices.local_gpu)
             state(job.get("timeout_s"))
             zero3_loading()  # ZeRO-3: each weight partitioned as it loads
             env, policy = components(cfg, job["run_config"], data, train_data)

@@ -247,8 +247,8 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(gpus, monkeypatch, local_rank
     """Every model a launched process builds goes to its own GPU, not all of them to GPU 0 (issue 66)."""
     import torch
 
+    from rag_lab.devices import local_gpu
     from rag_lab.generators.hf import GPU_MIN_PARAMETERS, default_device
-    from rag_lab.launch import local_gpu
 
     if local_rank is None:
         monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -260,8 +260,8 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(gpus, monkeypatch, local_rank
 
 
 def test_more_ranks_on_a_node_than_gpus_is_one_line(gpus, monkeypatch):
+    from rag_lab.devices import local_gpu
     from rag_lab.errors import RagLabError
-    from rag_lab.launch import local_gpu
 
     monkeypatch.setenv("LOCAL_RANK", "8")
     with pytest.raises(

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
+from rag_lab.devices import local_gpu
 from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.generators.decode import Decoded, decode
-from rag_lab.launch import local_gpu
 from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.dense import resolve_model
 
@@ -38,7 +38,7 @@ STOP_MARGIN = 8
 
 
 def default_device(model) -> str:
-    """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.launch.local_gpu`:
+    """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.devices.local_gpu`:
     ``cuda:<LOCAL_RANK>`` in a launched process) when there is one and the model is not small, else
     ``cpu``."""
     if not torch.cuda.is_available() or sum(p.numel() for p in model.parameters()) < GPU_MIN_PARAMETERS:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from rag_lab.data.base import Corpus
-from rag_lab.launch import local_gpu
+from rag_lab.devices import local_gpu
 from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 from rag_lab.retrievers.dense import resolve_model

@@ -62,11 +62,11 @@ from rag_lab.config import (
     takes,
 )
 from rag_lab.data.base import QAExample
+from rag_lab.devices import local_gpu
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
 from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
-from rag_lab.launch import local_gpu
 from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, collect
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 from rag_lab.policies.stoprag.qnet import QNetwork

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from rag_lab import cache
+from rag_lab.devices import local_gpu
 from rag_lab.errors import RagLabError
-from rag_lab.launch import local_gpu
 from rag_lab.train.parallel import barrier, is_main, processes
 from rag_lab.train.sharded import saveable
 from rag_lab.train.tiny.model import TinyConfig, build_model, read, sft_stage
