@@ -16,7 +16,7 @@ from bench_rollout import Timed
 from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
-from rag_lab.config import build, compose
+from rag_lab.core.config import build, compose
 from rag_lab.env import Env
 from rag_lab.generators.hf import HFGenerator
 

@@ -20,7 +20,7 @@ import torch
 from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
-from rag_lab.config import build, compose
+from rag_lab.core.config import build, compose
 from rag_lab.env import Env
 from rag_lab.env.protocols import State
 from rag_lab.env.protocols.stoprag import StopRAGQuery

@@ -18,7 +18,7 @@ from bench_dapo import timed
 from benchlib import peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
-from rag_lab.config import build, compose
+from rag_lab.core.config import build, compose
 from rag_lab.env import Env
 from rag_lab.policies.evorag import branches, trainer
 

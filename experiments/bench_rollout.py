@@ -21,7 +21,7 @@ import pandas as pd
 from benchlib import ForwardClock, peak_rss_mb, publish, shipped_lm
 from hydra.utils import instantiate
 
-from rag_lab.config import build, compose
+from rag_lab.core.config import build, compose
 from rag_lab.env import Env
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
 

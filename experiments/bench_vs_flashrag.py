@@ -45,7 +45,7 @@ PIPELINES = {"sequential": "standard_rag", "iterative": "iter_retgen"}
 
 
 def compose_for(generator: str):
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     return compose([*GENERATORS[generator][0], *RETRIEVER])
 
@@ -87,7 +87,7 @@ def prepare(generator: str, n: int, work: Path) -> dict:
     """The shared inputs: questions as FlashRAG jsonl, the BM25 index with the corpus, the model folder."""
     from hydra.utils import instantiate
 
-    from rag_lab.config import build
+    from rag_lab.core.config import build
 
     cfg = compose_for(generator)
     data = instantiate(cfg.data)
@@ -158,7 +158,7 @@ def run_ours(spec: dict) -> dict:
     """Our policy over the spec's questions in batches of 64 (the process ``--ours`` starts)."""
     from hydra.utils import instantiate
 
-    from rag_lab.config import build
+    from rag_lab.core.config import build
     from rag_lab.env import Env
     from rag_lab.policies.prompting import IterRetGen, StandardRAG
 

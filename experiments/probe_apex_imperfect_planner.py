@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 
-from rag_lab.config import build, compose
+from rag_lab.core.config import build, compose
 from rag_lab.env import Env
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN, Action, State

@@ -21,7 +21,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
 from rag_lab.train.tiny.generator import SHIPPED, recipe_part, recipe_settings
 from rag_lab.train.tiny.recipe import train
 from rag_lab.train.tiny.ship import ship

@@ -35,12 +35,12 @@ import pandas as pd
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.errors import RagLabError, one_line_errors
+from rag_lab.core.errors import RagLabError, one_line_errors
+from rag_lab.core.records import atomic_write_text
 from rag_lab.eval.paired import bootstrap_rows, groups_by
 from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
 from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
-from rag_lab.records import atomic_write_text
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}

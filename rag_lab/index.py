@@ -13,9 +13,9 @@ import time
 
 from hydra.utils import instantiate
 
-from rag_lab.cli import cli_overrides
-from rag_lab.config import compose
-from rag_lab.errors import one_line_errors
+from rag_lab.core.cli import cli_overrides
+from rag_lab.core.config import compose
+from rag_lab.core.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,8 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from rag_lab.errors import RagLabError, one_line_errors
+from rag_lab.core.errors import RagLabError, one_line_errors
+from rag_lab.core.records import atomic_write_text
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.paired import bootstrap_rows, compare, compare_rows, scores_of
 from rag_lab.eval.runs import (
@@ -33,7 +34,6 @@ from rag_lab.eval.runs import (
     unfinished_runs,
 )
 from rag_lab.eval.table import DESCRIPTIONS, format_metrics, legend, to_markdown
-from rag_lab.records import atomic_write_text
 
 
 def build_table(

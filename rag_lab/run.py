@@ -5,7 +5,7 @@ seed → build retriever, generator, reward, policy, logger → ``policy.fit`` w
 evaluate → write records, metrics and tables into the run directory. ``--help`` lists the
 config groups and options (``hydra.help`` in ``conf/config.yaml``).
 
-Each thing is built once and handed down by name (:func:`rag_lab.config.build`): the corpus to the
+Each thing is built once and handed down by name (:func:`rag_lab.core.config.build`): the corpus to the
 retriever, the dataset to the generator (the tiny LM, the teacher), the training dataset, the reward group
 and the resolved config to the policy. What the policy trains stays on the policy; evaluation asks it.
 """
@@ -23,20 +23,28 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rag_lab import CONF_DIR, rundir
-from rag_lab.cli import check_below_interpolations, check_row_overrides, check_yaml_files, user_config_dirs
-from rag_lab.config import ConfigError, build, locate, validate
+from rag_lab import CONF_DIR
+from rag_lab.core.cli import (
+    check_below_interpolations,
+    check_row_overrides,
+    check_yaml_files,
+    user_config_dirs,
+)
+from rag_lab.core.config import ConfigError, build, locate, validate
+from rag_lab.core.errors import one_line_errors
+from rag_lab.core.seeding import seed_everything
 from rag_lab.env import Env
-from rag_lab.errors import one_line_errors
 from rag_lab.eval.evaluate import aggregate, evaluate
 from rag_lab.eval.groups import group_stats, repeat
 from rag_lab.eval.provenance import check_judge, row_hash
 from rag_lab.eval.table import metrics_table
-from rag_lab.launch import launch_of, single_process_trainers
-from rag_lab.seeding import seed_everything
-from rag_lab.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, soften
+from rag_lab.runner import rundir
+from rag_lab.runner.launch import launch_of, single_process_trainers
+from rag_lab.runner.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, soften
 
 log = logging.getLogger("rag_lab.run")
+# one process of a launched run (`accelerate launch -m <it>`)
+LAUNCHED = "rag_lab.runner.launched"
 
 
 def data_counts(data) -> dict[str, int]:
@@ -76,7 +84,7 @@ def model_dir(cfg: DictConfig) -> str | None:
     """The folder of the run's generator model where it is known before the run builds anything: a local
     folder or a hub name in the cache (``generator.model``), or the shipped tiny LM (``generator=tiny``
     with no checkpoint named); None otherwise (a hub model not downloaded, a tiny LM still to train)."""
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.retrievers.dense import resolve_model
 
     if not cfg.generator:
@@ -97,7 +105,7 @@ def model_dir(cfg: DictConfig) -> str | None:
 
 def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, object]:
     """The run's environment (corpus, retriever, generator) and policy, as the runner and every process of
-    a launched training job (:mod:`rag_lab.launched`) build them."""
+    a launched training job (:mod:`rag_lab.runner.launched`) build them."""
     retriever = build(cfg.retriever, corpus=data.corpus)
     env = Env(data.corpus, retriever, build(cfg.generator, data=data))
     policy = build(cfg.policy, data=data, train_data=train_data, reward=build(cfg.reward), run_config=config)
@@ -105,7 +113,7 @@ def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, ob
 
 
 def launched_job(config: dict, run_dir: Path, part: str) -> dict:
-    """What each launched process does (:mod:`rag_lab.launched`): build the run's generator (``part``
+    """What each launched process does (:mod:`rag_lab.runner.launched`): build the run's generator (``part``
     ``generator``: the tiny LM's recipe) or fit its policy (``fit``)."""
     return {"run_config": config, "run_dir": str(run_dir), "part": part}
 
@@ -128,20 +136,18 @@ def generator_trains(cfg: DictConfig, data) -> bool:
 def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None) -> None:
     """The policy's training on the run's training split, into ``<run dir>/checkpoints``. Under ``launch`` the
     runner calls it after :func:`train_launched`, and the policy's ``fit`` finds the launched processes'
-    published results; the launched processes call it themselves (:mod:`rag_lab.launched`)."""
+    published results; the launched processes call it themselves (:mod:`rag_lab.runner.launched`)."""
     train = train_data.split(cfg.train_split)
     policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
 def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> None:
-    """Under ``launch``, a training policy's N processes (:mod:`rag_lab.launched`), run before the runner
-    builds any model of its own: while they train, the runner holds no copy of the model (on a GPU, a copy
-    beside every rank's). On a Slurm job of several nodes: this node's rank and the first node."""
+    """Under ``launch``, a training policy's N processes (:mod:`rag_lab.runner.launched`), run before the
+    runner builds any model of its own: while they train, the runner holds no copy of the model (on a GPU, a
+    copy beside every rank's). On a Slurm job of several nodes: this node's rank and the first node."""
     launch = launch_of(config)
     if launch is not None and getattr(locate(cfg.policy._target_), "trains", False):
-        launch.on_cluster().run_job(
-            "rag_lab.launched", launched_job(config, run_dir, "fit"), run_dir / "launch"
-        )
+        launch.on_cluster().run_job(LAUNCHED, launched_job(config, run_dir, "fit"), run_dir / "launch")
 
 
 def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
@@ -155,16 +161,17 @@ def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
         return False
     log.info("node %d of %s: training this node's share of node 0's jobs", launch.node, run_dir)
     if generator_trains(cfg, data):
-        launch.follow("rag_lab.launched", run_dir / "launch" / "generator")
+        launch.follow(LAUNCHED, run_dir / "launch" / "generator")
     if getattr(locate(cfg.policy._target_), "trains", False):
-        launch.follow("rag_lab.launched", run_dir / "launch")
+        launch.follow(LAUNCHED, run_dir / "launch")
     return True
 
 
 def provenance(cfg: DictConfig, run_dir: Path, digest: str, row: str, generator, n: int) -> dict:
-    """``<run dir>/provenance.json`` (:func:`rag_lab.rundir.write_provenance`): the commit, the code's hash,
-    the config's (and the row's: the config less the seed), the LM's fingerprint, the split, the seed and the
-    number of questions, which the claims table records on every line and checks (rag_lab/claims.py)."""
+    """``<run dir>/provenance.json`` (:func:`rag_lab.runner.rundir.write_provenance`): the commit, the code's
+    hash, the config's (and the row's: the config less the seed), the LM's fingerprint, the split, the seed
+    and the number of questions, which the claims table records on every line and checks
+    (rag_lab/claims.py)."""
     commit, dirty = rundir.git_commit(Path(__file__).resolve().parents[1])
     entry = {
         "commit": commit,
@@ -183,7 +190,7 @@ def provenance(cfg: DictConfig, run_dir: Path, digest: str, row: str, generator,
 
 def reused(cfg: DictConfig, run_dir: Path, digest: str) -> dict | None:
     """The metrics of an earlier run of config ``digest``, its results copied into ``run_dir``
-    (:func:`rag_lab.sweeps.reuse`; ``eval.reuse``), or None where there is none to reuse."""
+    (:func:`rag_lab.runner.sweeps.reuse`; ``eval.reuse``), or None where there is none to reuse."""
     if not cfg.eval.reuse or rundir.holds_results(run_dir):
         return None
     source = reuse(run_dir, digest, cfg.cache_dir)
@@ -214,7 +221,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     if launch_of(config) is not None and generator_trains(cfg, data):
         # generator=tiny with no checkpoint that fits: its recipe trains in the launched processes first
         job = launched_job(config, run_dir, "generator")
-        launch_of(config).on_cluster().run_job("rag_lab.launched", job, run_dir / "launch" / "generator")
+        launch_of(config).on_cluster().run_job(LAUNCHED, job, run_dir / "launch" / "generator")
 
     train_launched(cfg, config, run_dir)
     env, policy = components(cfg, config, data, train_data)

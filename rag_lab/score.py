@@ -14,11 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from rag_lab.cli import cli_overrides
-from rag_lab.config import compose
+from rag_lab.core.cli import cli_overrides
+from rag_lab.core.config import compose
+from rag_lab.core.errors import one_line_errors
 from rag_lab.data.base import DataError
 from rag_lab.data.jsonl import FieldError, read_jsonl, require
-from rag_lab.errors import one_line_errors
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.eval.stats import bootstrap_ci
 

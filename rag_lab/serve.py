@@ -171,7 +171,7 @@ def retrieval(cfg) -> tuple[Retriever | None, dict[str, Any] | None]:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_lab.config import build
+    from rag_lab.core.config import build
 
     if not cfg.get("retriever"):
         return None, None
@@ -183,9 +183,9 @@ def retrieval(cfg) -> tuple[Retriever | None, dict[str, Any] | None]:
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from rag_lab.cli import cli_overrides
-    from rag_lab.config import build, compose
-    from rag_lab.errors import RagLabError, one_line_errors
+    from rag_lab.core.cli import cli_overrides
+    from rag_lab.core.config import build, compose
+    from rag_lab.core.errors import RagLabError, one_line_errors
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
 
 # A world small enough for a sub-second end-to-end run.
 TINY_DATA = [

@@ -260,7 +260,8 @@ def forked(*args: str) -> None:
     from rag_lab.train.parallel import state
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's one-process state came along
-    state()  # as rag_lab.launched does first: the process group (FSDP on CPU where the launch asks for it)
+    # as rag_lab.runner.launched does first: the process group (FSDP on CPU where the launch asks for it)
+    state()
     main(*args)
 
 

@@ -86,7 +86,7 @@ def main(model_dir: str, out: str) -> None:
     from data_parallel import ToyEncoder
     from hydra.utils import instantiate
 
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
     from rag_lab.env import Env
     from rag_lab.generators.hf import HFGenerator
     from rag_lab.policies.evorag.preference import PreferenceModel

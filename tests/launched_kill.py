@@ -11,7 +11,7 @@ def main(job_file: str) -> None:
     import json
     from pathlib import Path
 
-    from rag_lab.launch import report_rank
+    from rag_lab.runner.launch import report_rank
     from rag_lab.train.parallel import barrier, state
 
     job = json.loads(Path(job_file).read_text())

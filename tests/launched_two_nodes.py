@@ -1,5 +1,5 @@
 """A launched job for test_two_nodes.py (``accelerate launch -m launched_two_nodes <job.json>``, the command
-rag_lab.launch.Launch builds for each node of a Slurm job): every process, on whichever node, trains
+rag_lab.runner.launch.Launch builds for each node of a Slurm job): every process, on whichever node, trains
 ``job["trainers"]`` of tests/data_parallel.py on its share of each global batch; rank 0 saves the weights."""
 
 import sys
@@ -12,7 +12,7 @@ def main(job_file: str) -> None:
     import torch
     from data_parallel import main as train
 
-    from rag_lab.launch import report_rank
+    from rag_lab.runner.launch import report_rank
     from rag_lab.train.parallel import state
 
     job = json.loads(Path(job_file).read_text())

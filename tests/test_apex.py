@@ -14,7 +14,7 @@ from rag_lab.retrievers.base import Hit, filter_hits
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     from conftest import TINY_DATA
 

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.env import Episode
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.planner import PlannerRL, plan_steps, train_planner
@@ -98,7 +98,7 @@ def test_plan_steps_counts_parsed_steps():
 
 
 def test_the_planner_loss_is_a_token_mean_as_verls():
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
     from rag_lab.policies.apex.planner import planner_config
 
     assert PlannerRL().loss_type == compose(["policy=apex"]).policy.planner.loss_type == "dapo"

@@ -347,23 +347,23 @@ CASES = [
          "hydra.sweep.dir={tmp}/sw"], 1, r"Could not find 'experiment/compare_synth/nope' \(options: apex",
          run_dir="none"),
     # ---- compare ----------------------------------------------------------------------------------
-    Case("compare missing dir", "compare", ["{tmp}/nope"], 1, r"nope does not exist"),
-    Case("compare no runs", "compare", ["{tmp}"], 1, r"no run \(a directory with metrics\.json\)"),
-    Case("compare start malformed", "compare", ["{tmp}/sweep", "--start", "dapo"], 1,
+    Case("compare missing dir", "reporting.compare", ["{tmp}/nope"], 1, r"nope does not exist"),
+    Case("compare no runs", "reporting.compare", ["{tmp}"], 1, r"no run \(a directory with metrics\.json\)"),
+    Case("compare start malformed", "reporting.compare", ["{tmp}/sweep", "--start", "dapo"], 1,
          r"--start dapo: expected ROW=START", compare_sweep),
-    Case("compare start unknown", "compare", ["{tmp}/sweep", "--start", "dapo=dapo_strat"], 1,
+    Case("compare start unknown", "reporting.compare", ["{tmp}/sweep", "--start", "dapo=dapo_strat"], 1,
          r"--start dapo_strat: no such row \(the rows by \+experiment/compare_synth: fixed_iter, dapo_start",
          compare_sweep),
-    Case("compare reference unknown", "compare", ["{tmp}/sweep", "--reference", "fixed"], 1,
+    Case("compare reference unknown", "reporting.compare", ["{tmp}/sweep", "--reference", "fixed"], 1,
          r"--reference fixed: no such row", compare_sweep),
-    Case("compare ceiling unknown", "compare", ["{tmp}/sweep", "--ceiling", "oracle"], 1,
+    Case("compare ceiling unknown", "reporting.compare", ["{tmp}/sweep", "--ceiling", "oracle"], 1,
          r"--ceiling oracle: no such row", compare_sweep),
-    Case("compare by an override no run has", "compare", ["{tmp}/sweep", "--by", "policy"], 1,
+    Case("compare by an override no run has", "reporting.compare", ["{tmp}/sweep", "--by", "policy"], 1,
          r"--by policy: no run has that override", compare_sweep),
-    Case("compare records cut short", "compare", ["{tmp}/sweep"], 1,
+    Case("compare records cut short", "reporting.compare", ["{tmp}/sweep"], 1,
          r"sweep/2/records\.jsonl: cut short \(\d questions, metrics\.json counts 4\)",
          lambda t: compare_sweep(t, cut="dapo")),
-    Case("compare over a killed row", "compare", ["{tmp}/sweep"], 0,
+    Case("compare over a killed row", "reporting.compare", ["{tmp}/sweep"], 0,
          r"notice: \S*sweep/2 has no metrics\.json", lambda t: compare_sweep(t, killed="dapo")),
     # ---- claims -----------------------------------------------------------------------------------
     Case("claims missing dir", "claims", ["{tmp}/nope", "--out", "{tmp}/c.md"], 1, r"nope does not exist"),
@@ -445,7 +445,7 @@ def expand(args: list[str], tmp: Path, extra: dict[str, str]) -> list[str]:
 def finished_run(tmp_path_factory) -> Path:
     """A finished run of BASE, copied into each row's run dir."""
     path = tmp_path_factory.mktemp("finished") / "run"
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
     from rag_lab.run import run
 
     cfg = compose(BASE)
@@ -488,8 +488,8 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
     """r3rag_ablation sets ``policy.cold_start: ${experiment.cold_start}``; in its sweep ``policy.cold_start.
     max_steps=3`` becomes ``++`` (soft) and would replace the interpolation with ``{max_steps: 3}``: the run
     died later with a traceback (``Missing key split``). It is refused at once, naming the key to set."""
-    from rag_lab.cli import check_below_interpolations
-    from rag_lab.config import compose
+    from rag_lab.core.cli import check_below_interpolations
+    from rag_lab.core.config import compose
 
     args = ["+experiment=r3rag_ablation", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
     rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)

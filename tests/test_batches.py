@@ -1,11 +1,11 @@
 """Every setting a trainer reads, checked at compose against what it will meet: the batch and the ranks
-(rag_lab/batches.py's table), each violation one line naming the keys and their values."""
+(rag_lab/core/batches.py's table), each violation one line naming the keys and their values."""
 
 import re
 
 import pytest
 
-from rag_lab.config import ConfigError, compose
+from rag_lab.core.config import ConfigError, compose
 
 CPU2 = ["launch=cpu2"]
 # a step of 8 questions x G 6 = 48 sequences: a micro-batch of 16 divides it in one process (3 passes), not
@@ -33,8 +33,8 @@ def test_the_compose_rule_is_the_split_that_training_makes():
     """Over small sizes, the micro-batch rule at compose refuses exactly what the training-time split
     (rag_lab.train.grpo.passes, on a process's share) refuses; and what it accepts gives TRL a generation
     batch of whole groups (TRL's own rule: generation_batch_size % num_generations == 0)."""
-    from rag_lab.batches import micro_batch
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.batches import micro_batch
+    from rag_lab.core.errors import RagLabError
     from rag_lab.train.grpo import passes
 
     checked = 0

@@ -10,7 +10,7 @@ import yaml
 
 from rag_lab import CONF_DIR
 from rag_lab.claims import BEGIN, END, Check, Claim, judge, read_spec, write_claims
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.eval.stats import paired_bootstrap
 
 JUDGE = {"split": "judge", "seeds": [100, 101, 102]}

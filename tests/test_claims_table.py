@@ -24,7 +24,7 @@ from rag_lab.claims import (
     verdict,
     write_claims,
 )
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 
 def test_verdicts_on_both_sides_of_a_margin():

@@ -16,12 +16,12 @@ from hydra.utils import instantiate
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from rag_lab.cache import plain as cache_plain
-from rag_lab.config import ConfigError, build, compose
+from rag_lab.core.cache import plain as cache_plain
+from rag_lab.core.config import ConfigError, build, compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.env.protocols.base import ANSWER, Action, identify
 from rag_lab.env.teacher.agent import Noise
 from rag_lab.env.teacher.generator import TeacherGenerator
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Sampling
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train import cold_start as cs
@@ -188,7 +188,7 @@ def test_the_shipped_cold_start_fits_make_demo():
     """``make demo``'s shared cold start (compare_synth, seed 0) is shipped for the shipped default LM: its
     card's settings are the experiment's and its base is the checkpoint's files (else the demo pays 2.5 min
     of SFT: ``make tiny-lm`` ships it again)."""
-    from rag_lab.cache import files_digest
+    from rag_lab.core.cache import files_digest
     from rag_lab.train.tiny.generator import SHIPPED
 
     cfg = compose(["+experiment=compare_synth", "seed=0"])

@@ -1,4 +1,5 @@
-"""The all-methods table (rag_lab/compare.py) and its Pareto plot (rag_lab/plots.py) on hand-made runs."""
+"""The all-methods table (rag_lab/reporting/compare.py) and its Pareto plot (rag_lab/reporting/plots.py) on
+hand-made runs."""
 
 import json
 
@@ -6,10 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rag_lab.compare import CompareCallback, check_mechanisms, compare_table, display_table, write_compare
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
-from rag_lab.plots import pareto_front
+from rag_lab.reporting.compare import (
+    CompareCallback,
+    check_mechanisms,
+    compare_table,
+    display_table,
+    write_compare,
+)
+from rag_lab.reporting.plots import pareto_front
 
 from conftest import cli
 
@@ -128,7 +135,7 @@ def test_the_oracle_row_is_a_ceiling_line_off_the_pareto_front(sweep, monkeypatc
     a row of the table and a line on the plot, and the front is the methods'."""
     root, _, _ = sweep
     make_run(root, "oracle0", "oracle_rag", 0, [1.0] * 60, 0)
-    import rag_lab.plots as plots
+    import rag_lab.reporting.plots as plots
 
     fronts = []
     monkeypatch.setattr(
@@ -144,7 +151,7 @@ def test_the_oracle_row_is_a_ceiling_line_off_the_pareto_front(sweep, monkeypatc
 
 def test_an_unknown_row_key_is_one_line(sweep, repo_root, capfd, monkeypatch):
     root, _, _ = sweep
-    rc, out = cli("compare", [str(root), "--by", "policy"], capfd, monkeypatch, cwd=repo_root)
+    rc, out = cli("reporting.compare", [str(root), "--by", "policy"], capfd, monkeypatch, cwd=repo_root)
     assert rc == 1 and out.strip().count("\n") == 0 and "--by policy" in out
 
 
@@ -250,7 +257,7 @@ def test_make_demos_callback_has_a_mechanism_for_each_trained_row():
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rag_lab.config import CONF_DIR
+    from rag_lab.core.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", ["+experiment=compare_synth"], return_hydra_config=True)
@@ -265,7 +272,9 @@ def test_the_command_line_takes_mechanisms(sweep, repo_root, capfd, monkeypatch)
     both seeds), so the difference is -2 with no spread; a malformed one is one line naming it."""
     root, _, _ = sweep
     args = [str(root), "--mechanism", "stoprag=retrieval_count:fixed_iter", "--out", str(root / "out")]
-    rc, out = cli("compare", args, capfd, monkeypatch, cwd=repo_root)
+    rc, out = cli("reporting.compare", args, capfd, monkeypatch, cwd=repo_root)
     assert rc == 0 and "| RC -2.00 [-2.00, -2.00] " in out
-    rc, out = cli("compare", [str(root), "--mechanism", "stoprag=retrieval_count"], capfd, monkeypatch)
+    rc, out = cli(
+        "reporting.compare", [str(root), "--mechanism", "stoprag=retrieval_count"], capfd, monkeypatch
+    )
     assert rc == 1 and out.strip().count("\n") == 0 and "--mechanism stoprag=retrieval_count: expected" in out

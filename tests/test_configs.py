@@ -9,11 +9,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from rag_lab import CONF_DIR
-from rag_lab.cli import check_yaml_files
-from rag_lab.config import ConfigError, build, compose, group_options, schema_for, validate
+from rag_lab.core.cli import check_yaml_files
+from rag_lab.core.config import ConfigError, build, compose, group_options, schema_for, validate
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Corpus
-from rag_lab.errors import RagLabError
-from rag_lab.sweeps import soften
+from rag_lab.runner.sweeps import soften
 
 from conftest import cli, retrieval_server
 
@@ -197,8 +197,8 @@ def test_malformed_yaml_names_file_line(tmp_path):
 
 
 def test_omegaconf_reads_every_config_file_with_libyaml_as_with_pyyaml():
-    """rag_lab.config.use_libyaml: OmegaConf's own loader on libyaml's parser. Every yaml of conf/ loads to
-    the same values (floats like 1e-3, no timestamps), and a duplicate key is still refused."""
+    """rag_lab.core.config.use_libyaml: OmegaConf's own loader on libyaml's parser. Every yaml of conf/ loads
+    to the same values (floats like 1e-3, no timestamps), and a duplicate key is still refused."""
     import yaml
     from omegaconf import _utils
 
@@ -227,7 +227,7 @@ def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path, capfd, monke
 def test_an_override_that_a_sweep_row_also_sets_is_refused():
     """`+experiment=dapo_ablation policy.stages=[1]` would run stage one in every row, the rows labelled
     "no stage one" and "no stage two" included: the job's overrides are checked against its row."""
-    from rag_lab.cli import check_row_overrides
+    from rag_lab.core.cli import check_row_overrides
 
     with pytest.raises(ConfigError, match=r"'policy.stages=\[1\]' sets policy.stages, .* row '\+experiment/"):
         check_row_overrides(["+experiment/dapo_ablation=no_stage_one", "policy.stages=[1]", "seed=0"])

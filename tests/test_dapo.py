@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.env import Env
 from rag_lab.env.protocols.tagged import INFORMATION
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.policy import DAPO
 from rag_lab.policies.dapo.rollout import SearchRollouts
-from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.dapo import format_reward
 from rag_lab.train.heldout import HeldOut
@@ -322,7 +322,7 @@ def test_the_paper_setup_is_its_table_5():
     """dapo_2wiki: 32 prompts x 32 rollouts a step (1,024 trajectories), 500 steps over the two stages,
     lr 1e-6, no KL term (the text's choice over the table's kl_loss_coef), one update per batch, in passes
     of one trajectory (ppo_micro_batch_size_per_gpu)."""
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
     from rag_lab.policies.dapo.trainer import dapo_config
 
     p = compose(["+experiment=dapo_2wiki"]).policy

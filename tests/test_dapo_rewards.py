@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Passage
 from rag_lab.env.protocols.base import State, Turn
 from rag_lab.env.protocols.tagged import DAPOTagged
-from rag_lab.errors import RagLabError
 from rag_lab.rewards.dapo import (
     SearchReward,
     answer_correct,

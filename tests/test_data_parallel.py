@@ -100,7 +100,7 @@ def test_a_method_trains_sharded_under_launch_fsdp_cpu(experiment, tiny_cfg, tmp
 @pytest.mark.parametrize("experiment", sorted(LAUNCHED))
 def test_a_method_trains_under_launch_cpu2(experiment, tiny_cfg, tmp_path):
     """``launch=cpu2``: the runner starts the method's whole training in two CPU processes
-    (rag_lab.launched: the cold start's SFT and the method's own trainer), then finds the published
+    (rag_lab.runner.launched: the cold start's SFT and the method's own trainer), then finds the published
     results and evaluates; each published model says it was trained by two processes."""
     import json
 
@@ -231,7 +231,7 @@ def _check_samples_in_each(out: str) -> None:
     """In each of the debug launcher's processes: R3-RAG's sample check with rank 1 holding none."""
     from accelerate import Accelerator
 
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.policies.r3rag.ppo import check_samples
     from rag_lab.train.parallel import rank
 

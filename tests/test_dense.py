@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Corpus
-from rag_lab.errors import RagLabError
 from rag_lab.retrievers.dense import DenseRetriever, Encoder
 
 TEXTS = ["Ada was born in London.", "Paris is a city.", "The film was directed by Ada.", "London is a city.",

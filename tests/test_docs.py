@@ -1,11 +1,11 @@
-"""The docs: every config key has help text (rag_lab/docs.py defines it), and the site builds with
+"""The docs: every config key has help text (rag_lab/reporting/docs.py defines it), and the site builds with
 ``--strict`` (a broken link, a missing page, a results page not linked from results.md fail it)."""
 
 from pathlib import Path
 
 import pytest
 
-from rag_lab import docs
+from rag_lab.reporting import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,7 +14,7 @@ def test_every_config_key_has_help():
     missing = docs.keys_without_help()
     assert not missing, (
         f"{len(missing)} config keys have no help text (a comment above the key or its run of keys, in the "
-        "yaml or at the parameter's declaration; rag_lab/docs.py):\n" + "\n".join(missing)
+        "yaml or at the parameter's declaration; rag_lab/reporting/docs.py):\n" + "\n".join(missing)
     )
 
 

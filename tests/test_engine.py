@@ -16,7 +16,7 @@ from rag_lab.run import run
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     from conftest import TINY_DATA
 

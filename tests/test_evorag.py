@@ -12,16 +12,16 @@ import torch
 from safetensors.torch import load_file
 from test_evorag_rewards import Toy
 
-from rag_lab.config import ConfigError, compose
+from rag_lab.core.config import ConfigError, compose
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.env import Env
 from rag_lab.env.protocols.base import State
 from rag_lab.env.protocols.evorag import EVORAGStep
-from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.evorag.curriculum import best, stalled
 from rag_lab.policies.evorag.dpo import dpo_epoch, sequence_logprob
 from rag_lab.policies.evorag.policy import EvoRAG, PreferenceSettings
-from rag_lab.records import read_records
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.evorag import EvoRAGReward
 from rag_lab.train.lora import LoRA

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.policies.evorag.preference import Branch, PreferenceModel, pairwise_loss, preference_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -2,9 +2,9 @@
 
 import pytest
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env.episode import Episode, Step
-from rag_lab.errors import RagLabError
 from rag_lab.rewards import evorag
 from rag_lab.rewards.evorag import COMPONENTS, action_penalty, answer_reward, step_rewards, weighted, weights
 

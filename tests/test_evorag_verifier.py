@@ -3,9 +3,9 @@ asked, greedily, once per (question, evidence), what it counts across batches, a
 
 import pytest
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion
 from rag_lab.rewards.evorag_verifier import EvidenceVerifier, prompt
 

@@ -1,8 +1,8 @@
 """eval.samples: every question rolled out n times side by side, and the share of mixed groups."""
 
+from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.eval.groups import group_stats, repeat
-from rag_lab.records import read_records
 from rag_lab.run import run
 
 

@@ -77,7 +77,7 @@ def test_evaluation_with_a_judge_adds_judge_acc(tiny_cfg, tmp_path):
 
 
 def test_runner_judge_shares_the_run_generator(tiny_cfg, tiny_lm, tmp_path):
-    from rag_lab.records import read_records
+    from rag_lab.core.records import read_records
     from rag_lab.run import run
 
     cfg = tiny_cfg("judge=llm", "generator=hf", f"generator.model={tiny_lm}",

@@ -1,5 +1,5 @@
-"""The ``launch`` group (rag_lab/launch.py): accelerate configs composed and read by accelerate itself, for
-every paper experiment that trains a 7-8B model; what the machine lacks, named before anything trains."""
+"""The ``launch`` group (rag_lab/runner/launch.py): accelerate configs composed and read by accelerate itself,
+for every paper experiment that trains a 7-8B model; what the machine lacks, named before anything trains."""
 
 import json
 
@@ -8,8 +8,8 @@ import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 from hydra.utils import instantiate
 
-from rag_lab.config import ConfigError, compose, group_options
-from rag_lab.launch import Launch, launch_of
+from rag_lab.core.config import ConfigError, compose, group_options
+from rag_lab.runner.launch import Launch, launch_of
 
 from conftest import TINY_DATA
 
@@ -54,9 +54,9 @@ def test_every_launch_option_is_read_by_accelerate(tmp_path):
 def test_the_command_runs_a_module_under_accelerate_with_the_written_config(tmp_path):
     launch = instantiate(compose(["launch=cpu2"]).launch)
     config = launch.write_config(tmp_path / "launch" / "accelerate.yaml")
-    command = launch.command(config, "rag_lab.launched", "job.json")
+    command = launch.command(config, "rag_lab.runner.launched", "job.json")
     assert command[0].endswith("accelerate") and command[1:] == [
-        "launch", "--config_file", str(config), "-m", "rag_lab.launched", "job.json"]  # fmt: skip
+        "launch", "--config_file", str(config), "-m", "rag_lab.runner.launched", "job.json"]  # fmt: skip
     assert yaml.safe_load(config.read_text())["num_processes"] == 2 and launch.processes == 2
     assert launch_of({"launch": None}) is None and launch_of(None) is None
     two_machines = launch_of({"launch": {"config": {"num_processes": 6, "num_machines": 2}}})
@@ -90,7 +90,10 @@ def test_what_the_machine_lacks_is_named(monkeypatch):
             "launch.config.num_machines=4",
             r"'launch\.config\.num_processes': 2 processes in all do not split over 4",
         ),
-        ("+launch.processes=2", r"'launch\.processes' \(rag_lab\.launch\.Launch\): Key 'processes' not in"),
+        (
+            "+launch.processes=2",
+            r"'launch\.processes' \(rag_lab\.runner\.launch\.Launch\): Key 'processes' not in",
+        ),
     ],
 )
 def test_a_bad_launch_setting_fails_at_compose_naming_it(override, says):
@@ -130,7 +133,7 @@ class SingleProcess:
 def test_a_trainer_without_global_batches_is_refused_before_a_launched_run_trains():
     from omegaconf import OmegaConf
 
-    from rag_lab.launch import single_process_trainers
+    from rag_lab.runner.launch import single_process_trainers
 
     run = OmegaConf.create({"policy": {"_target_": "test_launch.SingleProcess"}})
     [(key, why)] = single_process_trainers(run)
@@ -168,7 +171,7 @@ def test_the_slurm_launcher_asks_the_nodes_and_gpus_of_launch():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from rag_lab.config import CONF_DIR
+    from rag_lab.core.config import CONF_DIR
 
     def launcher(*overrides):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -192,7 +195,7 @@ def test_a_node_after_the_first_runs_node_0s_job_of_the_same_slurm_job(tmp_path,
     import json
     import subprocess
 
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
 
     ran = []
     monkeypatch.setattr(
@@ -205,10 +208,10 @@ def test_a_node_after_the_first_runs_node_0s_job_of_the_same_slurm_job(tmp_path,
     work.mkdir()
     (work / "job.json").write_text(json.dumps({"run_config": {}, "slurm_job": "76"}))  # an earlier job's
     with pytest.raises(RagLabError, match=r"node 1 waited 0 s for node 0's .*job\.json"):
-        launch.follow("rag_lab.launched", work, timeout=0)
+        launch.follow("rag_lab.runner.launched", work, timeout=0)
     assert ran == []
     (work / "job.json").write_text(json.dumps({"run_config": {}, "slurm_job": "77"}))
-    launch.follow("rag_lab.launched", work, timeout=0)
+    launch.follow("rag_lab.runner.launched", work, timeout=0)
     assert ran[0][-1] == str(work / "job.json") and ran[0][3] == str(work / "node1" / "accelerate.yaml")
     assert yaml.safe_load((work / "node1" / "accelerate.yaml").read_text())["machine_rank"] == 1
 
@@ -224,7 +227,7 @@ def test_the_runner_on_a_node_after_the_first_trains_its_share_and_writes_no_res
     )
     cfg = compose(["policy=dapo", "generator=tiny", "launch=cpu2", "launch.config.num_machines=2"])
     assert run(cfg, tmp_path / "run") == {}
-    assert followed == [(1, "rag_lab.launched", tmp_path / "run" / "launch")]
+    assert followed == [(1, "rag_lab.runner.launched", tmp_path / "run" / "launch")]
     assert not (tmp_path / "run").exists()  # node 0 writes the run dir
 
 
@@ -247,7 +250,7 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(gpus, monkeypatch, local_rank
     """Every model a launched process builds goes to its own GPU, not all of them to GPU 0 (issue 66)."""
     import torch
 
-    from rag_lab.devices import local_gpu
+    from rag_lab.core.devices import local_gpu
     from rag_lab.generators.hf import GPU_MIN_PARAMETERS, default_device
 
     if local_rank is None:
@@ -260,8 +263,8 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(gpus, monkeypatch, local_rank
 
 
 def test_more_ranks_on_a_node_than_gpus_is_one_line(gpus, monkeypatch):
-    from rag_lab.devices import local_gpu
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.devices import local_gpu
+    from rag_lab.core.errors import RagLabError
 
     monkeypatch.setenv("LOCAL_RANK", "8")
     with pytest.raises(
@@ -297,7 +300,7 @@ def test_a_killed_rank_ends_the_job_in_one_line_naming_it(tmp_path, monkeypatch)
     import time
     from pathlib import Path
 
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
 
     tests = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
@@ -315,7 +318,7 @@ def test_a_killed_rank_ends_the_job_in_one_line_naming_it(tmp_path, monkeypatch)
 
 
 def test_a_rank_that_fails_is_named_with_its_error(tmp_path):
-    from rag_lab.launch import fate
+    from rag_lab.runner.launch import fate
 
     ranks = tmp_path / "ranks"
     ranks.mkdir()
@@ -353,8 +356,8 @@ def test_gradient_checkpointing_is_a_launch_setting_that_reaches_trls_trainers(t
     assert [compose([f"launch={n}"]).launch.gradient_checkpointing for n in ("cpu2", "fsdp", "zero3")] == [
         False, True, True]  # fmt: skip
     launch = instantiate(compose(["launch=fsdp"]).launch)
-    monkeypatch.setattr("rag_lab.launch.Launch._run", lambda self, module, job, work: None)
-    launch.run_job("rag_lab.launched", {}, tmp_path / "work")
+    monkeypatch.setattr("rag_lab.runner.launch.Launch._run", lambda self, module, job, work: None)
+    launch.run_job("rag_lab.runner.launched", {}, tmp_path / "work")
     assert json.loads((tmp_path / "work" / "job.json").read_text())["gradient_checkpointing"] is True
     monkeypatch.delenv(CHECKPOINTING_ENV, raising=False)
     assert sft_config(tmp_path, 1, 1, 1e-3, 0, 0).gradient_checkpointing is False
@@ -380,7 +383,7 @@ def test_under_zero3_init_the_accelerator_exists_before_any_model_loads(monkeypa
     assert zero3_loading() and made == [1]
     import inspect
 
-    import rag_lab.launched
+    import rag_lab.runner.launched
 
-    launched = inspect.getsource(rag_lab.launched.main)
+    launched = inspect.getsource(rag_lab.runner.launched.main)
     assert launched.index("zero3_loading()") < launched.index("components(cfg")

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from hydra.utils import instantiate
 
-from rag_lab.config import ConfigError
+from rag_lab.core.config import ConfigError
 from rag_lab.env import Env
 from rag_lab.env.protocols.simple import QA, CoT
 from rag_lab.env.teacher.generator import TeacherGenerator
@@ -16,7 +16,7 @@ from rag_lab.policies.oracle import OracleRAG, check_supports
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     from conftest import TINY_DATA
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.eval.paired import bootstrap_rows, compare, compare_rows, in_subset, scores_of
 from rag_lab.eval.stats import bootstrap_ci, paired_bootstrap
 

@@ -1,5 +1,5 @@
-"""The comparison's figures (rag_lab/plots.py) on hand-made curves and tables: the held-out curves' 95% bands,
-their one y scale with the start and oracle lines, and the Pareto plot's labels kept apart."""
+"""The comparison's figures (rag_lab/reporting/plots.py) on hand-made curves and tables: the held-out curves'
+95% bands, their one y scale with the start and oracle lines, and the Pareto plot's labels kept apart."""
 
 import itertools
 import json
@@ -11,9 +11,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.text import Annotation
 
-import rag_lab.plots as plots
+import rag_lab.reporting.plots as plots
 from rag_lab.eval.stats import wilson_ci
-from rag_lab.plots import band, curves_side_by_side, pareto, text_box
+from rag_lab.reporting.plots import band, curves_side_by_side, pareto, text_box
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ from omegaconf import OmegaConf
 from test_claims import JUDGE, make_run
 
 from rag_lab.claims import Check, Claim, judge, read_spec
-from rag_lab.config import ConfigError, compose
+from rag_lab.core.config import ConfigError, compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import DataError
 from rag_lab.data.synth import SynthDataset
-from rag_lab.errors import RagLabError
 from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_hash
 from rag_lab.run import run
-from rag_lab.rundir import lm_fingerprint, write_provenance
+from rag_lab.runner.rundir import lm_fingerprint, write_provenance
 
 CLAIM = Claim("P", "a above b", "e", "policy", ("a", "b"), (Check("acc"),))
 ONES, HALF = [1.0] * 30, [1.0, 0.0] * 15

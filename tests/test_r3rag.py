@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rag_lab.config import ConfigError, compose
+from rag_lab.core.config import ConfigError, compose
 from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols.r3rag import R3RAGStep
 from rag_lab.env.teacher.generator import TeacherGenerator

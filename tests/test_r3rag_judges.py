@@ -4,10 +4,10 @@ counted)."""
 
 import pytest
 
-from rag_lab.config import ConfigError, compose
+from rag_lab.core.config import ConfigError, compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode, Step
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion
 from rag_lab.rewards.r3rag_judges import R3RAGReward, read_official, read_relevance
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.rewards.r3rag import official_rewards, paper_rewards, process_score, step_reward
 
 

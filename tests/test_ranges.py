@@ -1,5 +1,5 @@
 """Every method setting with a valid range or a set of choices declares it beside the setting
-(rag_lab/ranges.py), and the config refuses a value outside it when it is composed: one line naming the
+(rag_lab/core/ranges.py), and the config refuses a value outside it when it is composed: one line naming the
 key, before anything is built or trained."""
 
 import dataclasses
@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.config import ConfigError, compose, schema_for
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import OneOf, Range, check_ranges, field_checks, problems, strip_annotated
+from rag_lab.core.config import ConfigError, compose, schema_for
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import OneOf, Range, check_ranges, field_checks, problems, strip_annotated
 
 # Numeric settings of the methods that take any value, each with the reason.
 UNBOUNDED = {
@@ -74,7 +74,9 @@ def test_every_numeric_method_setting_declares_its_range():
         if numeric(f.type) and not field_checks(f) and not f.name.startswith("_")
         and f.name not in UNBOUNDED and f"{target}.{f.name}" not in UNBOUNDED
     )  # fmt: skip
-    assert undeclared == [], f"numeric settings without a declared range: {undeclared} (rag_lab/ranges.py)"
+    assert undeclared == [], (
+        f"numeric settings without a declared range: {undeclared} (rag_lab/core/ranges.py)"
+    )
 
 
 # One out-of-range value per setting family: composing it fails naming the key.

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from rag_lab.records import RecordWriter, atomic_write_json, atomic_write_text, read_records
+from rag_lab.core.records import RecordWriter, atomic_write_json, atomic_write_text, read_records
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path):

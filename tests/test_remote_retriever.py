@@ -12,8 +12,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from rag_lab.config import ConfigError, build
-from rag_lab.errors import RagLabError
+from rag_lab.core.config import ConfigError, build
+from rag_lab.core.errors import RagLabError
 from rag_lab.retrievers.remote import RemoteRetriever
 
 from conftest import TINY_DATA, cli, free_port, retrieval_server

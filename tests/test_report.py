@@ -9,14 +9,14 @@ import yaml
 from omegaconf import OmegaConf
 
 from rag_lab import CONF_DIR
-from rag_lab.config import group_options
+from rag_lab.core.config import group_options
 from rag_lab.data.base import QAExample
-from rag_lab.docs import config_groups_table
 from rag_lab.env.episode import Episode, Step
 from rag_lab.eval.evaluate import aggregate, score_record
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.eval.table import DESCRIPTIONS, MISSING
 from rag_lab.report import ReportCallback, build_table, compare, main
+from rag_lab.reporting.docs import config_groups_table
 
 
 def record(qid: str, kind: str, score: float, tokens: int | None = 10) -> dict:

@@ -7,10 +7,10 @@ import sys
 import pytest
 from hydra.utils import instantiate
 
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.env import Env, Episode
-from rag_lab.errors import RagLabError
 from rag_lab.eval.evaluate import evaluate
-from rag_lab.records import read_records
 from rag_lab.report import build_table, find_runs
 from rag_lab.run import run
 
@@ -161,7 +161,7 @@ def test_resumed_evaluation_rolls_out_the_uninterrupted_batches(tiny_cfg, tmp_pa
 def test_a_run_dir_in_use_by_another_process_is_refused(tmp_path):
     """Two runs in one directory at once would interleave their records under one label: the second one is
     refused before it writes anything, and the directory is free again once the first process ends."""
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     from conftest import TINY_DATA
 

@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.flashrag import parse_example
 from rag_lab.data.musique import parse_row
 from rag_lab.data.synth import SynthDataset
-from rag_lab.errors import RagLabError
 from rag_lab.rewards.sepr import SEPR, gold_plan, normalize_placeholders, plan_f1, question_form
 
 

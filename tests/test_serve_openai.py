@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.openai import OpenAIGenerator

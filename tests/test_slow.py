@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rag_lab.config import compose, group_options
+from rag_lab.core.config import compose, group_options
 from rag_lab.run import run
 
 from conftest import TINY_DATA, TINY_LM
@@ -322,7 +322,7 @@ SWEEPS = {
         ["+experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
     ),
     # every row of the comparison, each trained briefly: the rows set their own training lengths, and a
-    # method's setting reaches only the rows whose policy has it (rag_lab/sweeps.py)
+    # method's setting reaches only the rows whose policy has it (rag_lab/runner/sweeps.py)
     "compare.ipynb": ("RAG_LAB_COMPARE", ["+experiment=compare_synth", *toy_lm(), *COMPARE_SHORT]),
 }
 

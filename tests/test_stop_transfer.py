@@ -6,7 +6,7 @@ first chance, +100 never."""
 import pytest
 from hydra.utils import instantiate
 
-from rag_lab.config import build
+from rag_lab.core.config import build
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols.r3rag import R3RAGStep

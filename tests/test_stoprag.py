@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from rag_lab.config import build, compose
-from rag_lab.errors import RagLabError
+from rag_lab.core.config import build, compose
+from rag_lab.core.errors import RagLabError
 from rag_lab.policies.stoprag.offline import Trajectory
 from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets

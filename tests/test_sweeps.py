@@ -5,9 +5,9 @@ import shutil
 
 from omegaconf import OmegaConf
 
-from rag_lab.config import CONF_DIR, compose, validate
+from rag_lab.core.config import CONF_DIR, compose, validate
 from rag_lab.eval.runs import find_runs, overrides_of
-from rag_lab.sweeps import config_hash, drop_inapplicable, soften
+from rag_lab.runner.sweeps import config_hash, drop_inapplicable, soften
 
 from conftest import cli
 

@@ -5,7 +5,7 @@ or split once at its surface, and none of them is the gold decomposition."""
 import pytest
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
 from rag_lab.env import Env
 from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn
 from rag_lab.env.protocols.base import PLAN, SEARCH
@@ -142,7 +142,7 @@ def test_the_executor_searches_its_sub_question_once_then_answers(data, env):
 
 
 def test_habits_are_checked_when_composed():
-    from rag_lab.config import ConfigError
+    from rag_lab.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="generator.verbatim"):
         compose(["generator=generalist", "generator.verbatim=2"])

@@ -4,7 +4,7 @@ deterministic when greedy, varied when sampled, noisier with noise."""
 import pytest
 from hydra.utils import instantiate
 
-from rag_lab.config import compose
+from rag_lab.core.config import compose
 from rag_lab.env.protocols import PROTOCOLS, Action, State, Turn, identify
 from rag_lab.env.protocols.base import SEARCH
 from rag_lab.env.teacher.generator import TeacherGenerator

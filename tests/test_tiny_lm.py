@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.train.sft import sft_dataset
 from rag_lab.train.tiny import model as tiny

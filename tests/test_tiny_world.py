@@ -147,7 +147,7 @@ def test_the_generalists_demonstrations_are_cached_by_its_habits(tiny_cfg, tmp_p
 def test_generator_tiny_loads_the_shipped_checkpoint_on_the_default_world(tmp_path, monkeypatch, caplog):
     """The shipped recipe.json matches conf/generator/tiny.yaml and the default world (data=synth at its
     shipped sizes), so generator=tiny loads the shipped model and trains nothing."""
-    from rag_lab.config import build, compose
+    from rag_lab.core.config import build, compose
     from rag_lab.train.tiny import generator as tiny
 
     def fail(*args, **kwargs):
@@ -189,7 +189,7 @@ def test_the_vocabulary_texts_are_the_corpus_and_the_short_demonstrations():
 def test_an_unknown_tiny_lm_setting_fails_when_the_config_is_checked(tiny_cfg):
     import pytest
 
-    from rag_lab.config import ConfigError
+    from rag_lab.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"generator.hiden"):
         tiny_cfg("generator=tiny", "+generator.hiden=3")
@@ -341,7 +341,7 @@ def test_the_reading_stage_and_typed_renaming_run_from_the_config(tiny_cfg, tmp_
 def test_an_unknown_reading_layout_is_a_one_line_error(tiny_cfg, tmp_path):
     import pytest
 
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.train.tiny.recipe import train
 
     with pytest.raises(RagLabError, match=r"generator.reading_layout: 'page' is not one of drill, qa, stop"):
@@ -406,7 +406,7 @@ def test_protocol_stage_demonstrations_end_with_their_protocols_stop():
 def test_a_named_demos_layout_must_name_a_chosen_protocol(tiny_cfg, tmp_path):
     import pytest
 
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.train.tiny.recipe import train
 
     data = instantiate(tiny_cfg().data)

@@ -1,4 +1,4 @@
-"""Two nodes on one machine (issue 66): a Slurm job of two nodes, as rag_lab.launch starts it
+"""Two nodes on one machine (issue 66): a Slurm job of two nodes, as rag_lab.runner.launch starts it
 (``Launch.on_cluster`` from the job's variables; node 0 ``run_job``, node 1 ``follow``), each node one
 ``accelerate launch`` of one process, ``machine_rank`` 0 and 1, meeting at 127.0.0.1 over gloo."""
 
@@ -14,8 +14,8 @@ import torch
 from hydra.utils import instantiate
 from transformers import AutoModelForCausalLM
 
-from rag_lab.config import compose
-from rag_lab.launch import Launch
+from rag_lab.core.config import compose
+from rag_lab.runner.launch import Launch
 
 HERE = Path(__file__).parent
 

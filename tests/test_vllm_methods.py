@@ -13,9 +13,9 @@ import torch
 import vllm_fakes
 from safetensors.torch import load_file
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.env import Env
 from rag_lab.env.protocols.r3rag import R3RAGStep
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.r3rag_judges import R3RAGReward

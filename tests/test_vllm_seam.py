@@ -63,7 +63,7 @@ def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_updat
 
 
 def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.generators.vllm import VLLMGenerator
 
     colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2).trl_settings()
@@ -100,7 +100,7 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
 
 
 def test_the_methods_train_a_transformers_copy_and_any_other_is_one_line(fake_vllm, base):
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
     from rag_lab.generators.vllm import VLLMGenerator
     from rag_lab.train.start import starting_model
 

@@ -44,7 +44,7 @@ def _module(path: Path) -> str:
 
 
 def _docs_module():
-    """The package's docs module (rag_lab/docs.py, wherever the package keeps it)."""
+    """The package's docs module (rag_lab/reporting/docs.py, wherever the package keeps it)."""
     [path] = [p for p in PACKAGE.rglob("docs.py")]
     return importlib.import_module(_module(path))
 

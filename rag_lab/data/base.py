@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 
 class DataError(RagLabError):

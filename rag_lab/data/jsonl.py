@@ -98,7 +98,7 @@ def read_jsonl(
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    from rag_lab.records import atomic_write_text
+    from rag_lab.core.records import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 

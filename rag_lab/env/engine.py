@@ -22,12 +22,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env.env import Env
 from rag_lab.env.episode import Episode, Step
 from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Completion, Prompt, Sampling
 
 

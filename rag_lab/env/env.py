@@ -7,8 +7,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Corpus, Passage
-from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, Retriever
 
 

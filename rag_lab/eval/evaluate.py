@@ -12,13 +12,13 @@ from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
+from rag_lab.core.records import RecordWriter, read_records
 from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.judge import LLMJudge
 from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, answer_recall, retrieval_pr
 from rag_lab.eval.stats import bootstrap_ci
-from rag_lab.records import RecordWriter, read_records
 
 # Per-question fields averaged into metrics.json, in table order.
 METRIC_FIELDS = [

@@ -10,11 +10,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import NonNegative, PositiveInt
+from rag_lab.core.records import RecordWriter, read_records
 from rag_lab.eval.metrics import normalize_answer
 from rag_lab.generators.base import Generator, Sampling
-from rag_lab.ranges import NonNegative, PositiveInt
-from rag_lab.records import RecordWriter, read_records
 
 # The DAPO paper's judge instruction (appendix B.4), with the normalised prediction and golds.
 JUDGE_PROMPT = (

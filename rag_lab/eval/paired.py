@@ -1,16 +1,16 @@
 """Paired tests between runs, on their records (``rag_lab.report --compare``, ``rag_lab.claims``,
-``rag_lab.compare``): each record keyed by (seed, question id), rows of a sweep grouped by an override, and
-the paired bootstrap over questions of A − B per metric (each draw a question with all its seeds:
-:func:`rag_lab.eval.stats.paired_bootstrap`) over a metrics.json subset's questions; for the comparison's
-table, the records by question then seed, a metric's mean over questions with its CI and a metric's paired
-difference between two rows."""
+``rag_lab.reporting.compare``): each record keyed by (seed, question id), rows of a sweep grouped by an
+override, and the paired bootstrap over questions of A − B per metric (each draw a question with all its
+seeds: :func:`rag_lab.eval.stats.paired_bootstrap`) over a metrics.json subset's questions; for the
+comparison's table, the records by question then seed, a metric's mean over questions with its CI and a
+metric's paired difference between two rows."""
 
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.eval.metrics import ANSWER_METRICS
 from rag_lab.eval.runs import overrides_of, records_of
 from rag_lab.eval.stats import PairedResult, bootstrap_ci, paired_bootstrap

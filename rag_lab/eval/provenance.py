@@ -1,10 +1,11 @@
 """Where a run's numbers came from, and the claims' judge split and seeds.
 
-A run writes ``provenance.json`` (:func:`rag_lab.run.provenance`, :func:`rag_lab.rundir.write_provenance`):
-the commit, the code's hash, its config hash and its row's (the config less the seed), the LM's fingerprint,
-the split, the seed and N. The claims table (:mod:`rag_lab.claims`) reads it back here and refuses, in one
-line naming the run or the row: a run off the judge split or seeds, without provenance, from another commit
-or code than the rest, or resumed at another version; a row that pools two configs; a (seed, question) twice.
+A run writes ``provenance.json`` (:func:`rag_lab.run.provenance`,
+:func:`rag_lab.runner.rundir.write_provenance`): the commit, the code's hash, its config hash and its row's
+(the config less the seed), the LM's fingerprint, the split, the seed and N. The claims table
+(:mod:`rag_lab.claims`) reads it back here and refuses, in one line naming the run or the row: a run off the
+judge split or seeds, without provenance, from another commit or code than the rest, or resumed at another
+version; a row that pools two configs; a (seed, question) twice.
 
 The judge split and seeds are ``make claims``' alone (:func:`check_judge`, called before a run writes
 anything). Hand-written: no library keeps a run's provenance in this form.
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rag_lab.config import ConfigError
-from rag_lab.errors import RagLabError
+from rag_lab.core.config import ConfigError
+from rag_lab.core.errors import RagLabError
 from rag_lab.eval.runs import records_of, results_config
 
 # The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that

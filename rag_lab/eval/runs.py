@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from rag_lab.errors import RagLabError
-from rag_lab.records import read_records
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 
 
 def _natural(paths: list[Path]) -> list[Path]:
@@ -81,7 +81,7 @@ def overrides_of(run: Path) -> dict[str, str]:
         items = yaml.safe_load(path.read_text()) if path.exists() else []
     except yaml.YAMLError as e:
         raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
-    # a component's setting in a multirun is recorded as ++key=value (rag_lab/sweeps.py: soften)
+    # a component's setting in a multirun is recorded as ++key=value (rag_lab/runner/sweeps.py: soften)
     return dict(item.removeprefix("++").split("=", 1) for item in items or [] if "=" in item)
 
 
@@ -100,7 +100,7 @@ def _config_keys(run: Path) -> set[str]:
     return walk(config or {}, "")
 
 
-# Config keys that cannot change a run's results (rag_lab.sweeps hashes the config without them).
+# Config keys that cannot change a run's results (rag_lab.runner.sweeps hashes the config without them).
 NOT_RESULTS = ("logger", "eval.batch_size", "eval.resume", "eval.reuse", "cache_dir")
 
 
@@ -118,7 +118,7 @@ def results_config(config: dict) -> dict:
 
 def applies(run: Path, key: str) -> bool:
     """Whether override ``key`` is a setting of ``run``'s config (a component's setting swept over rows of
-    several policies reaches only those that have it: rag_lab.sweeps); True without a config.yaml."""
+    several policies reaches only those that have it: rag_lab.runner.sweeps); True without a config.yaml."""
     if not key.startswith(("policy.", "reward.", "generator.", "retriever.", "judge.")):
         return True
     keys = _config_keys(run)
@@ -127,7 +127,7 @@ def applies(run: Path, key: str) -> bool:
 
 def distinct(runs: list[Path]) -> list[Path]:
     """``runs`` less those that repeat an earlier one of them: results copied from it (``reused.json``:
-    :mod:`rag_lab.sweeps`), or the same config run again beside it (two jobs of a parallel sweep) —
+    :mod:`rag_lab.runner.sweeps`), or the same config run again beside it (two jobs of a parallel sweep) —
     counting them would count one run twice."""
     here, seen, out = {str(r.resolve()) for r in runs}, set(), []
     for run in runs:

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 
 import torch
 
-from rag_lab.devices import local_gpu
-from rag_lab.errors import RagLabError
+from rag_lab.core.devices import local_gpu
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import PositiveInt
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
 from rag_lab.generators.decode import Decoded, decode
-from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.dense import resolve_model
 
 # Below this many parameters a causal LM is launch-bound on a GPU: the tiny LM (0.3M) generates and trains
@@ -38,7 +38,7 @@ STOP_MARGIN = 8
 
 
 def default_device(model) -> str:
-    """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.devices.local_gpu`:
+    """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.core.devices.local_gpu`:
     ``cuda:<LOCAL_RANK>`` in a launched process) when there is one and the model is not small, else
     ``cpu``."""
     if not torch.cuda.is_available() or sum(p.numel() for p in model.parameters()) < GPU_MIN_PARAMETERS:
@@ -66,7 +66,7 @@ class HFGenerator:
 
         path = resolve_model(model)
         where = resolve_model(tokenizer) if tokenizer else path
-        self.source = path  # the model's folder: its fingerprint (rag_lab.rundir.lm_fingerprint)
+        self.source = path  # the model's folder: its fingerprint (rag_lab.runner.rundir.lm_fingerprint)
         self.tokenizer = AutoTokenizer.from_pretrained(where)
         if not self.tokenizer("Where was Ada born?", add_special_tokens=False).input_ids:
             # transformers builds an empty tokenizer from a model folder without tokenizer files
@@ -99,7 +99,7 @@ class HFGenerator:
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """The dtype and the device, as names torch knows (:mod:`rag_lab.config`)."""
+        """The dtype and the device, as names torch knows (:mod:`rag_lab.core.config`)."""
         problems = []
         if s["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
             problems.append(("dtype", f"{s['dtype']!r} is not auto, float32, bfloat16 or float16"))

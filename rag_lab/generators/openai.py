@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 from rag_lab.generators.base import Completion, Prompt, Sampling
-from rag_lab.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 

@@ -10,7 +10,7 @@ transformers reads GGUF (with the ``gguf`` package) but dequantises it on every 
 refuses to ``save_pretrained`` a GGUF-loaded model. So the first use converts it once: the dequantised state
 dict is copied into a model built from the same config without its ``quantization_config`` and saved, with
 the tokenizer and its chat template, as a plain fp32 safetensors folder under ``cache_dir/smollm2/<key>/``
-(538 MB; :mod:`rag_lab.cache`: the file, the code). Every later load reads that folder through
+(538 MB; :mod:`rag_lab.core.cache`: the file, the code). Every later load reads that folder through
 :class:`~rag_lab.generators.hf.HFGenerator` (a few seconds). Note the weights are the Q4_1 quantisation
 dequantised, not the original bf16 checkpoint, and the tokenizer's eos / pad are set to ``<|im_end|>`` as in
 the original (the GGUF metadata names ``<|im_start|>``).
@@ -22,9 +22,9 @@ import shutil
 import time
 from pathlib import Path
 
-from rag_lab import cache
-from rag_lab.config import takes
-from rag_lab.errors import RagLabError
+from rag_lab.core import cache
+from rag_lab.core.config import takes
+from rag_lab.core.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ import copy
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from rag_lab.batches import colocated_engine
-from rag_lab.errors import RagLabError
+from rag_lab.core.batches import colocated_engine
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import OneOf, OpenUnit, PositiveInt
 from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
-from rag_lab.ranges import OneOf, OpenUnit, PositiveInt
 
 
 def _vllm():
@@ -47,7 +47,7 @@ def _vllm():
 
 
 class VLLMGenerator:
-    # a colocated engine's tensor-parallel group splits the training ranks (rag_lab.batches)
+    # a colocated engine's tensor-parallel group splits the training ranks (rag_lab.core.batches)
     check_settings = staticmethod(colocated_engine)
 
     def __init__(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from rag_lab.records import RecordWriter
+from rag_lab.core.records import RecordWriter
 
 
 class LocalLogger:

@@ -21,7 +21,7 @@ Adding a method ``m`` (the five are laid out this way):
 
 What a method receives and keeps:
 
-- The runner builds each thing once and hands it down by parameter name (:func:`rag_lab.config.build`):
+- The runner builds each thing once and hands it down by parameter name (:func:`rag_lab.core.config.build`):
   ``reward`` (the run's reward group, built), ``train_data`` (the dataset ``fit``'s questions come from:
   the run's ``train_data``, else its ``data``), ``run_config`` (the resolved config, for cache keys). They
   are constructor parameters, not config keys.
@@ -31,7 +31,7 @@ What a method receives and keeps:
   :func:`rag_lab.eval.evaluate.acting_env`), anything else (a Q-network, a planner) as its own
   attribute. A model it must act with in part of its loop gets its own view of the env
   (``env.with_generator(model)``); the ``Env`` is frozen.
-- Caches go through :mod:`rag_lab.cache` (``cache.path(cache_dir, "m", <content>, <config>, code=...)``),
+- Caches go through :mod:`rag_lab.core.cache` (``cache.path(cache_dir, "m", <content>, <config>, code=...)``),
   keyed by the resolved config, the inputs' content and the code; curves through
   :mod:`rag_lab.train.curves`; supervised starts through the cold start (:mod:`rag_lab.train.cold_start`).
 """

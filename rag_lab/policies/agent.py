@@ -3,12 +3,12 @@ by the batched engine (:func:`rag_lab.env.engine.run_agent`), untrained: each pa
 the loop that DAPO (and EVO-RAG, R3-RAG) train.
 """
 
-from rag_lab.config import NonNegative, PositiveInt
+from rag_lab.core.config import NonNegative, PositiveInt
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import run_agent
 from rag_lab.env.protocols.base import PROTOCOLS
-from rag_lab.errors import RagLabError
 from rag_lab.policies.prompting import Prompting
 
 

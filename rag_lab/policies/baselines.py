@@ -11,7 +11,7 @@ with its own passage that retrieval ranks first (a retrieval-only reader, as in 
 
 from pathlib import Path
 
-from rag_lab.config import PositiveInt
+from rag_lab.core.config import PositiveInt
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode, Step
 

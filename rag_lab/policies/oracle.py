@@ -20,7 +20,7 @@ the dataset, before anything runs.
 import random
 from typing import Any
 
-from rag_lab.config import ConfigError, NonNegative, PositiveInt
+from rag_lab.core.config import ConfigError, NonNegative, PositiveInt
 from rag_lab.data.base import QAExample, resolve_references
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.apex import APEXExecute, APEXFinal

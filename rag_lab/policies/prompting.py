@@ -12,7 +12,7 @@
 
 from pathlib import Path
 
-from rag_lab.config import NonNegative, PositiveInt
+from rag_lab.core.config import NonNegative, PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
 from rag_lab.env.engine import generate, record

@@ -7,7 +7,7 @@ answers from what it retrieves; it only works on ``data=synth``, whose sentences
 
 from pathlib import Path
 
-from rag_lab.config import PositiveInt, takes
+from rag_lab.core.config import PositiveInt, takes
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode, Step
 from rag_lab.env.teacher.agent import Noise, WorldTeacher

@@ -20,10 +20,10 @@ import bm25s  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from rag_lab import cache
+from rag_lab.core import cache
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import NonNegative, Probability
 from rag_lab.data.base import Corpus
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import NonNegative, Probability
 from rag_lab.retrievers.base import Hit, filter_hits
 from rag_lab.retrievers.cache import index_dir
 from rag_lab.retrievers.tokenize import Tokenizer

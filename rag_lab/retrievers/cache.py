@@ -1,11 +1,11 @@
-"""Where the retrievers keep their indexes: ``cache_dir/index/<kind>/<key>`` (:func:`rag_lab.cache.path`:
+"""Where the retrievers keep their indexes: ``cache_dir/index/<kind>/<key>`` (:func:`rag_lab.core.cache.path`:
 the corpus' fingerprint, the retriever's settings, the code that builds the index), so a changed corpus,
-setting or builder never reuses a stale index. Entries are published atomically (:func:`rag_lab.cache.
+setting or builder never reuses a stale index. Entries are published atomically (:func:`rag_lab.core.cache.
 publish`)."""
 
 from pathlib import Path
 
-from rag_lab import cache
+from rag_lab.core import cache
 from rag_lab.data.base import Corpus
 
 

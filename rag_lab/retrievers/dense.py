@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rag_lab import cache
-from rag_lab.config import PositiveInt
+from rag_lab.core import cache
+from rag_lab.core.config import PositiveInt
+from rag_lab.core.devices import local_gpu
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Corpus
-from rag_lab.devices import local_gpu
-from rag_lab.errors import RagLabError
 from rag_lab.retrievers.base import Hit, filter_hits
 from rag_lab.retrievers.cache import index_dir
 

@@ -7,8 +7,8 @@ no retrieval library we depend on provides over arbitrary retrievers.
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from rag_lab.core.ranges import NonNegative, PositiveInt
 from rag_lab.data.base import Corpus
-from rag_lab.ranges import NonNegative, PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 
 

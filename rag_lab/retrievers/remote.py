@@ -32,9 +32,9 @@ import urllib.request
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive
 from rag_lab.data.base import Corpus
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import NonNegative, NonNegativeInt, Positive
 from rag_lab.retrievers.base import Hit
 
 # Settings that differ between machines without changing a single hit.

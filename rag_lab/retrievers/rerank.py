@@ -8,9 +8,9 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from rag_lab.core.devices import local_gpu
+from rag_lab.core.ranges import PositiveInt
 from rag_lab.data.base import Corpus
-from rag_lab.devices import local_gpu
-from rag_lab.ranges import PositiveInt
 from rag_lab.retrievers.base import Hit, Retriever
 from rag_lab.retrievers.dense import resolve_model
 from rag_lab.retrievers.fusion import build

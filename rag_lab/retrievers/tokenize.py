@@ -9,7 +9,7 @@ from functools import cache
 
 from bm25s import stopwords as bm25s_stopwords
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 TOKEN = re.compile(r"(?u)\b\w\w+\b")
 

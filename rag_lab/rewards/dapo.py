@@ -31,9 +31,9 @@ from typing import Annotated, Any
 
 import numpy as np
 
-from rag_lab.config import NonNegative, OneOf, PositiveInt, check_ranges
+from rag_lab.core.config import NonNegative, OneOf, PositiveInt, check_ranges
+from rag_lab.core.errors import RagLabError
 from rag_lab.env.protocols.tagged import INFORMATION, structure_ok
-from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.base import Reward
@@ -241,7 +241,7 @@ def multistage_answer(
 
 
 def check_answer_settings(s: dict, run) -> list[tuple[str, str]]:
-    """r_a's settings, checked when the config is (:mod:`rag_lab.config`)."""
+    """r_a's settings, checked when the config is (:mod:`rag_lab.core.config`)."""
     problems = check_ranges(multistage_answer, s)  # the declared ones (a direct call has no config)
     if s["correct"] == "judge" and not s["judge"]:
         problems.append(

@@ -47,10 +47,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env.episode import Episode
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH
-from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.rewards.embedding import default_encoder, query_vectors
 
@@ -284,7 +284,7 @@ class EvoRAGReward:
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """An unknown schedule, component or refusal source; no component (:mod:`rag_lab.config`)."""
+        """An unknown schedule, component or refusal source; no component (:mod:`rag_lab.core.config`)."""
         problems = []
         if s["schedule"] not in SCHEDULES:
             problems.append(("schedule", f"{s['schedule']!r} is not a schedule ({', '.join(SCHEDULES)})"))

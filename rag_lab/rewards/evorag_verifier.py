@@ -14,10 +14,10 @@ Hand-written: a prompt, a batched call and a parser.
 
 from collections.abc import Sequence
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode
 from rag_lab.env.protocols.base import REFUSE
-from rag_lab.errors import RagLabError
 from rag_lab.eval.judge import ask_model, verdict
 from rag_lab.generators.base import Sampling
 

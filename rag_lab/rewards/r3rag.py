@@ -31,7 +31,7 @@ functions take their scores, so they are pure and exact. Hand-written: no librar
 from collections.abc import Sequence
 from typing import Literal
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 Outcome = Literal["correct", "incorrect", "no_answer", "format_error"]
 OUTCOMES = ("correct", "incorrect", "no_answer", "format_error")

@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env.episode import Episode
 from rag_lab.env.protocols.base import ANSWER, SEARCH, passage_text
-from rag_lab.errors import RagLabError
 from rag_lab.eval.judge import ask_model
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
@@ -161,7 +161,7 @@ class R3RAGReward:
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """Unknown form, process judge, parts or outcomes (:mod:`rag_lab.config`)."""
+        """Unknown form, process judge, parts or outcomes (:mod:`rag_lab.core.config`)."""
         problems = []
         if s["form"] not in FORMS:
             problems.append(("form", f"{s['form']!r} is not one of {', '.join(FORMS)}"))

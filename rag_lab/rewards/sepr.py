@@ -38,11 +38,11 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from rag_lab.config import OneOf, Probability, check_ranges
+from rag_lab.core.config import OneOf, Probability, check_ranges
+from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN
-from rag_lab.errors import RagLabError
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.embedding import default_encoder, query_vectors
 

@@ -24,7 +24,7 @@ Hand-written, and why:
   DAPO's later turns are a partial assistant message the model continues
   (``continue_final_message``); TRL would close that message and open a new assistant turn, so the
   model would train on a context it never sees.
-- The cache (``<cache_dir>/cold_start/<key>``, :mod:`rag_lab.cache`: the base model's files, the pairs,
+- The cache (``<cache_dir>/cold_start/<key>``, :mod:`rag_lab.core.cache`: the base model's files, the pairs,
   the settings, the code; published in one rename) and the resume (Trainer checkpoints every
   ``save_steps`` in a ``.work`` dir beside it; a killed run resumes from the last one, and ends with
   the weights an uninterrupted run of the same seed gives). With the demonstrations' cache, a second
@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rag_lab import cache
-from rag_lab.errors import RagLabError
+from rag_lab.core import cache
+from rag_lab.core.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
 from rag_lab.train.lora import lora_settings
 from rag_lab.train.parallel import main_first, processes, publish_on_main
@@ -82,7 +82,7 @@ class ColdStartConfig(SFTSettings, DemoSettings):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """Training that would not train (:mod:`rag_lab.config`)."""
+        """Training that would not train (:mod:`rag_lab.core.config`)."""
         problems = []
         try:
             chosen_protocols(list(s["protocols"]))
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     """The command line (:data:`HELP`)."""
     from hydra.utils import instantiate
 
-    from rag_lab.cli import cli_overrides
-    from rag_lab.config import build, compose
-    from rag_lab.errors import one_line_errors
+    from rag_lab.core.cli import cli_overrides
+    from rag_lab.core.config import build, compose
+    from rag_lab.core.errors import one_line_errors
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():

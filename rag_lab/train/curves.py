@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from transformers import TrainerCallback
 
-from rag_lab.records import RecordWriter, atomic_write_text, read_records
+from rag_lab.core.records import RecordWriter, atomic_write_text, read_records
 from rag_lab.train.parallel import is_main
 
 # (title, the row keys it plots) per panel of the png

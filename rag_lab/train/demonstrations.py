@@ -17,7 +17,7 @@ demonstrations are exactly the prompts those policies render at inference. Two u
   (every completion parses, no format failure or step error); each kept episode of L steps gives L
   pairs, identical pairs once. ``counts`` per protocol: episodes sampled, kept, rejected as wrong,
   rejected as malformed (malformed wins when both), distinct pairs kept. Cached under
-  ``cold_start/demos/`` (:mod:`rag_lab.cache`: the questions, the corpus, the sampling settings, the
+  ``cold_start/demos/`` (:mod:`rag_lab.core.cache`: the questions, the corpus, the sampling settings, the
   code), so a second call does not sample again (about 100 s for the whole synth training split).
 
 Hand-written: TRL has no sampler of agent episodes, and the per-episode verdict needs to know which
@@ -39,20 +39,20 @@ from typing import Annotated
 
 from tqdm.auto import tqdm
 
-from rag_lab import cache
-from rag_lab.config import AtLeast, NonNegative, PositiveInt
+from rag_lab.core import cache
+from rag_lab.core.config import AtLeast, NonNegative, PositiveInt
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import atomic_write_text
 from rag_lab.data.base import Corpus, QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import INVALID, PROTOCOLS, REFUSE, Protocol, identify
 from rag_lab.env.teacher.agent import Noise
-from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Completion, Prompt, Sampling
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.prompting import ChainOfThought, Direct, StandardRAG
 from rag_lab.policies.stoprag.pipeline import IterativePipeline, LLMStop
-from rag_lab.records import atomic_write_text
 from rag_lab.retrievers.base import Retriever
 
 log = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ def demonstrations(
 ) -> Demonstrations:
     """:func:`sample_demonstrations`, searching with BM25 unless ``retriever`` is given. With the world
     teacher and BM25 (``teacher`` and ``retriever`` None: their identity is known) the result is cached
-    under ``cache_dir/cold_start/demos/`` (:func:`rag_lab.cache.path`: the corpus, the questions, the
+    under ``cache_dir/cold_start/demos/`` (:func:`rag_lab.core.cache.path`: the corpus, the questions, the
     sampling settings, ``chat`` and this code)."""
     from rag_lab.retrievers.bm25 import BM25Retriever
 

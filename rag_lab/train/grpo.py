@@ -13,7 +13,7 @@ order; "bnpo" averages the tokens of each pass, so its passes weigh tokens sligh
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.train.trainer_args import trainer_args
 
 if TYPE_CHECKING:

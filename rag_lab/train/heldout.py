@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from rag_lab.config import AtLeast
+from rag_lab.core.config import AtLeast
 from rag_lab.data.base import QAExample
 from rag_lab.env import Episode
 from rag_lab.eval.metrics import SCORERS

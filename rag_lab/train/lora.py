@@ -1,13 +1,13 @@
 """LoRA adapters (PEFT) as every trainer of rag_lab takes them: the cold start's SFT, DAPO's GRPO, EVO-RAG's
-DPO; and their checks before anything trains (:mod:`rag_lab.batches`' table): a ``lora`` node's ranges and
-its target modules, which must be modules of the run's model (PEFT trains fewer adapters, or none, where a
+DPO; and their checks before anything trains (:mod:`rag_lab.core.batches`' table): a ``lora`` node's ranges
+and its target modules, which must be modules of the run's model (PEFT trains fewer adapters, or none, where a
 name matches nothing)."""
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-from rag_lab.config import AtLeast, Dropout, PositiveInt, check_ranges
+from rag_lab.core.config import AtLeast, Dropout, PositiveInt, check_ranges
 
 if TYPE_CHECKING:
     from peft import LoraConfig

@@ -1,7 +1,8 @@
 """What every trainer does to run data-parallel: the same code in 1 or N processes (issue 50).
 
-A run with ``launch`` set (:mod:`rag_lab.launch`) trains in N processes started by ``accelerate launch``
-(:mod:`rag_lab.launched`: each rebuilds the run and calls the policy's ``fit``). In each trainer:
+A run with ``launch`` set (:mod:`rag_lab.runner.launch`) trains in N processes started by ``accelerate
+launch`` (:mod:`rag_lab.runner.launched`: each rebuilds the run and calls the policy's ``fit``). In each
+trainer:
 
 - data every process needs but one should make (teacher demonstrations, offline rollouts, indexes):
   :func:`main_first`, so the main process builds the cache and the others read it;
@@ -35,7 +36,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.train.sharded import fsdp_on_cpu, make_cpu_fsdp
 
 
@@ -52,8 +53,8 @@ def state(timeout_s: int | None = None):
     """accelerate's ``PartialState`` (one process unless launched by ``accelerate launch``), on the CPU
     where no GPU is (gloo between CPU processes: without ``cpu``, accelerate takes a CPU-only launched
     process for a single one), as TRL's trainers and R3-RAG's PPO make it. ``timeout_s``
-    (``launch.timeout_s``, :mod:`rag_lab.launched`): the process group's timeout in a collective, where this
-    call makes the group (the first in a process)."""
+    (``launch.timeout_s``, :mod:`rag_lab.runner.launched`): the process group's timeout in a collective, where
+    this call makes the group (the first in a process)."""
     from datetime import timedelta
 
     import torch
@@ -66,7 +67,8 @@ def state(timeout_s: int | None = None):
     return partial
 
 
-# set by rag_lab.launched from the launch's gradient_checkpointing (a launched process's trainers read it)
+# set by rag_lab.runner.launched from the launch's gradient_checkpointing (a launched process's trainers read
+# it)
 CHECKPOINTING_ENV = "RAG_LAB_GRADIENT_CHECKPOINTING"
 
 
@@ -117,7 +119,7 @@ def barrier() -> None:
 
 def share(global_batch: int, key: str) -> int:
     """This process's share of a global batch of ``global_batch`` (named ``key`` in errors): equal shares,
-    or a one-line error (checked at compose as well: :func:`rag_lab.batches.divides`)."""
+    or a one-line error (checked at compose as well: :func:`rag_lab.core.batches.divides`)."""
     n = processes()
     if global_batch % n:
         raise RagLabError(

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 log = logging.getLogger(__name__)
 

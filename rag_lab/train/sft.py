@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import torch
 
-from rag_lab.config import AtLeast, NonNegative, Positive, PositiveInt
-from rag_lab.errors import RagLabError
+from rag_lab.core.config import AtLeast, NonNegative, Positive, PositiveInt
+from rag_lab.core.errors import RagLabError
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config

@@ -6,7 +6,7 @@ With ``generator=vllm`` the copy is a transformers one of the same weights (the 
 
 from pathlib import Path
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.resume import load_model
 

@@ -23,7 +23,7 @@ read as it is, whatever the run's launch: TRL's FSDP path would ask its plain te
 
 import torch
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.generators.vllm import engine_generator
 from rag_lab.train.parallel import processes
 

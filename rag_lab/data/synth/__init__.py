@@ -1,6 +1,6 @@
 """``data=synth``: the embedded multi-hop world, generated, written in FlashRAG format, read back.
 
-The world is generated once per config (cached under ``cache_dir/synth/<key>``, :mod:`rag_lab.cache`: the
+The world is generated once per config (cached under ``cache_dir/synth/<key>``, :mod:`rag_lab.core.cache`: the
 settings and the generator's code) and read back through :class:`~rag_lab.data.flashrag.FlashRAGDataset`,
 the same loader a real FlashRAG-format dataset goes through.
 
@@ -17,15 +17,15 @@ import json
 import random
 from functools import cached_property
 
-from rag_lab import cache
+from rag_lab.core import cache
+from rag_lab.core.ranges import NonNegativeInt, PositiveInt, Probability
+from rag_lab.core.records import atomic_write_json, atomic_write_text
 from rag_lab.data.base import Corpus, DataError, QAExample
 from rag_lab.data.flashrag import FlashRAGDataset
 from rag_lab.data.jsonl import write_jsonl
 from rag_lab.data.synth import formats
 from rag_lab.data.synth.questions import judge_questions, make_questions
 from rag_lab.data.synth.world import build_world
-from rag_lab.ranges import NonNegativeInt, PositiveInt, Probability
-from rag_lab.records import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "dev", "test", "judge")
 QUESTION_TYPES = (

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rag_lab.config import Probability
+from rag_lab.core.config import Probability
 from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.data.synth.world import MONTHS
 from rag_lab.env.teacher.reader import answer_from, parse_question

@@ -33,7 +33,8 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from rag_lab.config import takes
+from rag_lab.core.config import takes
+from rag_lab.core.ranges import PositiveInt, Probability
 from rag_lab.data.base import resolve_references
 from rag_lab.env.protocols import Action, State
 from rag_lab.env.protocols.base import ANSWER, CONTINUE, PLAN, REASON, SEARCH, STOP
@@ -41,7 +42,6 @@ from rag_lab.env.protocols.simple import evidence
 from rag_lab.env.teacher.agent import FIRST, SAME, Noise, date_key
 from rag_lab.env.teacher.generator import DECIDE, Mind, TeacherGenerator
 from rag_lab.env.teacher.reader import answer_from, parse_question
-from rag_lab.ranges import PositiveInt, Probability
 
 # Words a keyword query drops: question words, auxiliaries, articles, prepositions.
 STOPWORDS = frozenset(

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rag_lab.cache import text_digest
-from rag_lab.config import takes
+from rag_lab.core.cache import text_digest
+from rag_lab.core.config import takes
 from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.env.protocols import Action, State, identify
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, CONTINUE, PLAN, REASON, REFUSE, SEARCH, STOP

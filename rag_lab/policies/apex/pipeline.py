@@ -12,7 +12,7 @@ when the retrieval adds nothing); no answer after ``hops`` retrievals → one mo
 and a confidence from the knowledge base (``apex_final``).
 """
 
-from rag_lab.config import NonNegative, PositiveInt
+from rag_lab.core.config import NonNegative, PositiveInt
 from rag_lab.data.base import QAExample, resolve_references
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.apex import APEXExecute, APEXFinal, APEXPlan

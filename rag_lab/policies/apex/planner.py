@@ -27,15 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from rag_lab import cache
-from rag_lab.batches import enough_questions, micro_batch, processes_of
-from rag_lab.config import NonNegative, OneOf, Positive, PositiveInt, Range, check_ranges
+from rag_lab.core import cache
+from rag_lab.core.batches import enough_questions, micro_batch, processes_of
+from rag_lab.core.config import NonNegative, OneOf, Positive, PositiveInt, Range, check_ranges
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env.protocols.apex import APEXPlan
 from rag_lab.env.protocols.base import PLAN, State
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import render
-from rag_lab.records import read_records
 from rag_lab.rewards.answer import completion_text
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.curves import CurveLog
@@ -81,8 +81,8 @@ class PlannerRL:
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): micro_batch divides each process's plans
-        of a step, and a step finds its questions (:mod:`rag_lab.batches`)."""
+        """What the declarations cannot say (:mod:`rag_lab.core.config`): micro_batch divides each process's
+        plans of a step, and a step finds its questions (:mod:`rag_lab.core.batches`)."""
         return micro_batch(s, "plans", processes_of(run)) + enough_questions(s)
 
 

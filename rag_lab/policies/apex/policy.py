@@ -15,7 +15,7 @@ Planner and executor are two models, as in the paper (its planner and executor a
 planner generates the plans, the executor everything else. Both stay on the policy (``planner``, and
 ``generator``: the fine-tuned executor, which evaluation acts with); untrained, each is the run's
 generator. The plan reward is the run's ``reward`` group (``reward=sepr``, which this policy's config
-selects). Both trainings are cached (:mod:`rag_lab.cache`; the planner's key holds the base model, the
+selects). Both trainings are cached (:mod:`rag_lab.core.cache`; the planner's key holds the base model, the
 questions' gold plans, the planner's and the reward's resolved config and the code; built outside the
 runner, with no ``run_config``, it is kept in the run's ``checkpoints/`` instead) and resume after a kill.
 """
@@ -25,16 +25,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rag_lab import cache
-from rag_lab.config import takes
+from rag_lab.core import cache
+from rag_lab.core.config import takes
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.errors import RagLabError
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.apex.planner import PlannerRL, train_planner
 from rag_lab.policies.stoprag.transfer import fit_stopper
-from rag_lab.records import read_records
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.curves import write_curves
@@ -95,7 +95,7 @@ class APEX(APEXPipeline):
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): the planner's
+        """What the processes of a launched run split equally (:mod:`rag_lab.runner.launch`): the planner's
         questions per step (whole groups each) and the executor's SFT batch."""
         planner = dict(s.get("planner") or {})
         sizes = {
@@ -109,7 +109,7 @@ class APEX(APEXPipeline):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """Switches that contradict each other (:mod:`rag_lab.config`)."""
+        """Switches that contradict each other (:mod:`rag_lab.core.config`)."""
         problems = []
         if s["plan_rl"] and not s["plan"]:
             problems.append(

@@ -14,7 +14,7 @@ policy (``generator``), which evaluation acts with.
 
 - Optional first: the cold start (:func:`rag_lab.train.cold_start.cold_start`, SFT on rejection-sampled
   teacher demonstrations of the ``dapo`` protocol), the embedded default's starting point.
-- Each stage is cached (``cache_dir/dapo/<key>``, :mod:`rag_lab.cache`: the starting weights, the stage,
+- Each stage is cached (``cache_dir/dapo/<key>``, :mod:`rag_lab.core.cache`: the starting weights, the stage,
   the training questions, the corpus, the run's resolved config but for ``policy.stages``, and the code),
   so a sweep over ``stages`` trains stage 1 once; a killed stage resumes from its last Trainer checkpoint,
   and the same seed gives the same weights on CPU (rollout seeds follow the step, not the process). Built
@@ -36,16 +36,16 @@ from typing import Annotated, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rag_lab import cache
-from rag_lab.batches import enough_questions, micro_batch, processes_of
-from rag_lab.config import NonNegative, OneOf, OpenUnit, Positive, PositiveInt, Range, takes
+from rag_lab.core import cache
+from rag_lab.core.batches import enough_questions, micro_batch, processes_of
+from rag_lab.core.config import NonNegative, OneOf, OpenUnit, Positive, PositiveInt, Range, takes
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.dapo.trainer import PANELS, train_stage
-from rag_lab.records import read_records
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
@@ -135,14 +135,15 @@ class DAPO(Agent):
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): a step's questions,
-        so that each process plays whole groups."""
+        """What the processes of a launched run split equally (:mod:`rag_lab.runner.launch`): a step's
+        questions, so that each process plays whole groups."""
         return {"questions_per_step": int(s["questions_per_step"])}
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): the clip range, the stages, names; the
-        batch's relations and its shares over the processes (:mod:`rag_lab.batches`), LoRA's settings."""
+        """What the declarations cannot say (:mod:`rag_lab.core.config`): the clip range, the stages, names;
+        the batch's relations and its shares over the processes (:mod:`rag_lab.core.batches`), LoRA's
+        settings."""
         problems = []
         if not 0 < s["epsilon"] <= s["epsilon_high"] < 1:
             why = (

@@ -5,7 +5,7 @@ no KL term, no reference model), group-normalised advantages, one optimiser upda
 (mini-batch = batch: on-policy, so the clip binds only where the sampler's and the trainer's log-probs
 differ, as in the paper's verl setup); rollouts from the engine with the retrieved tokens out of the loss and
 dynamic sampling (:mod:`rag_lab.policies.dapo.rollout`). The stage trains the model it is given in place
-and publishes it to its cache directory (:func:`rag_lab.cache.publish`); a killed stage resumes from its
+and publishes it to its cache directory (:func:`rag_lab.core.cache.publish`); a killed stage resumes from its
 last Trainer checkpoint (``<dir>.work`` beside it) to the uninterrupted weights.
 """
 
@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from rag_lab import cache
+from rag_lab.core import cache
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.generators.hf import HFGenerator

@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rag_lab.core.records import read_records
 from rag_lab.policies.evorag.trainer import run_cycle
-from rag_lab.records import read_records
 from rag_lab.train.resume import load_model, load_torch, readable
 
 log = logging.getLogger(__name__)

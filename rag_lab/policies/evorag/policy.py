@@ -34,17 +34,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rag_lab import cache
-from rag_lab.config import NonNegative, OpenUnit, Positive, PositiveInt, check_ranges, takes
+from rag_lab.core import cache
+from rag_lab.core.config import NonNegative, OpenUnit, Positive, PositiveInt, check_ranges, takes
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import atomic_write_text
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
-from rag_lab.errors import RagLabError
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.evorag.branches import ACTIONS
 from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
 from rag_lab.policies.evorag.preference import DELTA, MINILM, PreferenceModel
 from rag_lab.policies.evorag.trainer import dev_em
-from rag_lab.records import atomic_write_text
 from rag_lab.rewards.evorag import COMPONENTS, EvoRAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
@@ -163,14 +163,14 @@ class EvoRAG(Agent):
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched run split equally (:mod:`rag_lab.launch`): DPO's batch (the
+        """What the processes of a launched run split equally (:mod:`rag_lab.runner.launch`): DPO's batch (the
         preference model's is split item by item; the rollout batches and the dev questions are taken in
         turn, a process with none joining the gather: :mod:`.trainer`)."""
         return {"batch_size": int(s["batch_size"])}
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the schema cannot say (:mod:`rag_lab.config`): stages, actions, bounds, the reward."""
+        """What the schema cannot say (:mod:`rag_lab.core.config`): stages, actions, bounds, the reward."""
         problems = []
         stages = list(s["stages"])
         if any(x not in (1, 2) for x in stages) or stages != sorted(set(stages)):

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.rewards.evorag import COMPONENTS
 from rag_lab.train.parallel import shared_backward
 

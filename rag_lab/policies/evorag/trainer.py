@@ -7,7 +7,7 @@ Each phase leaves its artefact in the cycle's work dir (``<done>.work/``) and is
 it is there: ``branches.json`` (the nodes, their branches and returns, the counts), ``pm.pt`` + ``pm.json``
 (the heads after the epoch, the accuracy on the new pairs before it, the loss), the DPO epoch's Trainer
 checkpoints and ``log.jsonl``, ``merged/`` (the policy after it), ``dev.json``. The cycle is published to
-``done`` in one rename (:func:`rag_lab.cache.publish`): the model, ``pm.pt``, ``log.jsonl``,
+``done`` in one rename (:func:`rag_lab.core.cache.publish`): the model, ``pm.pt``, ``log.jsonl``,
 ``pairs.jsonl`` (the DPO rows) and ``cycle.json``. Every random draw is seeded by (seed, stage, cycle), so
 a killed cycle resumes to the numbers of an uninterrupted one.
 
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from rag_lab import cache
+from rag_lab.core import cache
+from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
@@ -45,7 +46,6 @@ from rag_lab.generators.vllm import rollouts_done
 from rag_lab.policies.evorag import branches as br
 from rag_lab.policies.evorag.dpo import dpo_epoch, dpo_rows
 from rag_lab.policies.evorag.preference import Branch, PreferenceModel
-from rag_lab.records import atomic_write_text, read_records
 from rag_lab.train.parallel import is_main, processes, publish_on_main, spread
 from rag_lab.train.resume import load_model, load_torch
 

@@ -30,17 +30,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rag_lab import cache
-from rag_lab.batches import ppo_minibatches, processes_of
-from rag_lab.config import PositiveInt, check_ranges, takes
+from rag_lab.core import cache
+from rag_lab.core.batches import ppo_minibatches, processes_of
+from rag_lab.core.config import PositiveInt, check_ranges, takes
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
-from rag_lab.errors import RagLabError
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
 from rag_lab.policies.stoprag.transfer import fit_stopper
-from rag_lab.records import atomic_write_text, read_records
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
@@ -108,14 +108,14 @@ class R3RAG(Agent):
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched PPO job split equally (:mod:`rag_lab.launch`): the questions of an
-        iteration."""
+        """What the processes of a launched PPO job split equally (:mod:`rag_lab.runner.launch`): the
+        questions of an iteration."""
         return {"ppo.batch_size": int(dict(s.get("ppo") or {}).get("batch_size", PPOSettings.batch_size))}
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.config`): a temperature at least, the reward, a
-        sample in every PPO minibatch of each process (:mod:`rag_lab.batches`)."""
+        """What the declarations cannot say (:mod:`rag_lab.core.config`): a temperature at least, the reward,
+        a sample in every PPO minibatch of each process (:mod:`rag_lab.core.batches`)."""
         ppo, problems = dict(s.get("ppo") or {}), []
         if not list(ppo.get("temperatures", [1.0])):
             problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
@@ -144,7 +144,7 @@ class R3RAG(Agent):
         env, questions = self.training_env(env), train[: self.train_limit]
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "ppo"
         done = self.result_dir(cache.files_digest(start), questions, env, root)
-        if not (done / "ppo.json").exists():  # in every process of a launched run (rag_lab.launched)
+        if not (done / "ppo.json").exists():  # in every process of a launched run (rag_lab.runner.launched)
             self.train(generator, env, questions, done, dev)
         self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
         if hasattr(env.generator, "with_weights"):  # generator=vllm: evaluation on an engine of the weights

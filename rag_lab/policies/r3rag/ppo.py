@@ -41,7 +41,7 @@ from typing import Annotated
 
 import torch
 
-from rag_lab.config import (
+from rag_lab.core.config import (
     NonNegative,
     NonNegativeInt,
     OneOf,
@@ -50,7 +50,7 @@ from rag_lab.config import (
     Probability,
     Range,
 )
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
 from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs

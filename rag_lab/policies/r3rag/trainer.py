@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import RecordWriter, atomic_write_text
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
-from rag_lab.errors import RagLabError
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.vllm import rollouts_done
 from rag_lab.policies.r3rag.losses import explained_variance
@@ -47,7 +48,6 @@ from rag_lab.policies.r3rag.ppo import (
     update,
 )
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
-from rag_lab.records import RecordWriter, atomic_write_text
 from rag_lab.train.heldout import HeldOut, measured
 from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
 from rag_lab.train.sharded import (

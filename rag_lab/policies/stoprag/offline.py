@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rag_lab.core.records import RecordWriter, read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import chat_of
@@ -30,7 +31,6 @@ from rag_lab.env.fit import fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, State
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
-from rag_lab.records import RecordWriter, read_records
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from rag_lab.config import PositiveInt
+from rag_lab.core.config import PositiveInt
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import account, generate, record

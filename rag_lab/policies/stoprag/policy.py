@@ -20,7 +20,7 @@ on is either written or a pure function of the config:
 
 - offline data and the dev trajectories: one flushed batch of rows at a time, batches fixed by the
   question order (offline.py), so a rerun batch holds the same prompts as in an uninterrupted run; the
-  offline data is cached under ``cache_dir/stoprag/`` (:mod:`rag_lab.cache`: the corpus, the questions,
+  offline data is cached under ``cache_dir/stoprag/`` (:mod:`rag_lab.core.cache`: the corpus, the questions,
   the run's generator and retriever config, the pipeline's and the sampling's settings, the code), or,
   built outside the runner (no ``run_config``), kept in the run's ``checkpoints/``;
 - state encodings: cached whole (atomic), and never memoised from one stage into the next (an
@@ -49,8 +49,8 @@ from typing import Annotated, Any
 
 import torch
 
-from rag_lab import cache
-from rag_lab.config import (
+from rag_lab.core import cache
+from rag_lab.core.config import (
     NonNegative,
     OneOf,
     OpenUnit,
@@ -61,11 +61,12 @@ from rag_lab.config import (
     settings_for,
     takes,
 )
+from rag_lab.core.devices import local_gpu
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import atomic_write_json
 from rag_lab.data.base import QAExample
-from rag_lab.devices import local_gpu
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
-from rag_lab.errors import RagLabError
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, collect
 from rag_lab.policies.stoprag.pipeline import IterativePipeline
@@ -73,7 +74,6 @@ from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
-from rag_lab.records import atomic_write_json
 from rag_lab.train.parallel import is_main, main_first, processes
 from rag_lab.train.resume import load_torch
 
@@ -175,7 +175,7 @@ class StopRAG:
 
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
-        """What the processes of a launched run split (:mod:`rag_lab.launch`): the Q-network's batch of
+        """What the processes of a launched run split (:mod:`rag_lab.runner.launch`): the Q-network's batch of
         states (:mod:`.trainer`); the offline rollouts run on the main process."""
         return {"batch_size": int(s["batch_size"])}
 

@@ -18,8 +18,8 @@ from typing import Annotated
 import torch
 from torch import nn
 
-from rag_lab.config import Dropout, OneOf, PositiveInt, check_ranges
-from rag_lab.errors import RagLabError
+from rag_lab.core.config import Dropout, OneOf, PositiveInt, check_ranges
+from rag_lab.core.errors import RagLabError
 from rag_lab.retrievers.dense import resolve_model
 
 

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 TARGETS = ("qlambda", "mc", "q0", "binary")
 SCHEDULES = ("cosine", "linear", "constant")

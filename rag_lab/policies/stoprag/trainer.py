@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from rag_lab.core.records import atomic_write_text
 from rag_lab.policies.stoprag.offline import Trajectory, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
-from rag_lab.records import atomic_write_text
 from rag_lab.train.heldout import rng_kept
 from rag_lab.train.parallel import is_main, main_first, shared_backward
 from rag_lab.train.resume import load_torch

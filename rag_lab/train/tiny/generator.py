@@ -17,11 +17,11 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from rag_lab import cache
-from rag_lab.config import ConfigError, takes
-from rag_lab.errors import RagLabError
+from rag_lab.core import cache
+from rag_lab.core.config import ConfigError, takes
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import PositiveInt
 from rag_lab.generators.hf import HFGenerator
-from rag_lab.ranges import PositiveInt
 from rag_lab.train.tiny.recipe import train
 from rag_lab.train.tiny.settings import Recipe
 
@@ -238,7 +238,7 @@ def tiny_lm(
 ) -> HFGenerator:
     """The tiny LM for ``data`` (the run's dataset, handed over by the runner): the shipped checkpoint
     when it fits, else the recipe's (cached). ``recipe``: the settings of :func:`train` (:class:`Recipe`;
-    :func:`rag_lab.config.takes` lists them in this signature, so the config schema checks every
+    :func:`rag_lab.core.config.takes` lists them in this signature, so the config schema checks every
     ``generator.*`` key). ``device``: HFGenerator's (``auto``: the CPU, where a model this small runs
     fastest even beside a GPU). ``checkpoint``: which shipped checkpoint (a folder name under
     rag_lab/checkpoints/, or a path; null: ``tiny_lm``, the default's)."""

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rag_lab import cache
+from rag_lab.core import cache
+from rag_lab.core.errors import RagLabError
 from rag_lab.env.protocols.base import PROTOCOLS, identify
 from rag_lab.env.teacher.generator import TeacherGenerator
-from rag_lab.errors import RagLabError
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.train.demonstrations import generalist_demonstrations
 from rag_lab.train.parallel import main_first

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import PositiveInt
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import PositiveInt
 from rag_lab.train.parallel import processes, shared_backward
 from rag_lab.train.sft import log_last_step, sft_config, sft_dataset, trainer_class
 

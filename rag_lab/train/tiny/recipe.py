@@ -9,7 +9,7 @@ demonstrations (and single-page drills), then, on the finished model (:mod:`rag_
 protocol stage, a chain stage (chain-of-thought over gold passages) and a generalist stage (issue 64: every
 protocol's demonstrations the generalist's, ``generator=generalist``: the world teacher's reading without
 the answer key's plans and searches, so that the methods start where the papers' instruct models do).
-Each model lives under ``cache_dir/tiny_lm/<key>`` (:func:`rag_lab.cache.path`: its config, its data's
+Each model lives under ``cache_dir/tiny_lm/<key>`` (:func:`rag_lab.core.cache.path`: its config, its data's
 fingerprint, this code), each later stage's apart, so the first run trains them and every later run with
 the same world and settings reuses them; ``train_seed`` (not the run's seed) seeds training, so runs over
 several seeds share one LM. The shipped one: :mod:`rag_lab.train.tiny.ship`; loading it:
@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rag_lab import cache
-from rag_lab.config import takes
+from rag_lab.core import cache
+from rag_lab.core.config import takes
 from rag_lab.train.demonstrations import sample, teacher_demonstrations
 from rag_lab.train.parallel import main_first
 from rag_lab.train.tiny.later import (

@@ -7,8 +7,8 @@ import cycle.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt, Probability
 from rag_lab.env.teacher.generalist import Habits
-from rag_lab.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt, Probability
 from rag_lab.train.tiny.model import TinySizes
 
 TUNE_LAYOUT = (

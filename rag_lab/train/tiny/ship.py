@@ -48,7 +48,7 @@ def ship(
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_lab.config import compose
+    from rag_lab.core.config import compose
 
     out = Path(out or SHIPPED)
     cfg = compose(["data=synth", "generator=tiny", *overrides])
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
     import sys
 
-    from rag_lab.errors import one_line_errors
+    from rag_lab.core.errors import one_line_errors
 
     parser = argparse.ArgumentParser(
         prog="python -m rag_lab.train.tiny.ship",

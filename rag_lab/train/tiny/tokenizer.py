@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -1,8 +1,8 @@
 """The tiny LM's checkpoints: :func:`train_tiny_lm` runs the stages of :mod:`rag_lab.train.tiny.model`
 into a model directory, :func:`tune_tiny_lm` adds the protocol stage to a trained one.
 
-Each directory is published in one rename when training has finished (:func:`rag_lab.cache.publish`; under
-``launch`` every process trains the same model on its share of each batch and the main one publishes:
+Each directory is published in one rename when training has finished (:func:`rag_lab.core.cache.publish`;
+under ``launch`` every process trains the same model on its share of each batch and the main one publishes:
 :func:`publishing`),
 and records in ``train.json`` the config, the data's fingerprint (:func:`fingerprint`), the stats of
 every stage and the library versions; one that exists is reused only when its config and data match.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from rag_lab import cache
-from rag_lab.devices import local_gpu
-from rag_lab.errors import RagLabError
+from rag_lab.core import cache
+from rag_lab.core.devices import local_gpu
+from rag_lab.core.errors import RagLabError
 from rag_lab.train.parallel import barrier, is_main, processes
 from rag_lab.train.sharded import saveable
 from rag_lab.train.tiny.model import TinyConfig, build_model, read, sft_stage
@@ -37,7 +37,7 @@ def fingerprint(
     entities: Sequence[str] = (),
     pieces: Collection[str] = (),
 ) -> str:
-    """The training data's digest (:func:`rag_lab.cache.text_digest`). The entities change the reading
+    """The training data's digest (:func:`rag_lab.core.cache.text_digest`). The entities change the reading
     labels only, so they count only with reading items; ``pieces`` (build_tokenizer's) only when there
     are some."""
     held = [*pairs, *reading, *([tuple(entities)] if reading else [])]
@@ -47,8 +47,9 @@ def fingerprint(
 
 @contextmanager
 def publishing(out_dir: Path) -> Iterator[Path]:
-    """:func:`rag_lab.cache.publish` in the main process; in the others of a launched run (which train the
-    same model beside it) a scratch dir that is dropped. Every process leaves once the main one published."""
+    """:func:`rag_lab.core.cache.publish` in the main process; in the others of a launched run (which train
+    the same model beside it) a scratch dir that is dropped. Every process leaves once the main one
+    published."""
     if is_main():
         with cache.publish(out_dir) as tmp:
             yield tmp

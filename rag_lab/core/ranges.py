@@ -1,4 +1,4 @@
-"""Settings' valid ranges and choices, declared with the setting (:mod:`rag_lab.config` checks them).
+"""Settings' valid ranges and choices, declared with the setting (:mod:`rag_lab.core.config` checks them).
 
 A parameter or dataclass field typed ``Annotated[float, Range(0, 1)]`` (or an alias below), or
 ``Annotated[str, OneOf("a", "b")]``, carries its valid values with its declaration; ``X | None`` and

@@ -86,7 +86,7 @@ def folder_digests(folder: str | Path, skip: Iterable[str] = ()) -> dict[str, st
 def check_folder(folder: str | Path, recorded: Any, card: str | Path, remedy: str) -> None:
     """A one-line error naming the file when ``folder`` does not hold the files ``recorded`` (relative path
     -> sha256, from the card file ``card``) fingerprints; ``remedy``: the command that rebuilds it."""
-    from rag_lab.errors import RagLabError
+    from rag_lab.core.errors import RagLabError
 
     if not isinstance(recorded, dict) or not recorded:
         raise RagLabError(f"{card}: no 'files' fingerprints (sha256 per file); {remedy} writes them")

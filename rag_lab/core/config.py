@@ -47,9 +47,9 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rag_lab import CONF_DIR
-from rag_lab.errors import RagLabError
-from rag_lab.fastyaml import use_libyaml
-from rag_lab.ranges import (  # noqa: F401 - re-exported: components declare their ranges from here
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.fastyaml import use_libyaml
+from rag_lab.core.ranges import (  # noqa: F401 - re-exported: components declare their ranges from here
     CHECKS,
     AtLeast,
     Dropout,
@@ -81,7 +81,7 @@ class EvalConfig:
     # Skip question ids already in this run dir's records.jsonl (resume after a kill).
     resume: bool = True
     # A run whose config (and rag_lab's code) ran to the end before copies that run's results instead of
-    # running again (rag_lab/sweeps.py); false: run it.
+    # running again (rag_lab/runner/sweeps.py); false: run it.
     reuse: bool = True
     # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
     recall_at: list[int] = field(default_factory=list)
@@ -101,7 +101,7 @@ class RunConfig:
     reward: Any = None
     logger: Any = MISSING
     judge: Any = None
-    # How training is launched: null (in this process) or an accelerate config (rag_lab/launch.py).
+    # How training is launched: null (in this process) or an accelerate config (rag_lab/runner/launch.py).
     launch: Any = None
     # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start.py).
     cold_start: Any = None
@@ -183,7 +183,7 @@ def takes(*sources: Callable, drop: Collection[str] = ()) -> Callable:
                 if p.name != "self" and not variadic and p.name not in names:
                     params.append(p.replace(kind=p.KEYWORD_ONLY))
                     names.add(p.name)
-        fn.__signature__, fn.__takes__ = own.replace(parameters=params), sources  # (help: rag_lab/docs.py)
+        fn.__signature__, fn.__takes__ = own.replace(parameters=params), sources  # (help: reporting/docs)
         fn.__annotations__ = {k: v for k, v in hints.items() if k != "return"} | fn.__annotations__
         return fn
 

@@ -1,6 +1,6 @@
 """OmegaConf (and so Hydra's compose) on libyaml's C parser. Hand-written: neither OmegaConf nor Hydra
 offers a faster loader, and a compose re-reads every yaml it composes each time; this module is the
-loader OmegaConf builds, on ``yaml.CSafeLoader``. :mod:`rag_lab.config` applies it on import."""
+loader OmegaConf builds, on ``yaml.CSafeLoader``. :mod:`rag_lab.core.config` applies it on import."""
 
 import yaml
 

@@ -1,10 +1,10 @@
 """What every trainer's settings meet, checked before anything trains: the batch and the ranks (issue 66).
 
-A setting's own range is declared with it (:mod:`rag_lab.ranges`); what a declaration cannot say is a
+A setting's own range is declared with it (:mod:`rag_lab.core.ranges`); what a declaration cannot say is a
 relation: between two settings of one trainer (a micro-batch and the step it splits), or between a setting
 and the processes a launched run splits it over (``launch.config.num_processes``, 1 without ``launch``:
 :func:`processes_of`). Each rule below is a function of the settings and that count; each trainer's
-``check_settings`` calls the rules it needs (:mod:`rag_lab.config` calls it at compose with the whole
+``check_settings`` calls the rules it needs (:mod:`rag_lab.core.config` calls it at compose with the whole
 config, nested settings nodes included), ``Launch.check_settings`` calls :func:`divides`, and the runner
 checks the LoRA modules against the model before the run dir is touched (:func:`lora_targets`). A
 violation is one ``RagLabError`` line naming the keys and their values.
@@ -102,7 +102,7 @@ def ppo_minibatches(ppo: Mapping, processes: int = 1) -> list[tuple[str, str]]:
 def colocated_engine(s: Mapping, run) -> list[tuple[str, str]]:
     """A colocated vLLM engine (``generator=vllm``, ``train_mode`` colocate) of a run whose policy trains:
     TRL groups the ranks ``tensor_parallel_size`` at a time, so that size divides the processes."""
-    from rag_lab.config import locate
+    from rag_lab.core.config import locate
 
     policy = run.get("policy") if run is not None else None
     trains = bool(policy) and getattr(locate(policy["_target_"]), "trains", False)
@@ -149,7 +149,7 @@ def trainers(run) -> list[tuple[str, type, dict]]:
     """(where, class, settings) of the run's policy and of a stopping rule it trains."""
     from omegaconf import OmegaConf
 
-    from rag_lab.config import locate, schema_for
+    from rag_lab.core.config import locate, schema_for
 
     def with_defaults(target: str, node: dict) -> dict:  # the node over its signature's defaults
         schema = schema_for(target)

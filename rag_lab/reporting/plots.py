@@ -57,7 +57,7 @@ def pareto(
     y: str = "acc",
     ceiling: str | None = None,
 ) -> None:
-    """Each row of a :func:`rag_lab.compare.compare_table` at (mean ``x``, mean ``y``) with its 95%
+    """Each row of a :func:`rag_lab.reporting.compare.compare_table` at (mean ``x``, mean ``y``) with its 95%
     intervals, named, and the Pareto front as a dashed step line. The ``ceiling`` row (the oracle: gold
     passages, no search) is a horizontal line with its interval as a band, not a point: its retrieval count
     of 0 is not a cost it saved, so it stays off the front."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)

@@ -2,7 +2,7 @@
 
 ``launch=null`` (the default) trains in the runner's own process. Any other option trains the run's
 policy in N processes: the runner (one process, which evaluates and writes the run) starts
-``accelerate launch --config_file <run dir>/launch/accelerate.yaml -m rag_lab.launched <run
+``accelerate launch --config_file <run dir>/launch/accelerate.yaml -m rag_lab.runner.launched <run
 dir>/launch/job.json`` (:meth:`Launch.run_job`), whose every process rebuilds the run from its resolved
 config and calls the policy's ``fit`` (each trainer takes its share of every global batch; the main
 process publishes: :mod:`rag_lab.train.parallel`); then the runner's own ``fit`` finds the published
@@ -23,7 +23,7 @@ first node), trains its share, and writes nothing into the run dir but ``launch/
 Hand-written: only the glue between a Hydra config and ``accelerate launch`` and the checks made before
 anything trains (the program on ``PATH``, accelerate's own reading of the config file, GPUs where the
 config needs them, DeepSpeed installed where it is named; the processes against every trainer's batches:
-:mod:`rag_lab.batches`). Process groups, DDP, ZeRO and FSDP are
+:mod:`rag_lab.core.batches`). Process groups, DDP, ZeRO and FSDP are
 accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
@@ -44,9 +44,9 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from rag_lab.batches import divides, trainers
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import PositiveInt
+from rag_lab.core.batches import divides, trainers
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import PositiveInt
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class Launch:
     def run_job(self, module: str, job: dict, work: Path) -> None:
         """``accelerate launch --config_file <work>/accelerate.yaml -m <module> <work>/job.json`` with ``job``
         written to that file; waits for it, and a failed job is one line (its own output is above it)."""
-        from rag_lab.records import atomic_write_text
+        from rag_lab.core.records import atomic_write_text
 
         work.mkdir(parents=True, exist_ok=True)
         slurm_job = os.environ.get("SLURM_JOB_ID")

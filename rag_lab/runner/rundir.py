@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.records import atomic_write_json, atomic_write_text
 from rag_lab.eval.table import metrics_table, to_markdown
-from rag_lab.records import atomic_write_json, atomic_write_text
 
 log = logging.getLogger("rag_lab.run")
 

@@ -1,4 +1,4 @@
-"""All methods in one table: ``python -m rag_lab.compare SWEEP_DIR`` (and the callback of the
+"""All methods in one table: ``python -m rag_lab.reporting.compare SWEEP_DIR`` (and the callback of the
 ``compare_*`` experiments).
 
 One row per method (the values of the override that names the rows, over all its seeds). Each cell is
@@ -25,11 +25,11 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from rag_lab.errors import RagLabError, one_line_errors
+from rag_lab.core.errors import RagLabError, one_line_errors
+from rag_lab.core.records import atomic_write_text
 from rag_lab.eval.paired import by_question, metric_ci, paired_delta
 from rag_lab.eval.runs import distinct, find_runs, left_out, overrides_of, unfinished_runs
 from rag_lab.eval.table import DESCRIPTIONS, to_markdown
-from rag_lab.records import atomic_write_text
 
 # records.jsonl field -> column; the percentage ones are scaled by 100.
 METRICS = {
@@ -279,7 +279,7 @@ def write_compare(
     cells = shown.astype(object).where(shown.notna(), "--")
     latex = cells.to_latex(index=False, caption=title, label="tab:compare", escape=True)
     atomic_write_text(out / "compare.tex", latex.replace("Δ", r"$\Delta$"))
-    from rag_lab.plots import curves_side_by_side, pareto
+    from rag_lab.reporting.plots import curves_side_by_side, pareto
 
     pareto(table, out / "pareto", title, ceiling=ceiling)
     acc = {r["method"]: r["acc"] for _, r in table.iterrows() if pd.notna(r["acc"])}
@@ -344,7 +344,9 @@ def log_to_wandb(config: DictConfig, sweep: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rag_lab.compare", description=__doc__.replace("``", ""))
+    parser = argparse.ArgumentParser(
+        prog="python -m rag_lab.reporting.compare", description=__doc__.replace("``", "")
+    )
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs (or run dirs) of the rows")
     parser.add_argument("--by", default="+experiment/compare_synth", help="the override naming the rows")
     parser.add_argument("--reference", help="the row the others are tested against (default: fixed_iter)")

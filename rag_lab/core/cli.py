@@ -13,7 +13,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rag_lab import CONF_DIR
-from rag_lab.config import ConfigError, group_options
+from rag_lab.core.config import ConfigError, group_options
 
 
 def check_yaml_files(conf_dirs: list[Path] | None = None) -> None:
@@ -116,9 +116,9 @@ def check_below_interpolations(overrides: Sequence[str], compose_without: Callab
     (``++policy.cold_start.max_steps=200`` where ``dapo_synth`` says ``policy.cold_start:
     ${experiment.cold_start}``) would not reach the node it points to: OmegaConf replaces the interpolation
     with a new node holding only that key, and the run would lack every other one. A multirun's component
-    overrides take ``++`` (:func:`rag_lab.sweeps.soften`), so this is where the trap is. ``compose_without``
-    composes the job's config without the overrides under test; ConfigError naming the override and the key
-    to set instead."""
+    overrides take ``++`` (:func:`rag_lab.runner.sweeps.soften`), so this is where the trap is.
+    ``compose_without`` composes the job's config without the overrides under test; ConfigError naming the
+    override and the key to set instead."""
     keys = {o: o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+")}
     # a dotted key, not a config group (``+cold_start@experiment.cold_start=r3rag_cs``, ``+experiment/x=y``)
     added = [o for o, key in keys.items() if "." in key and not set("@/") & set(key)]

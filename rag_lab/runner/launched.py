@@ -1,5 +1,5 @@
-"""One process of a run's training under ``launch`` (:mod:`rag_lab.launch`): ``accelerate launch -m
-rag_lab.launched <run dir>/launch/job.json`` starts N of them. Each rebuilds the run from its resolved
+"""One process of a run's training under ``launch`` (:mod:`rag_lab.runner.launch`): ``accelerate launch -m
+rag_lab.runner.launched <run dir>/launch/job.json`` starts N of them. Each rebuilds the run from its resolved
 config (``job.json``: the config the runner wrote to the run dir, and the run dir) as the runner does
 (:func:`rag_lab.run.components`) and calls the policy's ``fit``; the trainers split each global batch
 between the processes and the main process publishes (:mod:`rag_lab.train.parallel`). The main process
@@ -21,11 +21,11 @@ def main(job_file: str) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rag_lab.config import build
-    from rag_lab.errors import one_line_errors
-    from rag_lab.launch import report_rank
+    from rag_lab.core.config import build
+    from rag_lab.core.errors import one_line_errors
+    from rag_lab.core.seeding import seed_everything
     from rag_lab.run import components, fit
-    from rag_lab.seeding import seed_everything
+    from rag_lab.runner.launch import report_rank
     from rag_lab.train.parallel import CHECKPOINTING_ENV, state
     from rag_lab.train.sharded import zero3_loading
 

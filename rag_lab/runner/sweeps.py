@@ -32,8 +32,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import rag_lab
 from rag_lab import CONF_DIR
+from rag_lab.core.records import atomic_write_json
 from rag_lab.eval.runs import results_config
-from rag_lab.records import atomic_write_json
 
 log = logging.getLogger("rag_lab.run")
 
@@ -79,7 +79,7 @@ def drop_inapplicable(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
     ``policy.ppo`` node that ``policy.ppo.batch_size`` made there); a group that has no component in this
     job (``reward.beta`` with a policy that takes no reward) goes back to null. Returns the overrides left
     out."""
-    from rag_lab.config import schema_for
+    from rag_lab.core.config import schema_for
 
     dropped = []
     for override in overrides:
@@ -105,7 +105,7 @@ def drop_inapplicable(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
 @functools.cache
 def _package_digest() -> str:
     """The digest of every file of the ``rag_lab`` package (code, shipped checkpoint), read once per process
-    (a sweep's jobs share it). Not :func:`rag_lab.cache.files_digest`: that one counts ``__pycache__``,
+    (a sweep's jobs share it). Not :func:`rag_lab.core.cache.files_digest`: that one counts ``__pycache__``,
     which Python writes as modules are first imported, so the same code would hash differently."""
     digest = hashlib.sha256()
     root = Path(rag_lab.__file__).parent

@@ -3,7 +3,7 @@ retrievers, policies, trainers) can place its model without importing the run ma
 
 import os
 
-from rag_lab.errors import RagLabError
+from rag_lab.core.errors import RagLabError
 
 
 def local_gpu() -> str:

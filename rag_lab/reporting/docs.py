@@ -2,16 +2,17 @@
 values and help text) and the config-group table, both read from the config tree and the code.
 
 A key of ``conf/<group>/<option>.yaml`` is a key the yaml sets or a keyword parameter of its ``_target_``
-(the schema :func:`rag_lab.config.schema_for` reads; the runner's :data:`~rag_lab.config.INJECTED` objects
-and, for a ``_partial_`` node, the call's own arguments left out). Its default is the yaml's value, else
-the signature's; its valid values are the ``Range`` / ``OneOf`` of its type hint (:mod:`rag_lab.ranges`).
+(the schema :func:`rag_lab.core.config.schema_for` reads; the runner's :data:`~rag_lab.core.config.INJECTED`
+objects and, for a ``_partial_`` node, the call's own arguments left out). Its default is the yaml's value,
+else the signature's; its valid values are the ``Range`` / ``OneOf`` of its type hint
+(:mod:`rag_lab.core.ranges`).
 
 **Help text** is a comment, written where the key is: the comment block that heads the run of lines the
 key is in, a run being consecutive lines with no blank line and no other comment between them (the
 house style: one comment above a key, or above a few keys that go together), or a comment at the end of
 the key's own line. In the yaml that sets the key (its own level of the mapping), else in the Python
 source that declares it: the target's parameter list, a dataclass's fields, and for a target whose
-``**settings`` come from :func:`rag_lab.config.takes`, the sources named there. ``tests/test_docs.py``
+``**settings`` come from :func:`rag_lab.core.config.takes`, the sources named there. ``tests/test_docs.py``
 fails naming every key without help (:func:`keys_without_help`).
 
 The site's config reference pages (the group table, :func:`config_groups_table`, and each option's keys)
@@ -30,10 +31,10 @@ from typing import Any
 import yaml
 
 from rag_lab import CONF_DIR
-from rag_lab.cli import flat_keys  # noqa: F401 - the site's experiment page (docs/hooks/reference.py)
-from rag_lab.config import INJECTED, RunConfig, ScoreConfig, ServeConfig, group_options, locate
-from rag_lab.errors import RagLabError
-from rag_lab.ranges import field_checks, strip_annotated
+from rag_lab.core.cli import flat_keys  # noqa: F401 - the site's experiment page (docs/hooks/reference.py)
+from rag_lab.core.config import INJECTED, RunConfig, ScoreConfig, ServeConfig, group_options, locate
+from rag_lab.core.errors import RagLabError
+from rag_lab.core.ranges import field_checks, strip_annotated
 
 # Config group -> the package column: the package that mirrors it and what it holds.
 PACKAGES = {
@@ -45,7 +46,7 @@ PACKAGES = {
     "logger": "`loggers/`",
     "judge": "`eval/judge.py` — LLM-as-judge accuracy (DAPO paper B.4 prompt) through any generator",
     "cold_start": "`train/cold_start.py` — SFT on rejection-sampled teacher demonstrations",
-    "launch": "`launch.py` — training data-parallel under `accelerate launch` (an accelerate config file)",
+    "launch": "`core/launch.py` — training data-parallel under `accelerate launch` (an accelerate config)",
     "experiment": "— `# @package _global_` deltas over the defaults",
 }
 # Config folders whose yaml are not one component each: experiments (deltas over the whole config, listed
@@ -130,7 +131,7 @@ def source_help(obj: Any) -> dict[str, str]:
 
 def declared_help(target: Any) -> dict[str, str]:
     """The help text of every setting of ``target`` in the code: its own source first, then the sources of
-    its :func:`~rag_lab.config.takes` (recursively)."""
+    its :func:`~rag_lab.core.config.takes` (recursively)."""
     fn = target.__init__ if inspect.isclass(target) and not dataclasses.is_dataclass(target) else target
     out = source_help(target)
     for source in getattr(fn, "__takes__", ()):
@@ -173,7 +174,7 @@ def target_keys(node: dict, text: str) -> list[Key]:
 
 
 def schema_keys(schema: type, text: str, prefix: str = "") -> list[Key]:
-    """The keys of a top-level schema (a dataclass of :mod:`rag_lab.config`) and of its nested
+    """The keys of a top-level schema (a dataclass of :mod:`rag_lab.core.config`) and of its nested
     dataclasses, the defaults as ``text`` (its yaml) sets them; help from the yaml, else the fields'
     comments."""
     node = yaml.safe_load(text) or {}
@@ -247,7 +248,7 @@ def config_groups_table() -> str:
     unknown, gone = sorted(set(groups) - set(PACKAGES)), sorted(set(PACKAGES) - set(groups))
     if unknown or gone:
         raise RagLabError(
-            f"rag_lab/docs.py PACKAGES is out of step with conf/: add {unknown or 'nothing'}, "
+            f"rag_lab/reporting/docs.py PACKAGES is out of step with conf/: add {unknown or 'nothing'}, "
             f"remove {gone or 'nothing'}"
         )
     chosen = defaults()
