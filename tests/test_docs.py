@@ -21,7 +21,16 @@ def test_every_config_key_has_help():
 def test_help_is_the_comment_heading_the_run():
     lines = ["# a and b", "a: 1", "b: 2", "", "c: 3", "# d", "d: 4  # d's own"]
     assert docs.comment_help(lines) == {1: "a and b", 2: "a and b", 6: "d's own"}
-    assert docs.yaml_help("\n".join(lines)) == {"a": "a and b", "b": "a and b", "d": "d's own"}
+    # read as a nested block, the first comment is a key's; as a whole file, it describes the option
+    assert docs.yaml_help("\n".join(lines), file=False) == {"a": "a and b", "b": "a and b", "d": "d's own"}
+    assert docs.yaml_help("\n".join(lines)) == {"d": "d's own"}
+
+
+def test_a_files_opening_comment_is_no_keys_help():
+    """The option's description above its first key does not document that key's run; a key's own comment,
+    trailing or heading a later run, still does."""
+    text = "# BM25 over the corpus.\n# Two lines.\n_target_: x.Y\nk1: 1.5  # saturation\nb: 0.75\n# c\nc: 1\n"
+    assert docs.yaml_help(text) == {"k1": "saturation", "c": "c"}
 
 
 def test_site_builds_strict(tmp_path, monkeypatch):

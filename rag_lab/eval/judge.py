@@ -54,6 +54,7 @@ def ask_model(generator, texts: Sequence[str], sampling: Sampling, who: str, err
 class LLMJudge:
     def __init__(
         self,
+        # the generator that judges: a generator config (null: the run's own generator, shared)
         generator: Generator,
         n: PositiveInt = 1,
         temperature: NonNegative = 0.0,

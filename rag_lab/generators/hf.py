@@ -49,13 +49,17 @@ def default_device(model) -> str:
 class HFGenerator:
     def __init__(
         self,
+        # a hub name (in the local HF cache: nothing is downloaded offline) or a local model directory
         model: str,
+        # where the tokenizer comes from, the same kinds of name (null: the model's own)
         tokenizer: str | None = None,
         # float32 | bfloat16 | float16 | auto (bfloat16 on GPU, float32 on CPU)
         dtype: str = "auto",
         # auto (default_device: a GPU when there is one, unless the model is small) | cpu | cuda | cuda:N
         device: str = "auto",
+        # prompts decoded together (sorted by length)
         batch_size: PositiveInt = 32,
+        # seeds sampling when the caller's sampling gives no seed of its own
         seed: int = 0,
         # return per-token log-probs (trainable policies need them; costs memory for long outputs)
         logprobs: bool = True,

@@ -28,11 +28,17 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 class OpenAIGenerator:
     def __init__(
         self,
+        # the endpoint's root, up to /v1 (requests go to <base_url>/chat/completions or /completions)
         base_url: str = "http://127.0.0.1:8000/v1",
+        # the model name sent with each request (the server's own name for it)
         model: str = "default",
+        # the environment variable holding the API key, sent as a Bearer token (unset or empty: none)
         api_key_env: str = "OPENAI_API_KEY",
+        # requests in flight at once (one per prompt)
         concurrency: PositiveInt = 8,
+        # seconds one request may take
         timeout: Positive = 60.0,
+        # retries of a request that failed to connect, timed out or got 429 / 5xx, before the run fails
         max_retries: NonNegativeInt = 3,
         # seconds before the first retry; doubled each time
         backoff: NonNegative = 1.0,

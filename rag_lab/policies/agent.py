@@ -20,10 +20,15 @@ class Agent(Prompting):
 
     def __init__(
         self,
+        # the method whose prompt and step format the agent speaks: dapo | evorag | r3rag
         protocol: str = "dapo",
+        # passages per search
         k: PositiveInt = 5,
+        # steps per episode at most; an episode that uses them all ends (stop reason max_turns)
         max_turns: PositiveInt = 5,
+        # drop passages an episode has already seen from later searches
         exclude_seen: bool = False,
+        # the longest completion of one step, and its sampling temperature (0: greedy)
         max_new_tokens: PositiveInt = 128,
         temperature: NonNegative = 0.0,
     ):

@@ -21,7 +21,11 @@ class RetrieveOnly:
 
     trains = False
 
-    def __init__(self, k: PositiveInt = 20):
+    def __init__(
+        self,
+        # passages retrieved with the question, once
+        k: PositiveInt = 20,
+    ):
         self.k = k
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
@@ -41,7 +45,11 @@ class RetrieveOnly:
 
 
 class TopTitle(RetrieveOnly):
-    def __init__(self, k: PositiveInt = 5):
+    def __init__(
+        self,
+        # passages retrieved with the question, once; the answer is the best title among them
+        k: PositiveInt = 5,
+    ):
         super().__init__(k)
 
     def answer(self, ex: QAExample, passages: list[Passage]) -> str:

@@ -39,7 +39,9 @@ class OracleRAG(ChainOfThought):
         self,
         data: Any = None,
         run_config: dict | None = None,
+        # how the gold passages are read: qa (answer at once) | cot (reasoning sentences) | hops (APEX)
         reader: str = "qa",
+        # shuffled (per question, seeded by its id) or gold (the decomposition's order)
         order: str = "shuffled",
         max_steps: PositiveInt = 6,
         max_new_tokens: PositiveInt = 32,

@@ -103,8 +103,11 @@ class StandardRAG(Prompting):
 class IterRetGen(Prompting):
     def __init__(
         self,
+        # rounds of retrieve(question + the last round's answer) -> answer; the last round's answer is final
         iterations: PositiveInt = 3,
+        # passages per search
         k: PositiveInt = 5,
+        # the longest completion of one call, and its sampling temperature (0: greedy)
         max_new_tokens: PositiveInt = 32,
         temperature: NonNegative = 0.0,
     ):

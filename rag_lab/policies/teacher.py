@@ -17,7 +17,14 @@ class TeacherPolicy:
     trains = False
 
     @takes(Noise, drop=["distraction"])
-    def __init__(self, k: PositiveInt = 5, seed: int = 0, **noise: float):
+    def __init__(
+        self,
+        # passages per search
+        k: PositiveInt = 5,
+        # seeds the noise draws
+        seed: int = 0,
+        **noise: float,
+    ):
         self.k = k
         self.teacher = WorldTeacher(k, Noise(**noise), seed)
 

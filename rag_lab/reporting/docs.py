@@ -12,8 +12,11 @@ key is in, a run being consecutive lines with no blank line and no other comment
 house style: one comment above a key, or above a few keys that go together), or a comment at the end of
 the key's own line. In the yaml that sets the key (its own level of the mapping), else in the Python
 source that declares it: the target's parameter list, a dataclass's fields, and for a target whose
-``**settings`` come from :func:`rag_lab.core.config.takes`, the sources named there. ``tests/test_docs.py``
-fails naming every key without help (:func:`keys_without_help`).
+``**settings`` come from :func:`rag_lab.core.config.takes`, the sources named there. A yaml file's opening
+comment (its lines above the first line that is not a comment) describes the option, not a key: it heads
+no run, so the keys right below it need a comment of their own (or one at their declaration); a nested
+block read on its own (``serve:``'s keys) is not a file, and its first comment is a key's.
+``tests/test_docs.py`` fails naming every key without help (:func:`keys_without_help`).
 
 The site's config reference pages (the group table, :func:`config_groups_table`, and each option's keys)
 are rendered from :func:`option_keys` and :func:`schema_keys` by its build hook
@@ -96,10 +99,17 @@ def _trailing(line: str) -> str | None:
     return tail.strip() or None if sep else None
 
 
-def yaml_help(text: str) -> dict[str, str]:
-    """The help text of each top-level key of a yaml mapping (nested lines belong to their key's run)."""
+def yaml_help(text: str, file: bool = True) -> dict[str, str]:
+    """The help text of each top-level key of a yaml mapping (nested lines belong to their key's run). A
+    whole file's (``file``) opening comment describes the option, not the keys below it: no key's help.
+
+    >>> yaml_help("# BM25\\nk1: 1.5  # saturation\\nb: 0.75\\n# the stemmer\\nstemmer: null")
+    {'k1': 'saturation', 'stemmer': 'the stemmer'}
+    """
     lines = text.splitlines()
-    comments = comment_help(lines)
+    opening = next((i for i, line in enumerate(lines) if not line.strip().startswith("#")), len(lines))
+    # the opening comment blanked out: the keys right below it start a run with no heading
+    comments = comment_help([""] * opening + lines[opening:] if file else lines)
     out = {}
     for i, line in enumerate(lines):
         # a top-level key, or a group the defaults list picks (``  - data: synth  # questions``)
@@ -180,7 +190,8 @@ def schema_keys(schema: type, text: str, prefix: str = "") -> list[Key]:
     node = yaml.safe_load(text) or {}
     for part in prefix.split(".")[:-1]:
         node = node.get(part) or {}
-    helps = yaml_help(textwrap.dedent("\n".join(_block(text, prefix))) if prefix else text)
+    block = textwrap.dedent("\n".join(_block(text, prefix)))
+    helps = yaml_help(block, file=False) if prefix else yaml_help(text)
     code_help, keys = source_help(schema), []
     hints = typing.get_type_hints(schema, include_extras=True)
     for f in dataclasses.fields(schema):

@@ -36,12 +36,15 @@ class BM25Retriever:
     def __init__(
         self,
         corpus: Corpus,
+        # term-frequency saturation: how much a repeated query term adds (0: presence only)
         k1: NonNegative = 1.5,
+        # document-length normalisation (0: none, 1: full)
         b: Probability = 0.75,
         # lucene | robertson | atire | bm25l | bm25+
         method: str = "lucene",
         # bm25l / bm25+ only
         delta: NonNegative = 0.5,
+        # the stop-word list dropped from queries and passages: en | en_plus (bm25s's lists) | null
         stopwords: str | None = "en",
         # a Snowball language (e.g. english), or null
         stemmer: str | None = None,
@@ -49,7 +52,9 @@ class BM25Retriever:
         backend: str = "bm25s",
         # rank_bm25's BM25Okapi floor for negative idf (0 reproduces bm25s robertson exactly)
         epsilon: NonNegative = 0.25,
+        # the bm25s index is cached under cache_dir/index/bm25/<key> (null: built each run)
         cache_dir: str | None = None,
+        # progress bars while the corpus is tokenised and indexed
         show_progress: bool = True,
     ):
         self.corpus, self.backend, self.show_progress = corpus, backend, show_progress

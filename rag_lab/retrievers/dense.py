@@ -140,6 +140,7 @@ class DenseRetriever:
     def __init__(
         self,
         corpus: Corpus,
+        # the text encoder of queries and passages (an Encoder config: model, pooling, prefixes, ...)
         encoder: Encoder,
         # any faiss index_factory string: Flat, HNSW32, IVF4096,PQ64, ...
         index_factory: str = "Flat",

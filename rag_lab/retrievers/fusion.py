@@ -37,10 +37,13 @@ class RRFRetriever:
     def __init__(
         self,
         corpus: Corpus,
+        # name -> a retriever config: the rankings fused
         retrievers: Mapping[str, Retriever | Callable[..., Retriever]],
+        # RRF's constant k: a passage at rank r adds weight / (rrf_k + r)
         rrf_k: NonNegative = 60,
         # how deep each retriever's list goes into the fusion
         depth: PositiveInt = 100,
+        # name -> its ranking's weight (a retriever not named: 1)
         weights: Mapping[str, float] | None = None,
     ):
         self.retrievers = {name: build(corpus, spec) for name, spec in retrievers.items()}

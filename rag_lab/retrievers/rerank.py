@@ -20,10 +20,15 @@ class CrossEncoderReranker:
     def __init__(
         self,
         corpus: Corpus,
+        # the first-stage retriever (a retriever config) whose top depth passages are reranked
         base: Retriever | Callable[..., Retriever],
+        # the cross-encoder: a hub name (in the local HF cache) or a local model directory
         model: str = "BAAI/bge-reranker-v2-m3",
+        # passages of the base retriever reranked per query (k of them if a search asks for more)
         depth: PositiveInt = 10,
+        # (query, passage) pairs scored together
         batch_size: PositiveInt = 32,
+        # tokens of a (query, passage) pair the cross-encoder reads, at most
         max_length: PositiveInt = 512,
         # the reranker's device, e.g. cuda:0 (null: the GPU when there is one, else the CPU)
         device: str | None = None,

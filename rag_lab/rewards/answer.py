@@ -18,7 +18,11 @@ def completion_text(completion: Any) -> str:
 
 
 def answer_score(
-    completions: list[Any], answers: list[list[str]], metric: str = "f1", **_: Any
+    completions: list[Any],
+    answers: list[list[str]],
+    # em | f1 | acc (SQuAD rules), the best over the gold answers
+    metric: str = "f1",
+    **_: Any,
 ) -> list[float]:
     """The best ``metric`` (em / f1 / acc, SQuAD rules) of each completion over its golds.
 

@@ -148,7 +148,9 @@ class Launch:
 
     def __init__(
         self,
+        # the keys of the accelerate config file the launch writes (as `accelerate config` writes them)
         config: dict[str, Any],
+        # the launcher run as `<program> launch --config_file <config> -m <module>` (beside this Python first)
         program: str = "accelerate",
         timeout_s: PositiveInt = 1800,
         gradient_checkpointing: bool = False,

@@ -250,7 +250,13 @@ class TeacherGenerator:
     decide: dict[str, Callable[[Mind, State], Action]] = DECIDE
 
     @takes(Noise)
-    def __init__(self, data, seed: int = 0, **noise: float):
+    def __init__(
+        self,
+        data,
+        # seeds its noisy and sampled decisions (with each call's sampling seed)
+        seed: int = 0,
+        **noise: float,
+    ):
         """``data``: the dataset whose questions it knows (the run's, handed over by the runner); ``noise``:
         :class:`~rag_lab.env.teacher.agent.Noise`'s probabilities."""
         # not the judge split (data.judge_size): its questions stay unknown to the teacher, so that its

@@ -26,9 +26,13 @@ class APEXPipeline(Prompting):
 
     def __init__(
         self,
+        # the planner splits the question into sub-questions first (false: the question is the only one)
         plan: bool = True,
+        # the executor's rounds of search per sub-question, at most, before it must answer
         hops: PositiveInt = 3,
+        # passages per search
         k: PositiveInt = 3,
+        # the longest completion of one call, and its sampling temperature (0: greedy)
         max_new_tokens: PositiveInt = 64,
         temperature: NonNegative = 0.0,
     ):

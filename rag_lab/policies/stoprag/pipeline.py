@@ -37,7 +37,11 @@ class NeverStop:
 class LLMStop:
     """The generator decides (prompt 3); an unparsable decision counts as CONTINUE and is recorded."""
 
-    def __init__(self, max_new_tokens: PositiveInt = 64):
+    def __init__(
+        self,
+        # the longest STOP / CONTINUE decision (greedy)
+        max_new_tokens: PositiveInt = 64,
+    ):
         self.protocol, self.sampling = StopRAGDecide(), Sampling(max_new_tokens=max_new_tokens)
 
     def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
@@ -62,7 +66,9 @@ class IterativePipeline:
         iterations: PositiveInt = 10,
         # passages kept per iteration (the paper keeps the reranked top 1)
         k: PositiveInt = 1,
+        # drop passages a question's earlier iterations retrieved from its later searches
         exclude_seen: bool = True,
+        # the longest completion of one call (query, intermediate or final answer; greedy)
         max_new_tokens: PositiveInt = 32,
     ):
         self.stopper = stopper or NeverStop()

@@ -113,6 +113,7 @@ class StopRAG:
         self,
         # any object with the pipeline interface (null: Stop-RAG's own, from policy=fixed_iter's keys)
         pipeline: Any = None,
+        # offline data, state encodings and finished fits are cached under it
         cache_dir: str = "~/.cache/rag_lab",
         # offline data: N sampled final answers per state, scored with S
         samples: PositiveInt = 8,
@@ -127,20 +128,25 @@ class StopRAG:
         lambda_start: Probability = 1.0,
         lambda_end: Probability = 0.1,
         lambda_schedule: Annotated[str, OneOf(*SCHEDULES)] = "cosine",
-        # optimisation (AdamW, cosine lr with warmup)
+        # optimisation (AdamW, cosine lr with warmup): learning rate, weight decay, the warmup's share of the
+        # steps, states per batch, passes over the training states
         lr: Positive = 1e-3,
         weight_decay: NonNegative = 0.01,
         warmup_ratio: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
         batch_size: PositiveInt = 128,
         epochs: Positive = 1.0,
+        # bf16 autocast on a GPU that supports it (CPU runs stay float32)
         bf16: bool = False,
+        # training steps between checkpoints (a killed fit resumes from the last)
         checkpoint_every: PositiveInt = 200,
         # τ: tuned on the validation split over this grid, unless given
         tau: float | None = None,
         tau_grid: list[float] | None = None,
         # the first dev_limit validation questions tune τ (null: all)
         dev_limit: PositiveInt | None = None,
+        # seeds the heads' initialisation and the training data's order
         seed: int = 0,
+        # questions rolled out together when collecting trajectories (offline data, dev)
         batch_questions: PositiveInt = 64,
         # the run's resolved config (the offline data's cache key): filled by the runner
         run_config: dict | None = None,

@@ -30,12 +30,19 @@ def head(width: int, hidden: int, dropout: float) -> nn.Sequential:
 class QNetwork(nn.Module):
     def __init__(
         self,
+        # the state encoder: a hub name (in the local HF cache) or a local model directory
         encoder: str = "sentence-transformers/all-MiniLM-L6-v2",
+        # the state's vector: the first token's (cls, DeBERTa) or the tokens' mean (sentence encoders)
         pooling: Annotated[str, OneOf("mean", "cls")] = "mean",
+        # each head's hidden width h (null: the encoder's width)
         head_hidden: PositiveInt | None = None,
+        # dropout before each head's first layer
         dropout: Dropout = 0.1,
+        # tokens of the state text the encoder reads, at most
         max_length: PositiveInt = 512,
+        # over max_length: per_passage gives each passage an equal share, end cuts the end (the paper's)
         truncation: Annotated[str, OneOf("per_passage", "end")] = "per_passage",
+        # train the heads only, on encodings computed once (false: fine-tune the encoder too)
         freeze_encoder: bool = False,
     ):
         super().__init__()
