@@ -230,14 +230,16 @@ TRAINERS = {
 def main(trainers: str, model_dir: str, work: str, out: str) -> None:
     """Each of the comma-separated ``trainers`` in turn; rank 0 saves ``<out>/<trainer>.pt``."""
     from rag_lab.train.parallel import barrier, is_main, processes
-    from rag_lab.train.sharded import fsdp_modules, full_state_dict, save_full
+    from rag_lab.train.sharded import fsdp_modules, full_state_dict, saveable
 
     for trainer in trainers.split(","):
         model, stats = TRAINERS[trainer](model_dir, Path(work) / f"{trainer}-p{processes()}")
         sharded = fsdp_modules(model) or stats.pop("sharded", False)
         weights = full_state_dict(model)  # every process: a collective when sharded
         if sharded and hasattr(model, "save_pretrained"):  # the sharded save, loaded back by the test
-            save_full(model, Path(out) / f"{trainer}-saved", is_main=is_main())
+            plain = saveable(model)  # every process: a collective
+            if is_main():
+                plain.save_pretrained(Path(out) / f"{trainer}-saved")
         if is_main():
             record = {"weights": weights, "stats": stats, "processes": processes(), "sharded": sharded}
             torch.save(record, Path(out) / f"{trainer}.pt")

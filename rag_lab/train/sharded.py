@@ -6,8 +6,8 @@ directly become collectives that every process must call together:
 - **its full weights** (:func:`full_state_dict`): FSDP2's full state dict (torch's ``get_model_state_dict``
   with ``full_state_dict``, what accelerate's ``get_state_dict`` calls for FSDP2), or ZeRO-3's gathered
   16-bit one (accelerate's ``get_state_dict``); the model's own ``state_dict`` when nothing is sharded;
-- **saving it** (:func:`save_full`): the full weights gathered by every process, written by the main one
-  with transformers' ``save_pretrained(state_dict=...)`` (LoRA merged first: :func:`merged_copy`), so the
+- **saving it** (:func:`saveable`): the full weights gathered by every process, written by the main one
+  as an unsharded copy with ``save_pretrained`` (LoRA merged first: :func:`merged_copy`), so the
   result loads back as one ordinary checkpoint;
 - **generating with it** (:func:`generation_copy`): an FSDP2 forward all-gathers each layer, so every
   process would have to run the same number of forwards, and multi-turn rollouts differ in turns and
@@ -21,7 +21,6 @@ transformers' own.
 
 import copy
 import os
-from pathlib import Path
 
 import torch
 
@@ -83,7 +82,8 @@ def merged_copy(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tor
 
         plain = get_peft_model(plain, copy.deepcopy(inner.peft_config["default"]))
     plain.load_state_dict(weights, assign=True, strict=True)
-    plain.tie_weights() if hasattr(plain, "tie_weights") else None
+    if hasattr(plain, "tie_weights"):
+        plain.tie_weights()
     return plain.merge_and_unload() if peft else plain
 
 
@@ -94,29 +94,10 @@ def generation_copy(model: torch.nn.Module, held: torch.nn.Module | None = None)
     if not fsdp_modules(model):
         return model
     weights = full_state_dict(model)
-    if held is None:
-        held = merged_copy(model, weights) if not hasattr(unwrapped(model), "peft_config") else None
-        if held is None:  # LoRA: the merged copy is the one to generate with, made anew
-            return merged_copy(model, weights).eval()
-        return held.eval()
+    if held is None or hasattr(unwrapped(model), "peft_config"):  # LoRA: merged anew from the full weights
+        return merged_copy(model, weights).eval()
     held.load_state_dict(weights, strict=True)
     return held.eval()
-
-
-def save_full(model: torch.nn.Module, path: Path, accelerator=None, is_main: bool = True) -> None:
-    """Every process calls it: the full weights gathered, the main process (``is_main``) writing them with
-    ``save_pretrained`` into ``path`` (LoRA merged), so they load back as one unsharded checkpoint."""
-    sharded = fsdp_modules(model) or (accelerator is not None and zero3(accelerator))
-    weights = full_state_dict(model, accelerator) if sharded else None
-    if not is_main:
-        return
-    inner = unwrapped(model)
-    if sharded:
-        merged_copy(model, weights).save_pretrained(path)
-    elif hasattr(inner, "peft_config"):
-        inner.merge_and_unload().save_pretrained(path)
-    else:
-        inner.save_pretrained(path)
 
 
 def fsdp_launch() -> bool:

@@ -296,7 +296,8 @@ def resumed(policy, ckpt: Path, opt, sched, total: int) -> dict | None:
         return None
     if saved is not None:
         policy.qnet.load_state_dict(saved["model"], strict=False)
-        opt.load_state_dict(saved["optimizer"]) if "optimizer" in saved else None
+        if "optimizer" in saved:  # an unsharded run's; a sharded one's loads after prepare (shard)
+            opt.load_state_dict(saved["optimizer"])
         sched.load_state_dict(saved["scheduler"])
         policy.stats.update(saved["stats"])
         log.info("Stop-RAG: resuming Q-network training at step %d / %d", saved["step"], total)
