@@ -79,6 +79,9 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
     from rag_lab.generators.vllm import VLLMServerGenerator
 
     class Tokenizer:
+        def __call__(self, texts, add_special_tokens=True):
+            return SimpleNamespace(input_ids=[[int(w[1:]) for w in t.split()] for t in texts])
+
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(f"w{i}" for i in ids)
 
@@ -93,7 +96,8 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
             }
 
     generator = VLLMServerGenerator(Client(), Tokenizer(), chat=False, seed=3)
-    [out] = generator.generate(["q"], Sampling(n=2, max_new_tokens=3, stop=("w2",), include_stop=True))
+    [out] = generator.generate(["w7 w8"], Sampling(n=2, max_new_tokens=3, stop=("w2",), include_stop=True))
+    assert sent["prompts"] == [[7, 8]]  # token ids: the server reads them as they are
     assert sent["generation_kwargs"] == {"stop": ["w2"], "include_stop_str_in_output": True, "seed": 3}
     assert [c.text for c in out] == ["w1 w2", "w4 w5"] and out[0].logprobs == [-0.1, -0.2, -0.3]
     assert [c.finish_reason for c in out] == ["stop", "stop"]
