@@ -6,8 +6,9 @@ The model is scripted (:class:`Scripted`: ``generator=hf``'s own generate and co
 that emits chosen ids), so no weights load; the tokenizer alone is read from the packaged GGUF file once.
 Its turns are chosen so that their text tokenizes to OTHER ids: a word sampled in two pieces that BPE merges
 (``ĠPar`` ``is`` → ``ĠParis``), and a turn that opens with spaces right after the information block's closing
-newline (``Ċ`` | ``Ġ`` → ``ĊĠ``: a merge across the turn boundary). :func:`test_the_scripted_turns_tokenize_
-to_other_ids` shows both; a re-tokenizing rollout trains on ids its model never read.
+newline (``Ċ`` | ``Ġ`` → ``ĊĠ``: a merge across the turn boundary); the first test shows both. A rollout that
+tokenizes its text again trains on ids its model never read (each test but the first, and those of R3-RAG
+and APEX, which were already exact on this path, was seen failing on the code before this change).
 
 Each method's own path from episodes to training rows runs: DAPO's ``encode`` (TRL's GRPO rows with
 ``env_mask``), R3-RAG's per-step PPO samples and their mask, EVO-RAG's branches to TRL's DPO rows and its
