@@ -94,6 +94,17 @@ def test_unparsable_plan_falls_back_to_the_question(corpus):
     assert "Where was the director of Film X born?" in generator.prompts[1]
 
 
+class Words:
+    """A tokenizer of whitespace-separated words, in a folder ``t``: the engine gives its generator ids."""
+
+    name_or_path, chat_template = "t", None
+
+    def __call__(self, texts, add_special_tokens=False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=[t.split() for t in texts])
+
+
 def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp_path, monkeypatch):
     """Table 2's "plan + executor SFT" row: the fine-tuned model executes, the untrained one still plans."""
     from pathlib import Path
@@ -104,7 +115,7 @@ def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "train.json").write_text('{"sft": {"losses": [{"step": 1, "loss": 2.0}]}}')
     base = Scripted("1. Who directed Film X?\n2. Where was #1 born?")
-    base.model, base.tokenizer = SimpleNamespace(name_or_path="m"), SimpleNamespace(name_or_path="t")
+    base.model, base.tokenizer = SimpleNamespace(name_or_path="m"), Words()
     base.batch_size, base.seed = 2, 0
     tuned = Scripted("ANSWER: Ada Stone", "ANSWER: Paris", "ANSWER: Paris\nCONFIDENCE: 0.9")
     monkeypatch.setattr(apex, "cold_start", lambda *args, **kwargs: tmp_path / "sft")

@@ -14,7 +14,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import read_records
 from rag_lab.env import Env
 from rag_lab.env.protocols.tagged import INFORMATION
-from rag_lab.generators.base import Completion, Sampling
+from rag_lab.generators.base import Completion, Sampling, as_text
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.policy import DAPO
 from rag_lab.policies.dapo.rollout import SearchRollouts
@@ -44,7 +44,7 @@ class SearchesFirst(HFGenerator):
         first = "<think> a </think> <search> " + self.query + " </search>"
         ids = self.tokenizer(first, add_special_tokens=False).input_ids
         for prompt, completions in zip(prompts, out, strict=True):
-            if "<information>" not in prompt:
+            if "<information>" not in as_text(prompt):
                 completions[:] = [Completion(self.tokenizer.decode(ids), ids, "stop", [0.0] * len(ids))]
         return out
 

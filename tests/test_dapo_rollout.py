@@ -25,8 +25,11 @@ class Tokenizer:
     eos_token_id = EOS
     chat_template = "{{ messages }}"
 
-    def __call__(self, text: str, add_special_tokens: bool = True):
-        return SimpleNamespace(input_ids=([BOS] if add_special_tokens else []) + [ord(c) + 10 for c in text])
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True):
+        def ids(t: str) -> list[int]:
+            return ([BOS] if add_special_tokens else []) + [ord(c) + 10 for c in t]
+
+        return SimpleNamespace(input_ids=ids(text) if isinstance(text, str) else [ids(t) for t in text])
 
     def apply_chat_template(self, messages, tokenize, add_generation_prompt, continue_final_message):
         return "".join(f"[{m['role']}]{m['content']}" for m in messages) + (
@@ -241,29 +244,39 @@ def encode_one(steps, chat=False):
     return rollouts, {k: v[0] for k, v in rollouts.encode(batch).items()}
 
 
-def test_rows_mask_the_information_block_and_carry_no_special_tokens():
+def test_rows_are_the_ids_each_turn_was_given_and_sampled_with_the_information_masked():
+    """Token in, token out: the row is the engine's record (each step's prompt ids, as given, and its sampled
+    ids), the block between the turns the ids the second turn was given, never the text tokenized again."""
     tokenizer = Tokenizer()
+    first = [70, 71, 72]  # the first prompt's ids, as the engine gave them
+    block = [80, 81]  # the information block, tokenized alone when the engine appended it
     steps = [
         Step(
             text="<search> alpha </search>",
             retrieved_ids=["p1"],
+            prompt_ids=first,
             token_ids=[11, 12, 13],
             logprobs=[-0.5, -1.0, -2.0],
         ),
-        Step(text="<answer> a </answer>", token_ids=[14, 15]),  # a policy without log-probs (an LM-free one)
+        # a policy without log-probs (an LM-free one)
+        Step(text="<answer> a </answer>", prompt_ids=first + [11, 12, 13] + block, token_ids=[14, 15]),
     ]
     rollouts, row = encode_one(steps)
-    info = tokenizer(rollouts.information(steps[0]), add_special_tokens=False).input_ids
-    assert "alpha is first." in rollouts.information(steps[0]) and BOS not in row["completion_ids"]
-    assert row["completion_ids"] == [11, 12, 13] + info + [14, 15]
-    assert row["env_mask"] == [1, 1, 1] + [0] * len(info) + [1, 1]
-    assert row["logprobs"] == [-0.5, -1.0, -2.0] + [0.0] * len(info) + [0.0, 0.0]
-    assert (
-        row["prompt_ids"]
-        == tokenizer(rollouts.first_prompt(questions(1)[0]), add_special_tokens=False).input_ids
-    )
+    assert row["prompt_ids"] == first and BOS not in row["completion_ids"]
+    assert row["completion_ids"] == [11, 12, 13] + block + [14, 15]
+    assert row["env_mask"] == [1, 1, 1, 0, 0, 1, 1]
+    assert row["logprobs"] == [-0.5, -1.0, -2.0, 0.0, 0.0, 0.0, 0.0]
     assert row["rollouts"] == steps[0].text + rollouts.information(steps[0]) + steps[1].text
     assert row["answers"] == ["answer 0"]
+    # a last turn that searched: its block, which no turn read, tokenized alone, appended and masked
+    _, row = encode_one(steps[:1])
+    info = tokenizer(rollouts.information(steps[0]), add_special_tokens=False).input_ids
+    assert "alpha is first." in rollouts.information(steps[0])
+    assert row["completion_ids"] == [11, 12, 13] + info and row["env_mask"] == [1, 1, 1] + [0] * len(info)
+    # a turn not given the ids before it (its history tokenized anew) is a bug, never a row
+    broken = [steps[0], Step(text="<answer> a </answer>", prompt_ids=first + [11, 99], token_ids=[14])]
+    with pytest.raises(ValueError, match="not given the ids"):
+        encode_one(broken)
 
 
 def test_an_episode_without_tokens_is_one_eos_the_policy_owns():

@@ -89,14 +89,15 @@ def test_each_sibling_is_scored_by_its_time_weighted_return_and_the_margin_picks
     assert pairs(0.2) == ["AD", "AC", "BD", "BC", "AB"]
     assert pairs(0.5) == pairs(0.2) and pairs(0.6) == ["AD", "AC", "BD", "BC"]
     assert pairs(0.1)[-1] == "CD" and pairs(0.2, per_state=1) == ["AD"]
-    # DPO's row: the state's prompt, the better action's text chosen; a prompt that did not fit gives none
+    # DPO's row: the state's prompt ids, the better action's ids chosen (tests/test_token_ids.py: which ids);
+    # a state given no ids (a generator that reads text) gives none
     widest = br.pairs_of([branches], 0.2, 1)
-    assert dpo_rows(["<prompt>"], widest, chat=False) == [
-        {"prompt": "<prompt>", "chosen": "SEARCH: b", "rejected": "BACKTRACK"}
+    ((good, bad),) = widest[0]
+    assert (good.completion, bad.completion) == ("SEARCH: b", "BACKTRACK")
+    assert dpo_rows([[7, 8]], widest) == [
+        {"prompt_ids": [7, 8], "chosen_ids": good.completion_ids, "rejected_ids": bad.completion_ids}
     ]
-    assert dpo_rows([None], widest, chat=False) == []
-    (row,) = dpo_rows([[{"role": "user", "content": "q"}]], widest, chat=True)
-    assert row["chosen"] == [{"role": "assistant", "content": "SEARCH: b"}]
+    assert dpo_rows([[]], widest) == []
 
 
 class Fixed:

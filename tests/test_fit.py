@@ -1,5 +1,6 @@
 """Prompts fitted to the model on purpose (rag_lab.env.fit): the question kept, passages cut to the
-most words that fit, a prompt that cannot fit refused as a scored failure, and each counted."""
+most words that fit, a prompt that cannot fit refused as a scored failure, and each counted; the prompts
+leave as token ids, a continued rollout's history as it was and only its new block cut."""
 
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts, with_passa
 from rag_lab.env.protocols.base import SEARCH, Action, State, Turn
 from rag_lab.env.protocols.simple import QA
 from rag_lab.env.protocols.tagged import DAPOTagged
-from rag_lab.generators.base import Completion, Sampling
+from rag_lab.generators.base import Completion, Sampling, TokenPrompt, as_text
 
 
 class Words:
@@ -50,7 +51,7 @@ def words(prompt: str) -> int:
 def test_a_prompt_that_fits_is_left_whole():
     s = state(3, [10, 20])
     prompts, cuts = fitted_prompts(Echo(1000), QA(), [s], False, Sampling(max_new_tokens=8))
-    assert prompts == [QA().prompt(s)] and cuts == [0]
+    assert prompts == [TokenPrompt(QA().prompt(s).split(), QA().prompt(s))] and cuts == [0]
     # a generator whose context is unknown (the teacher, an API model) is not measured
     prompts, cuts = fitted_prompts(SimpleNamespace(), QA(), [state(3, [5000])], False, Sampling())
     assert cuts == [0] and words(prompts[0]) > 5000
@@ -61,7 +62,9 @@ def test_passages_are_cut_to_the_most_words_that_fit_and_the_question_is_kept():
     whole = words(QA().prompt(s))
     budget = 120
     prompts, cuts = fitted_prompts(Echo(budget + 8), QA(), [s], False, Sampling(max_new_tokens=8))
-    (prompt,) = prompts
+    (given,) = prompts
+    prompt = given.text
+    assert given.ids == prompt.split()  # the ids of the text it stands for, measured once
     assert cuts == [1] and words(prompt) <= budget < whole
     assert "\nQuestion: " + s.question + "\n" in prompt  # the question whole
     # the most that fits: each passage cut to w words (the 10-word one whole), and w + 1 would not fit
@@ -79,7 +82,7 @@ def test_a_prompt_that_cannot_fit_is_refused_as_a_scored_failure_and_counted():
     completions = generate(
         Env([], None, echo), DAPOTagged(), [long_question, short], Sampling(max_new_tokens=8)
     )
-    assert len(echo.prompts) == 1 and words(echo.prompts[0]) <= 92  # only the one that fits is generated
+    assert len(echo.prompts) == 1 and words(as_text(echo.prompts[0])) <= 92  # only the one that fits
     refused, answered = completions
     assert (refused.text, refused.finish_reason, refused.prompt_cut) == ("", TOO_LONG, 1)
     assert (answered.text, answered.prompt_cut) == ("<answer> ok </answer>", 0)
@@ -100,3 +103,28 @@ def test_an_agent_run_counts_its_cut_prompts_in_the_records():
         DAPOTagged(), [QAExample("q2", "why?", ("ok",))], Env([], None, Echo(150)), Sampling()
     )
     assert fine.prediction == "ok" and fine.to_record()["prompt_cuts"] == 0
+
+
+def test_a_continued_rollout_keeps_its_ids_and_only_its_new_block_is_cut():
+    protocol, budget = DAPOTagged(), 60
+    earlier = [Passage("e", "Early", " ".join(f"e{j}" for j in range(30)))]
+    new = [Passage("n", "New", " ".join(f"n{j}" for j in range(80)))]
+    s = State("why?", [Turn(Action(SEARCH, query="a"), earlier), Turn(Action(SEARCH, query="b"), new)])
+    stream = [f"s{j}" for j in range(40)]  # the ids so far: never tokenized again, whatever they hold
+    (given,), cuts = fitted_prompts(
+        Echo(budget + 8), protocol, [s], False, Sampling(max_new_tokens=8), [stream]
+    )
+    block = given.ids[len(stream) :]
+    assert cuts == [1] and given.ids[: len(stream)] == stream and len(given.ids) <= budget
+    # the new block's passage cut to the most words that fit (one more would not), its text kept in the state
+    kept = len(s.turns[1].passages[0].text.split())
+    assert block == protocol.information(s.turns[1]).split() and 0 < kept < 80
+    longer = Turn(Action(SEARCH), [Passage("n", "New", " ".join(f"n{j}" for j in range(kept + 1)))])
+    assert len(stream) + len(protocol.information(longer).split()) > budget
+    assert s.turns[0].passages == earlier  # what the model already read stays as it was
+    assert given.text == protocol.prompt(s)
+    # a block that does not fit even with its passages cut to their titles: refused, counted
+    full = State("why?", [Turn(Action(SEARCH, query="b"), new)])
+    prompts, cuts = fitted_prompts(Echo(budget + 8), protocol, [full], False, Sampling(max_new_tokens=8),
+                                   [["s"] * (budget - 2)])  # fmt: skip
+    assert prompts == [None] and cuts == [1]

@@ -64,7 +64,7 @@ def test_a_samples_loss_mask_is_exactly_the_policys_tokens_never_the_documents(d
     sampling = Sampling(max_new_tokens=64)
     protocol = R3RAGStep()
     _, live, traces = rollouts(protocol, env, data.split("train")[:4], (0.0,), sampling, k=2, max_turns=4)
-    samples = step_samples(env, protocol, live, traces, sampling)
+    samples = step_samples(live)
     assert len(samples) == sum(len(x.episode.steps) for x in live)
     batch = tensors(samples, toy.tokenizer.pad_token_id)
     for r, s in enumerate(samples):

@@ -75,12 +75,39 @@ def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
         VLLMGenerator("m", train_mode="server").trl_settings()
 
 
+class Words:
+    """A tokenizer of words ``w<id>``."""
+
+    chat_template = None
+
+    def __call__(self, texts, add_special_tokens=True):
+        return SimpleNamespace(input_ids=[[int(w[1:]) for w in t.split()] for t in texts])
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_the_engine_is_given_token_ids_a_token_prompts_as_they_are(trl_vllm):
+    """vLLM's TokensPrompt: a text prompt tokenized once here (no special tokens added), a TokenPrompt's ids
+    as they are; the engine never tokenizes."""
+    from rag_lab.generators.base import TokenPrompt
+    from rag_lab.generators.vllm import VLLMGenerator
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm=False):
+            self.prompts = prompts
+            done = SimpleNamespace(text="w9", token_ids=[9], finish_reason="stop", logprobs=None)
+            return [SimpleNamespace(outputs=[done]) for _ in prompts]
+
+    engine = Engine()
+    generator = VLLMGenerator.around(engine, Words(), chat=False, logprobs=False)
+    out = generator.generate(["w1 w2", TokenPrompt([5, 6, 7], "w5 w6")], Sampling(max_new_tokens=4))
+    assert engine.prompts == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [5, 6, 7]}]
+    assert [(c.text, c.token_ids, c.prompt_tokens) for [c] in out] == [("w9", [9], 2), ("w9", [9], 3)]
+
+
 def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
     from rag_lab.generators.vllm import VLLMServerGenerator
-
-    class Tokenizer:
-        def decode(self, ids, skip_special_tokens=True):
-            return " ".join(f"w{i}" for i in ids)
 
     sent = {}
 
@@ -92,8 +119,9 @@ def test_the_server_generator_sends_the_stops_and_cuts_at_them(fake_vllm):
                 "logprobs": [[[-0.1], [-0.2], [-0.3]], [[-1.0], [-2.0]]],
             }
 
-    generator = VLLMServerGenerator(Client(), Tokenizer(), chat=False, seed=3)
-    [out] = generator.generate(["q"], Sampling(n=2, max_new_tokens=3, stop=("w2",), include_stop=True))
+    generator = VLLMServerGenerator(Client(), Words(), chat=False, seed=3)
+    [out] = generator.generate(["w7 w8"], Sampling(n=2, max_new_tokens=3, stop=("w2",), include_stop=True))
+    assert sent["prompts"] == [[7, 8]]  # token ids: the server reads them as they are
     assert sent["generation_kwargs"] == {"stop": ["w2"], "include_stop_str_in_output": True, "seed": 3}
     assert [c.text for c in out] == ["w1 w2", "w4 w5"] and out[0].logprobs == [-0.1, -0.2, -0.3]
     assert [c.finish_reason for c in out] == ["stop", "stop"]

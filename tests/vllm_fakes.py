@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rag_lab.generators.base import Sampling
+from rag_lab.generators.base import Sampling, TokenPrompt
 from rag_lab.generators.hf import HFGenerator
 
 
@@ -49,8 +49,15 @@ class FakeLLM:
         return bool(live) and all(torch.equal(p, live[n]) for n, p in self.model.named_parameters())
 
     def generate(self, prompts, sampling_params=None, use_tqdm=False):
-        decode = self.generator.tokenizer.decode
-        texts = [p if isinstance(p, str) else decode(p["prompt_token_ids"]) for p in prompts]
+        # vLLM's prompts: text (tokenized here, as vLLM does) or TokensPrompt ids (read as they are)
+        tokenizer = self.generator.tokenizer
+        ids = [
+            tokenizer(p, add_special_tokens=False).input_ids
+            if isinstance(p, str)
+            else list(p["prompt_token_ids"])
+            for p in prompts
+        ]
+        texts = [tokenizer.decode(i) for i in ids]
         self.prompts.append(texts)
         self.calls.append((self.synced(), self.syncs))
         sp = sampling_params
@@ -58,11 +65,12 @@ class FakeLLM:
                             stop=tuple(getattr(sp, "stop", None) or ()),
                             include_stop=getattr(sp, "include_stop_str_in_output", False),
                             seed=getattr(sp, "seed", None))  # fmt: skip
-        outputs = self.generator.generate(texts, sampling)
-        tokenizer = self.generator.tokenizer
+        outputs = self.generator.generate(
+            [TokenPrompt(i, t) for i, t in zip(ids, texts, strict=True)], sampling
+        )
         return [
             SimpleNamespace(
-                prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids,
+                prompt_token_ids=prompt,
                 outputs=[
                     SimpleNamespace(
                         text=c.text,
@@ -76,7 +84,7 @@ class FakeLLM:
                     for c in completions
                 ],
             )
-            for text, completions in zip(texts, outputs, strict=True)
+            for prompt, completions in zip(ids, outputs, strict=True)
         ]
 
 

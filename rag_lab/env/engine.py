@@ -12,8 +12,14 @@ drop finished episodes. The protocol renders and parses; the engine knows only a
 - anything unparsable (INVALID, or a kind the loop has no use for): the episode ends with
   ``format_failure`` set and the parser's reason; it is scored, never raised.
 
-Each step keeps the policy's token ids and log-probs (the environment's text is never in
-them), which is what trainers need to mask retrieved text out of the loss.
+Token in, token out: where the generator has a tokenizer, each prompt goes to it as token ids
+(:mod:`rag_lab.env.fit`), and each step keeps the ids the model was given (``Step.prompt_ids``), the ids it
+sampled (``token_ids``, never the environment's text) and their log-probs: what trainers train on, with the
+retrieved text masked out of the loss, and never a re-tokenization of the text. A protocol whose turns
+continue each other (``Protocol.continues``: DAPO's) plays on the episode's ids (``Live.ids``): the next
+turn's prompt is the last one's ids, the ids it sampled and the environment's block tokenized once, alone. A
+prefix written for the model (a forced action word, a stopping rule's answer start) is tokenized alone and
+appended to the prompt's ids; the step's ``prompt_ids`` hold it, its ``token_ids`` only what the model wrote.
 """
 
 from collections.abc import Sequence
@@ -26,9 +32,9 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import QAExample
 from rag_lab.env.env import Env
 from rag_lab.env.episode import Episode, Step
-from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts
+from rag_lab.env.fit import TOO_LONG, TOO_LONG_ERROR, fitted_prompts, tokenizer_of
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, text_ids
 
 
 @dataclass
@@ -36,6 +42,9 @@ class Live:
     episode: Episode
     state: State
     seen: set[str]
+    # A continued rollout's token ids through its last turn (the prompt it was given, the ids it sampled),
+    # which its next turn extends (None: no turn yet, or a protocol that renders each prompt afresh).
+    ids: list[int] | None = None
 
 
 def generate(
@@ -44,35 +53,41 @@ def generate(
     states: Sequence[State],
     sampling: Sampling,
     prefixes: Sequence[str] | None = None,
+    streams: Sequence[list[int] | None] | None = None,
 ) -> list[Completion]:
     """One completion per state, from ``protocol``'s prompt fitted to the model (:mod:`rag_lab.env.fit`: a
     prompt that cannot fit is not generated, its completion empty with finish reason ``TOO_LONG``),
-    stopping where ``protocol`` pauses. ``prefixes[i]``, when given, is the start of state i's completion,
-    written for the model (EVO-RAG's forced siblings: ``"SEARCH:"``): the model continues it, and the
-    completion's text begins with it (its ``token_ids`` hold only what the model wrote)."""
+    stopping where ``protocol`` pauses; its ``prompt_ids`` the ids the model was given. ``prefixes[i]``,
+    when given, is the start of state i's completion, written for the model (EVO-RAG's forced siblings:
+    ``"SEARCH:"``): the model continues it, and the completion's text begins with it (its ``token_ids``
+    hold only what the model wrote). ``streams[i]``: state i's continued rollout so far (``Live.ids``)."""
     if env.generator is None:
         raise RagLabError(
             "generator: this policy needs a generator (set generator=tiny, teacher, hf, vllm or openai)"
         )
     tuned = replace(sampling, n=1, stop=protocol.stop, include_stop=protocol.include_stop)
-    prompts, cuts = fitted_prompts(env.generator, protocol, states, chat_of(env), tuned)
+    prompts, cuts = fitted_prompts(env.generator, protocol, states, chat_of(env), tuned, streams)
     prefixes = list(prefixes) if prefixes is not None else [""] * len(prompts)
     out = [Completion("", finish_reason=TOO_LONG) for _ in prompts]
     fit = [i for i, p in enumerate(prompts) if p is not None]
     if fit:
-        asked = [prefilled(prompts[i], prefixes[i]) for i in fit]
-        for i, c in zip(fit, env.generator.generate(asked, tuned), strict=True):
-            out[i] = replace(c[0], text=prefixes[i] + c[0].text)
+        asked = [prefilled(prompts[i], prefixes[i], tokenizer_of(env.generator)) for i in fit]
+        for i, p, c in zip(fit, asked, env.generator.generate(asked, tuned), strict=True):
+            ids = list(p.ids) if isinstance(p, TokenPrompt) else []
+            out[i] = replace(c[0], text=prefixes[i] + c[0].text, prompt_ids=ids)
     for c, cut in zip(out, cuts, strict=True):
         c.prompt_cut = cut
     return out
 
 
-def prefilled(prompt: Prompt, prefix: str) -> Prompt:
+def prefilled(prompt: Prompt | TokenPrompt, prefix: str, tokenizer=None) -> Prompt | TokenPrompt:
     """``prompt`` with ``prefix`` as the start of the model's reply: appended to a text prompt, or to a
-    chat's partial assistant message (one is opened when the chat has none)."""
+    chat's partial assistant message (one is opened when the chat has none); to a :class:`TokenPrompt`'s
+    ids tokenized alone (``tokenizer``), and to its text so."""
     if not prefix:
         return prompt
+    if isinstance(prompt, TokenPrompt):
+        return TokenPrompt(prompt.ids + text_ids(tokenizer, [prefix])[0], prefilled(prompt.text, prefix))
     if isinstance(prompt, str):
         return prompt + prefix
     if prompt[-1]["role"] == "assistant":
@@ -93,6 +108,7 @@ def record(episode: Episode, completion: Completion, action: Action) -> Step:
         text=completion.text,
         action=action.kind,
         query=action.query,
+        prompt_ids=completion.prompt_ids,
         token_ids=completion.token_ids,
         logprobs=completion.logprobs,
         error=TOO_LONG_ERROR if completion.finish_reason == TOO_LONG else action.error or "",
@@ -117,7 +133,7 @@ def fork(x: Live) -> Live:
     steps (a BACKTRACK marks a turn abandoned) leave the original as it was."""
     turns = [replace(t, passages=list(t.passages)) for t in x.state.turns]
     episode = replace(x.episode, steps=list(x.episode.steps))
-    return Live(episode, replace(x.state, turns=turns), set(x.seen))
+    return Live(episode, replace(x.state, turns=turns), set(x.seen), None if x.ids is None else list(x.ids))
 
 
 def advance(
@@ -139,6 +155,8 @@ def advance(
     for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
         step = record(x.episode, completion, action)
         turn = Turn(action, text=completion.text)
+        if protocol.continues and completion.prompt_ids:  # the ids the next turn continues
+            x.ids = completion.prompt_ids + completion.token_ids
         if action.kind == SEARCH:
             step.retrieved_ids = [h.id for h in hits[i]]
             turn.passages = env.passages(hits[i])
@@ -188,7 +206,8 @@ def play(
                 trace[position[id(x)]].append(fork(x))
         stopping = stops(stopper, protocol, env, live)
         prefixes = [protocol.answer_prefix if stop else "" for stop in stopping]
-        completions = generate(env, protocol, [x.state for x in live], sampling, prefixes)
+        streams = [x.ids for x in live] if protocol.continues else None
+        completions = generate(env, protocol, [x.state for x in live], sampling, prefixes, streams)
         still = advance(protocol, live, env, completions, k, exclude_seen)
         for x, stop in zip(live, stopping, strict=True):
             if stop and x.episode.stop_reason == ANSWER:

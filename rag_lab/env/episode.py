@@ -1,9 +1,10 @@
 """What one question's rollout leaves behind: an ``Episode`` of ``Step``s."""
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-IN_MEMORY = ("token_ids", "logprobs")
+IN_MEMORY = ("prompt_ids", "token_ids", "logprobs")
 
 
 @dataclass
@@ -19,8 +20,12 @@ class Step:
     rewards: dict[str, float] = field(default_factory=dict)
     # Why the text broke the protocol's format (the step that ended the episode).
     error: str = ""
-    # The policy's own tokens and their log-probs (never the environment's text): what trainers
-    # need; kept in memory, not written to records.jsonl.
+    # The token ids the model was given for this step (its whole context: for a continued rollout, every
+    # earlier turn and the environment's blocks; a prefix written for the model included), the policy's own
+    # tokens as sampled (never the environment's text) and their log-probs: what trainers train on, never
+    # a re-tokenization (rag_lab.env.engine). Empty where the generator reads text (the world teacher, an
+    # API model) or the prompt did not fit. Kept in memory, not written to records.jsonl.
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
     token_ids: list[int] = field(default_factory=list, repr=False)
     logprobs: list[float] | None = field(default=None, repr=False)
 
@@ -62,3 +67,24 @@ class Episode:
             "prompt_cuts": self.prompt_cuts,
             "rewards": [s.rewards for s in self.steps if s.rewards],
         }
+
+
+def token_stream(steps: Sequence[Step]) -> tuple[list[int], list[int], list[int], list[float]]:
+    """A continued rollout (``Protocol.continues``) as one training sequence, token in, token out: the first
+    prompt's ids, then every id after them as the model read or wrote them, the mask (1 on the policy's
+    sampled ids; 0 on the environment's blocks and on a prefix written for the model) and the log-probs (0
+    on the environment's). Steps with no ids (a prompt that did not fit) are skipped. Each step's prompt
+    ids extend the sequence so far; one that does not (a history tokenized anew) is a bug, and raises."""
+    generated = [s for s in steps if s.prompt_ids]
+    if not generated:
+        return [], [], [], []
+    prompt = list(generated[0].prompt_ids)
+    ids, mask, logprobs = list(prompt), [], []
+    for s in generated:
+        if s.prompt_ids[: len(ids)] != ids:
+            raise ValueError("a continued rollout's step was not given the ids of the turns before it")
+        given = len(s.prompt_ids) - len(ids)
+        ids += s.prompt_ids[len(ids) :] + s.token_ids
+        mask += [0] * given + [1] * len(s.token_ids)
+        logprobs += [0.0] * given + (s.logprobs or [0.0] * len(s.token_ids))
+    return prompt, ids[len(prompt) :], mask, logprobs

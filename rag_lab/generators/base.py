@@ -1,4 +1,13 @@
-"""The generator contract shared by the hf, vllm, openai, tiny and teacher backends."""
+"""The generator contract shared by the hf, vllm, openai, tiny and teacher backends.
+
+Token in, token out: a prompt may be given as the token ids the model reads (:class:`TokenPrompt`), which a
+backend that tokenizes feeds the model as they are (never rendered and tokenized again). The engine gives
+its prompts so where the generator has a tokenizer (:mod:`rag_lab.env.engine`), so that a multi-turn
+rollout's history, the policy's sampled ids and the environment's text tokenized once, is what the model
+reads at the next turn and what a trainer trains on (a BPE merge across a turn boundary would otherwise
+change the ids). Backends that read text (the world teacher, an OpenAI-compatible endpoint) read the
+text the ids stand for.
+"""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -6,6 +15,15 @@ from typing import Protocol
 
 # A prompt is plain text or a chat (a list of {"role", "content"} messages).
 Prompt = str | list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A prompt as token ids (``ids``: what the model reads, special tokens included where the chat template
+    puts them), with ``text``, the prompt they stand for (what a backend that reads text gets)."""
+
+    ids: list[int]
+    text: Prompt
 
 
 @dataclass(frozen=True)
@@ -33,12 +51,33 @@ class Completion:
     prompt_tokens: int = 0
     # 1 when the prompt was cut to fit the model (rag_lab.env.fit), else 0.
     prompt_cut: int = 0
+    # The token ids the model was given (a TokenPrompt's, with any prefix written for the model: the
+    # engine's record, rag_lab.env.engine.generate); empty where the generator reads text.
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 class Generator(Protocol):
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt, in prompt order, in one batched call."""
         ...
+
+
+def as_text(prompt: Prompt | TokenPrompt) -> Prompt:
+    """The text or chat a prompt stands for (a :class:`TokenPrompt`'s ``text``)."""
+    return prompt.text if isinstance(prompt, TokenPrompt) else prompt
+
+
+def text_ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """``texts`` tokenized, each alone, with no special tokens added (what a chat template writes stays)."""
+    return tokenizer(list(texts), add_special_tokens=False).input_ids if texts else []
+
+
+def prompt_ids(tokenizer, prompts: Sequence[Prompt | TokenPrompt]) -> list[list[int]]:
+    """The ids the model reads for each prompt: a :class:`TokenPrompt`'s as given, any other rendered
+    (:func:`render`) and tokenized, all of those in one call."""
+    texts = [render(tokenizer, p) for p in prompts if not isinstance(p, TokenPrompt)]
+    tokenized = iter(text_ids(tokenizer, texts))
+    return [list(p.ids) if isinstance(p, TokenPrompt) else next(tokenized) for p in prompts]
 
 
 def render(tokenizer, prompt: Prompt) -> str:

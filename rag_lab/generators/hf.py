@@ -3,10 +3,11 @@
 Prompts are decoded in batches of ``batch_size`` (sorted by length) by
 :func:`rag_lab.generators.decode.decode`: prefilled in length buckets, then one decoding batch that
 finished rows leave; n samples per prompt from one reading of it. Chat prompts go through the
-tokenizer's chat template. Stop strings are honoured exactly: a row stops once its decoded completion
-holds one (decoded whole, so word-level tokenizers such as the tiny LM's work too) and the text is cut
-at the first occurrence, the stop kept when ``sampling.include_stop``; ``token_ids`` run through the
-token that completes the stop.
+tokenizer's chat template; a prompt given as token ids (:class:`~rag_lab.generators.base.TokenPrompt`: a
+multi-turn rollout's history) is decoded from those ids as they are. Stop strings are honoured exactly:
+a row stops once its decoded completion holds one (decoded whole, so word-level tokenizers such as the
+tiny LM's work too) and the text is cut at the first occurrence, the stop kept when
+``sampling.include_stop``; ``token_ids`` run through the token that completes the stop.
 Log-probs are those of each generated token under the model's own distribution (log-softmax of
 the raw logits, no temperature or top-p), i.e. what a forward pass over prompt + completion gives.
 Greedy at temperature 0; sampling is seeded (``sampling.seed``, else the generator's seed).
@@ -26,7 +27,7 @@ import torch
 from rag_lab.core.devices import local_gpu
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.ranges import PositiveInt
-from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
+from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, cut_at_stop, prompt_ids
 from rag_lab.generators.decode import Decoded, decode
 from rag_lab.retrievers.dense import resolve_model
 
@@ -119,12 +120,11 @@ class HFGenerator:
         other.model = model
         return other
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
-        texts = [render(self.tokenizer, p) for p in prompts]
-        ids = self.tokenizer(texts, add_special_tokens=False).input_ids if texts else []
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
+        ids = prompt_ids(self.tokenizer, prompts)  # a TokenPrompt's ids as given
         # longest first, so that each decoding batch holds prompts of similar length
-        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-        out: list[list[Completion]] = [[] for _ in texts]
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        out: list[list[Completion]] = [[] for _ in ids]
         torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]

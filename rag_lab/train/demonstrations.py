@@ -48,7 +48,7 @@ from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import INVALID, PROTOCOLS, REFUSE, Protocol, identify
 from rag_lab.env.teacher.agent import Noise
 from rag_lab.eval.metrics import SCORERS
-from rag_lab.generators.base import Completion, Prompt, Sampling
+from rag_lab.generators.base import Completion, Prompt, Sampling, as_text
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.prompting import ChainOfThought, Direct, StandardRAG
@@ -105,7 +105,8 @@ class Recorder:
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         out = self.inner.generate(prompts, sampling)
-        self.pairs += [(p, c.text) for p, cs in zip(prompts, out, strict=True) for c in cs]
+        # as text: a demonstration is text (SFT gives its prompt as ids the engine's way: rag_lab.train.sft)
+        self.pairs += [(as_text(p), c.text) for p, cs in zip(prompts, out, strict=True) for c in cs]
         return out
 
 

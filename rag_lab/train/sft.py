@@ -5,8 +5,10 @@ Hand-written, and why: ``sft_dataset`` tokenizes prompt and completion apart and
 an EOS after the completion, the prompt cut from the LEFT to fit ``max_length`` (TRL 1.16 only
 truncates with ``keep_start``, which would cut the completion). TRL gets ``input_ids`` +
 ``completion_mask``, so it adds no second EOS and no BOS, and builds the labels (-100 on the prompt)
-from our mask. The ids are exactly what the model sees at inference: a prompt tokenized alone, then
-the generated tokens.
+from our mask. The ids are exactly what the model sees at inference, token in, token out: :func:`sft`
+gives each prompt as the engine gives it (:func:`rag_lab.env.fit.prompt_as_ids`: rendered and tokenized
+alone, or for a continued rollout, DAPO's, its first prompt, earlier turns and information blocks each
+tokenized alone), then the generated tokens.
 
 Data-parallel (``launch``, :mod:`rag_lab.train.parallel`): ``batch_size`` is the global batch; each of N
 processes takes ``batch_size / N`` rows of it (``per_device_train_batch_size``), and the length-grouped
@@ -28,7 +30,8 @@ import torch
 
 from rag_lab.core.config import AtLeast, NonNegative, Positive, PositiveInt
 from rag_lab.core.errors import RagLabError
-from rag_lab.generators.base import Prompt, render
+from rag_lab.env.fit import prompt_as_ids
+from rag_lab.generators.base import Prompt, text_ids
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
 from rag_lab.train.parallel import gradient_checkpointing, processes, share
@@ -44,15 +47,18 @@ log = logging.getLogger(__name__)
 
 
 def sft_dataset(
-    pairs: Sequence[tuple[str, str]], tokenizer: "PreTrainedTokenizerBase", max_length: int
+    pairs: Sequence[tuple[str | list[int], str]], tokenizer: "PreTrainedTokenizerBase", max_length: int
 ) -> "Dataset":
     """``input_ids`` (prompt ids + completion ids + EOS) and ``completion_mask`` (1 on the completion
-    and its EOS), each at most ``max_length``: a long prompt loses its start, the completion stays."""
+    and its EOS), each at most ``max_length``: a long prompt loses its start, the completion stays. A
+    prompt is text (tokenized alone) or its ids (taken as they are)."""
     from datasets import Dataset
 
     eos = tokenizer.eos_token_id
-    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False).input_ids
-    completions = tokenizer([c for _, c in pairs], add_special_tokens=False).input_ids
+    texts = [p for p, _ in pairs if isinstance(p, str)]
+    tokenized = iter(text_ids(tokenizer, texts))
+    prompts = [next(tokenized) if isinstance(p, str) else list(p) for p, _ in pairs]
+    completions = text_ids(tokenizer, [c for _, c in pairs])
     rows: dict[str, list[list[int]]] = {"input_ids": [], "completion_mask": []}
     cut = 0
     for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
@@ -70,6 +76,14 @@ def sft_dataset(
             "SFT: %d of %d prompts lost their start to fit max_length=%d", cut, len(pairs), max_length
         )
     return Dataset.from_dict(rows)
+
+
+def sft_rows(
+    pairs: Sequence[tuple[Prompt, str]], tokenizer: "PreTrainedTokenizerBase", max_length: int
+) -> "Dataset":
+    """:func:`sft_dataset` of (prompt, completion) pairs, each prompt as the engine gives it to the model at
+    inference (:func:`rag_lab.env.fit.prompt_as_ids`: token in, token out)."""
+    return sft_dataset([(prompt_as_ids(tokenizer, p), c) for p, c in pairs], tokenizer, max_length)
 
 
 def sft_config(
@@ -178,7 +192,8 @@ def sft(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, settings.max_length)
+    # each prompt as the engine gives it to the model at inference (token in, token out)
+    dataset = sft_rows(pairs, tokenizer, settings.max_length)
     steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU

@@ -85,6 +85,14 @@ class Protocol:
     # The start of a completion that answers (``"<answer>"``): written for the model where a stopping rule
     # ends an episode (rag_lab.env.engine.play); None where the protocol has none.
     answer_prefix: ClassVar[str | None] = None
+    # Whether each turn continues the previous one's text (DAPO's tagged rollout): the engine then keeps the
+    # episode's token ids and appends the environment's text (``appended``) tokenized once, never rendering
+    # and tokenizing the history again. Otherwise every turn's prompt is rendered afresh from the state.
+    continues: ClassVar[bool] = False
+
+    def appended(self, turn: Turn) -> str:
+        """The environment's text that follows the policy's ``turn`` in a continued rollout ("" for none)."""
+        return ""
 
     @property
     def tag(self) -> str:

@@ -7,6 +7,9 @@ pauses at ``</search>``; the engine appends ``<information>top-k passages</infor
 the next ``</search>`` or ``</answer>``; the prompt of the next turn is the question followed by
 everything so far, and the tokens inside ``<information>`` are the environment's, not the
 policy's (trainers mask them). Chat models get the trace as an assistant message to continue.
+The protocol ``continues``: where the generator has a tokenizer, the engine keeps the rollout as token ids
+(the first prompt's, the policy's as sampled, each information block's tokenized once) and never renders
+the text below again (:mod:`rag_lab.env.engine`); :meth:`DAPOTagged.prompt` is the text those ids stand for.
 """
 
 import re
@@ -33,6 +36,7 @@ class DAPOTagged(Protocol):
     stop = ("</search>", "</answer>")
     answer_prefix = "<answer>"
     include_stop = True
+    continues = True
     system = (
         "Please answer the given question by following the structured reasoning protocol below:\n"
         "1. Always begin with <think>...</think> to provide a brief internal reasoning sketch.\n"
@@ -52,6 +56,9 @@ class DAPOTagged(Protocol):
     @staticmethod
     def information(turn: Turn) -> str:
         return f"\n<information>\n{documents(turn.passages)}\n</information>\n" if turn.passages else ""
+
+    def appended(self, turn: Turn) -> str:
+        return self.information(turn)
 
     def rollout_text(self, state: State) -> str:
         """The policy's turns with the engine's information blocks between them."""

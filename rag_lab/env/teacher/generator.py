@@ -31,7 +31,7 @@ from rag_lab.env.protocols.base import ANSWER, BACKTRACK, CONTINUE, PLAN, REASON
 from rag_lab.env.protocols.simple import evidence
 from rag_lab.env.teacher.agent import FIRST, SAME, Noise, combine, near_name
 from rag_lab.env.teacher.reader import answer_from, parse_question
-from rag_lab.generators.base import Completion, Prompt, Sampling, cut_at_stop
+from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, as_text, cut_at_stop
 
 
 @dataclass
@@ -266,8 +266,9 @@ class TeacherGenerator:
         self.noise = Noise(**noise)
         self.seed = seed
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
-        return [[self._complete(p, sampling, j) for j in range(sampling.n)] for p in prompts]
+    def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
+        # it reads text, as a black-box LLM's user sees it: a prompt given as ids is read as its text
+        return [[self._complete(as_text(p), sampling, j) for j in range(sampling.n)] for p in prompts]
 
     def _complete(self, prompt: Prompt, sampling: Sampling, sample: int) -> Completion:
         found = identify(prompt)

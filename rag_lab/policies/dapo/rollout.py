@@ -7,7 +7,8 @@ Each training step TRL hands over its batch of prompts, every question repeated 
 batch, one batched search), with the trainer's current model (the policy's generator around it, in a view
 of the env: :meth:`rag_lab.env.Env.with_generator`), and returns one training sequence per episode:
 
-- ``prompt_ids``: the first prompt (question and tag line, or the chat template's prompt);
+- ``prompt_ids``: the first prompt (question and tag line, or the chat template's prompt) as the model
+  was given it;
 - ``completion_ids``: the policy's sampled tokens of every turn with the engine's
   ``<information>`` blocks between them (tokenized alone), and ``env_mask`` 1 on the policy's tokens,
   0 on the engine's: TRL leaves the retrieved tokens out of the loss;
@@ -35,11 +36,15 @@ calls this rollout function; the log-probs are the engine's, as TRL's importance
 With tensor parallelism > 1 in colocate mode they go through TRL's ``VLLMGeneration.generate``, which
 gathers the prompts of the TP group (:class:`rag_lab.generators.vllm.TPGroupGenerator`).
 
-Deviation (tokens): the policy's turns are kept as sampled, the information blocks are tokenized on
-their own, and the next turn was generated from the whole text re-tokenized. Where the text
-re-tokenizes to its own tokens (the tiny LM's word-level tokenizer on well-formed turns) the two are
-the same ids; with a BPE model a merge across a turn boundary can differ, as in Search-R1's and most
-multi-turn RL code.
+Token in, token out: the ids of a row are the ids the model read and wrote, never the text tokenized
+again. The engine plays the ``dapo`` protocol on token ids (it ``continues``: :mod:`rag_lab.env.engine`):
+each turn is generated from the previous turn's prompt ids, its sampled ids and the information block
+tokenized once, alone, and each step records the ids it was given; :func:`rag_lab.env.episode.token_stream`
+joins them into the row, as TRL's own tool-calling loop joins prompt, completion and tool ids. A BPE merge
+across a turn boundary (a turn ending where the block's ``\n`` begins, a sampled split of a word the
+tokenizer would merge) therefore cannot make the trained tokens differ from the sampled ones, as it does in
+Search-R1's re-tokenizing loop (tests/test_token_ids.py shows both). The one block no turn read, after a
+last turn that searched, is tokenized alone and appended, masked.
 """
 
 import random
@@ -52,9 +57,10 @@ import numpy as np
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import run_agent
+from rag_lab.env.episode import token_stream
 from rag_lab.env.protocols.base import State, Turn
 from rag_lab.env.protocols.tagged import DAPOTagged
-from rag_lab.generators.base import Sampling, render
+from rag_lab.generators.base import Sampling, prompt_ids, text_ids
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.generators.vllm import engine_generator, rollouts_done
 from rag_lab.rewards.dapo import answer_correct
@@ -216,25 +222,21 @@ class SearchRollouts:
 
     # ---- to TRL's rows --------------------------------------------------------------------------
     def encode(self, batch: Batch) -> dict[str, list]:
+        """TRL's rows of ``batch``: each episode's ids as the model read and wrote them (module docstring)."""
         tokenizer = self.generator.tokenizer
         out: dict[str, list] = {
             k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollouts", "answers")
         }
         for question, episodes, texts in zip(batch.questions, batch.episodes, batch.texts, strict=True):
-            prompt = render(tokenizer, self.first_prompt(question))
-            prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
             for episode, text in zip(episodes, texts, strict=True):
-                ids, logprobs, mask = [], [], []
-                for s in episode.steps:
-                    ids += s.token_ids
-                    logprobs += s.logprobs or [0.0] * len(s.token_ids)
-                    mask += [1] * len(s.token_ids)
-                    if s.retrieved_ids:
-                        info = tokenizer(self.information(s), add_special_tokens=False).input_ids
-                        ids, logprobs, mask = ids + info, logprobs + [0.0] * len(info), mask + [0] * len(info)
+                prompt, ids, mask, logprobs = token_stream(episode.steps)
+                read = [s for s in episode.steps if s.prompt_ids]
+                if read and read[-1].retrieved_ids:  # the last block, which no turn read: tokenized alone
+                    info = text_ids(tokenizer, [self.information(read[-1])])[0]
+                    ids, logprobs, mask = ids + info, logprobs + [0.0] * len(info), mask + [0] * len(info)
                 if not ids:  # nothing generated at all: one EOS, so that the row has a token to score
                     ids, logprobs, mask = [tokenizer.eos_token_id], [0.0], [1]
-                out["prompt_ids"].append(prompt_ids)
+                out["prompt_ids"].append(prompt or prompt_ids(tokenizer, [self.first_prompt(question)])[0])
                 out["completion_ids"].append(ids)
                 out["logprobs"].append(logprobs)
                 out["env_mask"].append(mask)

@@ -18,6 +18,13 @@ returns differ by a margin make preference pairs.
 5. **Pairs** (:func:`pairs_of`): per node, the actual branch and its siblings; ``preference_pairs`` with
    a margin (Δ 0.3 for the preference model, δ 0.2 and the widest pair per state for DPO).
 
+Token in, token out: a node keeps the ids the policy was given at it (``Step.prompt_ids``: the prompt
+rendered, fitted and tokenized once by the engine), and each branch its action as ids
+(:func:`action_ids`): the ids the policy sampled, after the action word's ids where the word was written
+for it (tokenized alone, as the engine appended them to the prompt); a written BACKTRACK or REFUSE is the
+word tokenized alone and the end of the turn (the tokenizer's EOS, where the policy's own steps end). DPO
+trains on those ids (:mod:`.dpo`), never on the texts tokenized again.
+
 Deviations, written down: the paper branches every visited state and does not say how a sibling action
 is produced; we draw ``per_episode`` states (CPU budget) and force the sibling's action word, the model
 writing its query or answer (greedy decoding of the tiny LM never writes BACKTRACK or REFUSE, so sampling
@@ -33,9 +40,10 @@ from dataclasses import dataclass, field, replace
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.engine import Live, advance, fork, full, generate, play, undoable
+from rag_lab.env.episode import Step
 from rag_lab.env.fit import TOO_LONG_ERROR
 from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State
-from rag_lab.generators.base import Completion, Sampling
+from rag_lab.generators.base import Completion, Sampling, text_ids
 from rag_lab.policies.evorag.preference import Branch, preference_pairs
 
 ACTIONS = (SEARCH, BACKTRACK, ANSWER, REFUSE)
@@ -53,6 +61,8 @@ class Node:
     actual: str
     # (kind, the branch's live episode at its end) per sibling, filled by :func:`roll`
     siblings: list[tuple[str, Live]] = field(default_factory=list)
+    # the ids the policy was given at this state (the actual step's; empty where the generator reads text)
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 def evidence(x: Live) -> list[Passage]:
@@ -89,7 +99,9 @@ def visited(
         counts["prompt_too_long"] += len(trace) - len(fits)
         if per_episode is not None and len(fits) > per_episode:
             fits = sorted(rng.sample(fits, per_episode))
-        nodes += [Node(i, t, trace[t - 1], steps[t - 1].action) for t in fits]
+        nodes += [
+            Node(i, t, trace[t - 1], steps[t - 1].action, prompt_ids=steps[t - 1].prompt_ids) for t in fits
+        ]
     return nodes
 
 
@@ -152,14 +164,35 @@ def returns(reward, base: Sequence[Live], nodes: Sequence[Node], examples, stage
     return values[: len(base)], per_node
 
 
-def node_branches(node: Node, base: Live, value: float, sibling_values: Sequence[float]) -> list[Branch]:
-    """The node's branches: the base episode's (its actual action) first, then each sibling's."""
+def node_branches(
+    node: Node, base: Live, value: float, sibling_values: Sequence[float], tokenizer=None
+) -> list[Branch]:
+    """The node's branches: the base episode's (its actual action) first, then each sibling's; each action's
+    text and ids (:func:`action_ids`; none without a ``tokenizer``: a generator that reads text)."""
     lives = [(node.actual, base), *node.siblings]
     values = [value, *sibling_values]
+    steps = [x.episode.steps[node.t - 1] for _, x in lives]
     return [
-        Branch(pm_text(x.episode, node.t), kind, v, completion=x.episode.steps[node.t - 1].text)
-        for (kind, x), v in zip(lives, values, strict=True)
+        Branch(
+            pm_text(x.episode, node.t),
+            kind,
+            v,
+            completion=step.text,
+            completion_ids=action_ids(node, step, tokenizer) if tokenizer is not None else [],
+        )
+        for (kind, x), v, step in zip(lives, values, steps, strict=True)
     ]
+
+
+def action_ids(node: Node, step: Step, tokenizer) -> list[int]:
+    """A branch's action at ``node`` as token ids (module docstring): what its step was given past the
+    node's prompt (a written action word) and what it sampled; a step the policy never generated (a written
+    BACKTRACK or REFUSE), its text tokenized alone and the end of the turn."""
+    if not step.prompt_ids:
+        return text_ids(tokenizer, [step.text])[0] + [tokenizer.eos_token_id]
+    if step.prompt_ids[: len(node.prompt_ids)] != node.prompt_ids:
+        raise ValueError("a sibling was not given the ids of its node's prompt")
+    return step.prompt_ids[len(node.prompt_ids) :] + step.token_ids
 
 
 def pm_text(episode: Episode, t: int) -> str:

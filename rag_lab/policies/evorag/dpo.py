@@ -2,16 +2,21 @@
 branch pairs, with TRL's ``DPOTrainer`` (its sigmoid loss −log σ(β·Δ), Δ the chosen's minus the rejected's
 log-ratio to the reference) and a PEFT LoRA adapter, merged into the weights after the epoch.
 
-- A row is the state's prompt as the policy saw it (fitted to the model: :mod:`rag_lab.env.fit`), the
-  chosen action's text and the rejected's. Plain text for the tiny LM; TRL's conversational format for a
-  chat model (the chosen / rejected an assistant message).
+- A row is token ids, token in, token out: the state's prompt as the policy was given it (rendered with the
+  chat template where there is one, fitted to the model and tokenized once by the engine:
+  :mod:`rag_lab.env.fit`), the chosen action's ids and the rejected's as the policy wrote them
+  (:func:`rag_lab.policies.evorag.branches.action_ids`). TRL 1.16's ``DPOTrainer`` would tokenize prompt
+  and prompt + completion as text and split them where they part (and a chat template closes the turn
+  with tokens the policy never wrote), so a BPE merge at the boundary would change what is trained;
+  :func:`trainer_class` passes our ids through, TRL's collator and loss unchanged.
 - The reference is the model at the start of the epoch (the adapter switched off): iterative DPO, each
   cycle's reference the policy that rolled its data out. The paper does not name its reference.
 - A killed epoch resumes from its last Trainer checkpoint (``work``) to the uninterrupted weights.
 
-Hand-written: only the rows and the log-probability probe; the training is TRL's.
+Hand-written: only the rows, their pass-through and the log-probability probe; the training is TRL's.
 """
 
+import functools
 import logging
 from pathlib import Path
 
@@ -28,20 +33,34 @@ from rag_lab.train.sharded import saveable
 log = logging.getLogger(__name__)
 
 
-def dpo_rows(prompts: list, pairs: list[list[tuple[Branch, Branch]]], chat: bool) -> list[dict]:
-    """One DPO row per pair: its state's prompt as the policy saw it (``prompts[i]``, fitted to the model; a
-    state whose prompt did not fit, None, gives none), the better branch's action text as ``chosen``, the
-    worse one's as ``rejected``; a chat model's as assistant messages (TRL's conversational format)."""
-    rows = []
-    for prompt, state_pairs in zip(prompts, pairs, strict=True):
-        if prompt is None:
-            continue
-        for good, bad in state_pairs:
-            chosen, rejected = good.completion, bad.completion
-            if chat:
-                chosen, rejected = ([{"role": "assistant", "content": c}] for c in (chosen, rejected))
-            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    return rows
+def dpo_rows(prompts: list[list[int]], pairs: list[list[tuple[Branch, Branch]]]) -> list[dict]:
+    """One DPO row per pair: its state's prompt ids as the policy was given them (``prompts[i]``; a state
+    with none, a generator that read text, gives no row), the better branch's action ids as ``chosen_ids``,
+    the worse one's as ``rejected_ids`` (the module docstring)."""
+    return [
+        {"prompt_ids": list(prompt), "chosen_ids": good.completion_ids, "rejected_ids": bad.completion_ids}
+        for prompt, state_pairs in zip(prompts, pairs, strict=True)
+        if prompt
+        for good, bad in state_pairs
+    ]
+
+
+@functools.cache
+def trainer_class():
+    """TRL's ``DPOTrainer``, given rows that are token ids already (``prompt_ids``, ``chosen_ids``,
+    ``rejected_ids``: :func:`dpo_rows`) passing them through as they are, with TRL's own guard (under
+    ``keep_start`` truncation a prompt that fills ``max_length`` is dropped); rows of text go TRL's way."""
+    from trl import DPOTrainer
+
+    class IdsDPOTrainer(DPOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "prompt_ids" not in dataset.column_names:
+                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            if args.max_length is not None and args.truncation_mode == "keep_start":
+                dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
+            return dataset
+
+    return IdsDPOTrainer
 
 
 def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: int, what: str):
@@ -50,7 +69,6 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
     :class:`~rag_lab.policies.evorag.policy.EvoRAG`); the model with the adapter merged, and the epoch's
     counts (its curve: ``work/log.jsonl``)."""
     from datasets import Dataset
-    from trl import DPOTrainer
 
     last = last_good_checkpoint(work)
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
@@ -70,7 +88,7 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
         num_train_epochs=settings.dpo_epochs,
         max_length=getattr(generator, "context_length", None) or 1024,
     )
-    trainer = DPOTrainer(
+    trainer = trainer_class()(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),

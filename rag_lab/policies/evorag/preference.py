@@ -27,7 +27,7 @@ import itertools
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,12 +46,14 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 @dataclass(frozen=True)
 class Branch:
     """One rolled-out branch from a state: its trajectory text (what the preference model reads), its
-    action at the state, its return R(x), and the action's own text (what DPO trains on)."""
+    action at the state, its return R(x), and the action's own text and token ids (what DPO trains on:
+    the ids the policy wrote, :func:`rag_lab.policies.evorag.branches.action_ids`)."""
 
     text: str
     action: str
     value: float
     completion: str = ""
+    completion_ids: list[int] = field(default_factory=list)
 
 
 def preference_pairs(

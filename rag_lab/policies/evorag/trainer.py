@@ -38,7 +38,7 @@ from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
 from rag_lab.env.engine import run_agent
-from rag_lab.env.fit import fitted_prompts
+from rag_lab.env.fit import tokenizer_of
 from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
@@ -129,14 +129,19 @@ def branch_batch(policy, generator, env: Env, stage: int, picked: list[QAExample
     verifier = policy.reward.verifier if policy.reward.refusal == "verifier" else None
     asked = (verifier.calls, verifier.unparsed) if verifier is not None else None
     values, sibling_values = br.returns(policy.reward, base, nodes, picked, stage, t_max)
-    fitted = fitted_prompt_of(generator, protocol, nodes, sampling)
     out = {"nodes": [], "episodes": episode_stats(base, picked, policy.scorer), "verifier": None}
     if asked is not None:  # the verifier's calls for this batch, and its unparsable replies (scored failures)
         out["verifier"] = [verifier.calls - asked[0], verifier.unparsed - asked[1]]
-    for node, sv, prompt in zip(nodes, sibling_values, fitted, strict=True):
-        b = br.node_branches(node, base[node.index], values[node.index], sv)
+    for node, sv in zip(nodes, sibling_values, strict=True):
+        # the node's prompt and each action as the ids the policy was given and wrote (DPO's rows)
+        b = br.node_branches(node, base[node.index], values[node.index], sv, tokenizer_of(generator))
         out["nodes"].append(
-            {"index": node.index, "t": node.t, "prompt": prompt, "branches": [asdict(x) for x in b]}
+            {
+                "index": node.index,
+                "t": node.t,
+                "prompt_ids": node.prompt_ids,
+                "branches": [asdict(x) for x in b],
+            }
         )
     counts["episodes"], counts["states"] = len(base), len(nodes)
     out["counts"] = counts
@@ -159,12 +164,6 @@ def merged(batches: list[dict], scorer: str) -> dict:
             "verifier/unparsed": sum(a[1] for a in asked),
         }
     return out
-
-
-def fitted_prompt_of(generator, protocol, nodes, sampling) -> list:
-    """Each node's prompt as the policy saw it (fitted to the model), None where it did not fit."""
-    chat = bool(getattr(generator, "chat", False))
-    return fitted_prompts(generator, protocol, [n.live.state for n in nodes], chat, sampling)[0]
 
 
 # each base episode's monitors, in this order (rollout_stats: their means)
@@ -226,9 +225,7 @@ def policy_epoch(policy, generator, data: dict, seed: int, work: Path, what: str
     (``merged/``, cached) and the epoch's counts."""
     merged = work / "merged"
     node_pairs = pairs(data, policy.margin, policy.pairs_per_state)
-    rows = dpo_rows(
-        [node["prompt"] for node in data["nodes"]], node_pairs, bool(getattr(generator, "chat", False))
-    )
+    rows = dpo_rows([node["prompt_ids"] for node in data["nodes"]], node_pairs)
     if is_main():
         atomic_write_text(work / "pairs.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if (merged / "config.json").exists():

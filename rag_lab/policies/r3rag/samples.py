@@ -5,10 +5,11 @@ completion (the step the policy wrote).
 - :func:`rollouts`: the policy's episodes of the ``r3rag`` protocol (the batched engine), one per question at
   each of ``temperatures`` (the official code's 0.1 / 0.4 / 0.7 / 1.0), documents cut to ``max_doc_chars``
   (:class:`CutDocuments`; the paper's 512 during RL), the state before each step traced.
-- :func:`step_samples`: each step's prompt re-rendered from its traced state exactly as the engine fitted it
-  (:func:`rag_lab.env.fit.fitted_prompts`), tokenized as the generator tokenizes it, and the completion's
-  token ids as generated. A step whose prompt did not fit has no tokens: it keeps its reward (the episode's
-  returns see it) and trains nothing.
+- :func:`step_samples`: each step's prompt ids as the model was given them (``Step.prompt_ids``: the engine
+  rendered, fitted and tokenized the prompt once, :mod:`rag_lab.env.fit`, and recorded those ids; a prefix
+  written for the model, a stopping rule's answer start, included) and the completion's token ids as
+  sampled: token in, token out, never the prompt rendered and tokenized again. A step whose prompt did not
+  fit has no tokens: it keeps its reward (the episode's returns see it) and trains nothing.
 - :func:`tensors`: the samples as right-padded rows of prompt + completion, with the ``mask`` of the
   completion's tokens among the next-token positions: the only positions with a policy loss. Everything
   else (the question, the earlier steps, the retrieved documents, padding) is 0: retrieved tokens carry no
@@ -24,10 +25,9 @@ import torch
 
 from rag_lab.data.base import Passage, QAExample
 from rag_lab.env import Env, Episode
-from rag_lab.env.engine import Live, chat_of, play
-from rag_lab.env.fit import fitted_prompts
+from rag_lab.env.engine import Live, play
 from rag_lab.env.protocols.base import Protocol, State
-from rag_lab.generators.base import Sampling, render
+from rag_lab.generators.base import Sampling
 from rag_lab.retrievers.base import Hit
 
 
@@ -78,23 +78,15 @@ def rollouts(
     return examples, live, traces
 
 
-def step_samples(
-    env: Env, protocol: Protocol, live: Sequence[Live], traces: Sequence[Sequence[Live]], sampling: Sampling
-) -> list[Sample]:
+def step_samples(live: Sequence[Live]) -> list[Sample]:
     """One sample per step that has tokens (module docstring), episodes in order, steps in order: ``live``
-    the episodes' final states, ``traces`` the states before their steps (:func:`rollouts`)."""
-    where = [(i, j) for i, trace in enumerate(traces) for j in range(len(trace))]
-    states = [traces[i][j].state for i, j in where]
-    prompts, _ = fitted_prompts(env.generator, protocol, states, chat_of(env), sampling)
-    tokenizer = env.generator.tokenizer
-    out = []
-    for (i, j), prompt in zip(where, prompts, strict=True):
-        step = live[i].episode.steps[j]
-        if prompt is None or not step.token_ids:
-            continue
-        ids = tokenizer(render(tokenizer, prompt), add_special_tokens=False).input_ids
-        out.append(Sample(ids, list(step.token_ids), i, j))
-    return out
+    the episodes' final states (:func:`rollouts`)."""
+    return [
+        Sample(list(step.prompt_ids), list(step.token_ids), i, j)
+        for i, x in enumerate(live)
+        for j, step in enumerate(x.episode.steps)
+        if step.prompt_ids and step.token_ids
+    ]
 
 
 def tensors(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:

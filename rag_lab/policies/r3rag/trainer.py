@@ -223,7 +223,7 @@ class PPOTrainer:
         rollouts_done(env.generator)
         episodes = [x.episode for x in live]
         rewards, parts = self.reward.score(episodes, examples, lambda i, j: live[i].state.turns[j].passages)
-        samples = step_samples(env, r.protocol, live, traces, sampling)
+        samples = step_samples(live)  # the ids each step was given and sampled
         check_samples(len(samples), acc)  # before this process builds its batch: all raise, or none
         pad = self.base.tokenizer.pad_token_id
         batch = {k: v.to(acc.device) for k, v in tensors(samples, pad).items()}

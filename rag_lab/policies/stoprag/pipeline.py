@@ -8,6 +8,10 @@ call), retrieve ``depth`` and keep the top ``k`` after dropping passages already
 authors' code; ``retriever=rerank`` reranks the top 10 first, as the paper), then answer the
 follow-up from its document (prompt 2; one batched call). After the last iteration, or a stop,
 the final answer comes from the whole trace (one batched call).
+
+Token ids: the generator is a black box to Stop-RAG (its Q-network reads the state's text, and no
+token-level policy loss trains on these episodes), but each step keeps the ids the model was given and
+sampled all the same (:mod:`rag_lab.env.engine`); the intermediate answers are counted, not steps.
 """
 
 from collections.abc import Sequence
