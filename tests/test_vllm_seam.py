@@ -66,9 +66,11 @@ def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
     from rag_lab.core.errors import RagLabError
     from rag_lab.generators.vllm import VLLMGenerator
 
-    colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2).trl_settings()
+    colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2, sleep=True).trl_settings()
     assert colocated == {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2,
-                         "vllm_gpu_memory_utilization": 0.25, "vllm_max_model_length": None}  # fmt: skip
+                         "vllm_gpu_memory_utilization": 0.25, "vllm_max_model_length": None,
+                         "vllm_enable_sleep_mode": True}  # fmt: skip
+    assert not VLLMGenerator("m").trl_settings()["vllm_enable_sleep_mode"]  # TRL's default: awake
     served = VLLMGenerator("m", train_mode="server", server_url="http://n1:8000").trl_settings()
     assert served["vllm_mode"] == "server" and served["vllm_server_base_url"] == "http://n1:8000"
     with pytest.raises(RagLabError, match="generator.server_url: train_mode=server needs"):
@@ -117,6 +119,7 @@ def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(d
     """The engine around TRL's vLLM backend speaks as the run's generator does (its tokenizer; chat or
     plain text), and the episodes go through it."""
     from rag_lab.policies.dapo import rollout
+    from rag_lab.train import vllm_engine
 
     env = test_dapo.env_for(data, base)
     seen = {}
@@ -125,14 +128,15 @@ def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(d
         seen.update(backend=vllm_generation, tokenizer=tokenizer, chat=chat)
         return env.generator
 
-    monkeypatch.setattr(rollout, "engine_generator", engine)
+    monkeypatch.setattr(vllm_engine, "engine_generator", engine)
     questions = data.split("train")[:2]
     rollouts = rollout.SearchRollouts(
         env, env.generator, questions, [(test_dapo.length, 1.0)], k=2, max_turns=2,
         sampling=Sampling(temperature=1.0, max_new_tokens=8), dynamic_sampling=False, max_rounds=1, seed=0,
     )  # fmt: skip
+    backend = SimpleNamespace(mode="server", enable_sleep_mode=False)  # TRL's backend, as the rollouts read it
     trainer = SimpleNamespace(num_generations=2, state=SimpleNamespace(global_step=0), use_vllm=True,
-                              vllm_generation="TRL's backend")  # fmt: skip
+                              vllm_generation=backend)  # fmt: skip
     out = rollouts([rollouts.first_prompt(q) for q in questions for _ in range(2)], trainer)
-    assert seen == {"backend": "TRL's backend", "tokenizer": env.generator.tokenizer, "chat": False}
+    assert seen == {"backend": backend, "tokenizer": env.generator.tokenizer, "chat": False}
     assert len(out["completion_ids"]) == 4 and rollouts.env.generator is env.generator

@@ -2,7 +2,9 @@
 so that the seams of the methods run TRL's own engine set-up, weight sync (PEFT merge, parameter names) and,
 with tensor parallelism > 1, its prompt gather, on CPU. The fake generates with a transformers copy of the
 weights it was built from, loaded as vLLM loads them (``load_weights`` by vLLM's names: an unknown name
-fails), and records, at every ``generate``, whether its weights equal the live model's (``FakeLLM.live``)."""
+fails), and records, at every ``generate``, whether its weights equal the live model's (``FakeLLM.live``).
+Sleep mode as vLLM's: a level-2 sleep drops the weights (NaN here, so a generate before they are pushed
+again is not ``synced``) and the KV cache; generating, or loading weights, while asleep fails."""
 
 import sys
 import types
@@ -23,6 +25,9 @@ class FakeLLM:
 
     def __init__(self, model: str, **settings):
         self.settings, self.syncs, self.calls, self.prompts = settings, 0, [], []
+        # what sleeps now ("weights", "kv_cache"), and every sleep, wake-up and generate in order
+        self.asleep: set[str] = set()
+        self.events: list[tuple] = []
         self.generator = HFGenerator(model, self.tokenizer_dir, chat=False, dtype="float32", batch_size=64)
         self.model = self.generator.model.eval()
         runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
@@ -32,7 +37,20 @@ class FakeLLM:
         )
         FakeLLM.made.append(self)
 
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(("sleep", level))
+        self.asleep = {"weights", "kv_cache"}
+        if level == 2:  # the weights are dropped: pushed again before the next generate, or it is not synced
+            for p in self.model.parameters():
+                p.data.fill_(float("nan"))
+
+    def wake_up(self, tags=None) -> None:
+        tags = set(tags or ("weights", "kv_cache"))
+        self.events.append(("wake", tuple(sorted(tags))))
+        self.asleep -= tags
+
     def load_weights(self, pairs) -> None:
+        assert "weights" not in self.asleep, "weights loaded into a sleeping engine (vLLM: unmapped memory)"
         params = dict(self.model.named_parameters())
         for name, tensor in pairs:
             assert name in params, f"vLLM has no parameter {name}"
@@ -51,8 +69,10 @@ class FakeLLM:
     def generate(self, prompts, sampling_params=None, use_tqdm=False):
         decode = self.generator.tokenizer.decode
         texts = [p if isinstance(p, str) else decode(p["prompt_token_ids"]) for p in prompts]
+        assert not self.asleep, f"generate on a sleeping engine ({', '.join(sorted(self.asleep))} asleep)"
         self.prompts.append(texts)
         self.calls.append((self.synced(), self.syncs))
+        self.events.append(("generate", len(texts)))
         sp = sampling_params
         sampling = Sampling(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens,
                             stop=tuple(getattr(sp, "stop", None) or ()),
