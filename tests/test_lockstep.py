@@ -1,12 +1,11 @@
-"""Generation on a sharded model (issue 72, rag_lab/train/lockstep.py): two FSDP2 processes on CPU (gloo), each
-playing its own multi-turn episodes on the sharded model itself (different questions, turns and completion
-lengths, so different numbers of forwards), finish without a hang and play what one unsharded process plays,
-and no process ever holds a full copy of the weights. The ZeRO-3 branch is checked on a fake accelerator
-(DeepSpeed forms no process group on CPU)."""
+"""Generation on a sharded model (issue 72, rag_lab/train/lockstep.py): two FSDP2 processes on CPU (gloo),
+each playing its own multi-turn episodes on the sharded model itself (different questions, turns and
+completion lengths, so different numbers of forwards), finish without a hang and play what one unsharded
+process plays, and no process ever holds a full copy of the weights. The ZeRO-3 branch is checked on a fake
+accelerator (DeepSpeed forms no process group on CPU)."""
 
 import gc
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -15,17 +14,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import free_port
 from rag_lab.env import Env
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 
+from conftest import free_port
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 LM = Path(__file__).resolve().parents[1] / "rag_lab" / "checkpoints" / "tiny_lm"
 # what tests/data_parallel.py's --fsdp sets: accelerate's FSDP2 variables of launch=fsdp_cpu
-FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-            "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true"}  # fmt: skip
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+            "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+            "FSDP_RESHARD_AFTER_FORWARD": "true"}  # fmt: skip
 GREEDY = Sampling(max_new_tokens=32)
 
 
@@ -138,8 +139,13 @@ def play_sharded(out: str, data, questions: dict) -> None:
     callback = HeldOutCallback(HeldOut(n=3), questions["heldout"], rollout, lambda row: None, generator=base)
     callback.trainer = trainer
     callback.measure(0, model)
-    record = {"dapo": dapo["completion_ids"], "heldout": played, "phases": phases,
-              "full_copies": [before, full_copies(model)], "sharded": lockstep.in_step(model, accelerator)}
+    record = {
+        "dapo": dapo["completion_ids"],
+        "heldout": played,
+        "phases": phases,
+        "full_copies": [before, full_copies(model)],
+        "sharded": lockstep.in_step(model, accelerator),
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
 
 
@@ -161,13 +167,15 @@ def test_ranks_that_play_different_turns_generate_on_the_sharded_model_in_step(d
         rollouts = dapo_rollouts(one, questions[rank])
         want[rank] = rollouts(prompts_of(rollouts, questions[rank]), trainer)["completion_ids"]
     episodes = run_agent(DAPOTagged(), questions["heldout"], one, GREEDY, 2, 3)
-    heldout = {q.id: [s.token_ids for s in e.steps] for q, e in zip(questions["heldout"], episodes, strict=True)}
+    pairs = zip(questions["heldout"], episodes, strict=True)
+    heldout = {q.id: [s.token_ids for s in e.steps] for q, e in pairs}
     in_ranks(play_sharded, (str(tmp_path), data, questions))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, record in enumerate(got):
         assert record["sharded"]
         assert record["dapo"] == want[rank]
-        assert dict(map(tuple, record["heldout"])) == {q.id: heldout[q.id] for q in questions["heldout"][rank::2]}
+        share = questions["heldout"][rank::2]  # the held-out questions this rank measured
+        assert dict(map(tuple, record["heldout"])) == {q.id: heldout[q.id] for q in share}
         assert record["full_copies"][1] == record["full_copies"][0]  # nothing full-size left behind
     turns = [max(len(steps) for _, steps in record["heldout"]) for record in got]
     for phase in (0, 1):  # each phase: every rank made as many forwards as the other, dummies included

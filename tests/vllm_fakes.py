@@ -73,6 +73,7 @@ class FakeLLM:
         self.prompts.append(texts)
         self.calls.append((self.synced(), self.syncs))
         self.events.append(("generate", len(texts)))
+        self.generated_on = self.weights()  # the weights of the last generate (a sleep drops them after)
         sp = sampling_params
         sampling = Sampling(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens,
                             stop=tuple(getattr(sp, "stop", None) or ()),
@@ -120,3 +121,13 @@ def trl_vllm(monkeypatch):
     monkeypatch.setattr(FakeLLM, "made", [])
     monkeypatch.setattr(FakeLLM, "live", None)
     return FakeLLM
+
+
+def no_transformers_generation(monkeypatch, module) -> None:
+    """Generating with transformers on the trained model (``module.generating``, rag_lab.train.lockstep's)
+    fails the test: what must generate on the vLLM engine."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("generated with transformers on the trained model, not on the vLLM engine")
+
+    monkeypatch.setattr(module, "generating", refused)
