@@ -228,3 +228,76 @@ def test_under_zero3_the_model_generates_unwrapped_without_a_gather_every_rank_i
     assert base.model.training  # as it was before the phase
     want = base.with_model(base.model.eval()).generate(["where was ada born ?", "who"], GREEDY)
     assert [[c.token_ids for c in cs] for cs in got] == [[c.token_ids for c in cs] for cs in want]
+
+
+def ppo_trainer(data, accelerator):
+    """R3-RAG's PPO trainer on the tiny LM (the r3rag protocol), measuring 3 held-out questions greedily."""
+    from rag_lab.env.protocols.r3rag import R3RAGStep
+    from rag_lab.policies.r3rag.ppo import PPOSettings
+    from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
+    from rag_lab.rewards.r3rag_judges import R3RAGReward
+    from rag_lab.train.heldout import HeldOut
+
+    base = generator()
+    env = Env(data.corpus, BM25Retriever(data.corpus), base)
+    settings = PPOSettings(iterations=1, batch_size=2, temperatures=(1.0,), minibatches=1, micro_batch=2)
+    rollout = Rollout(R3RAGStep(), k=2, max_turns=3, max_new_tokens=32)
+    return PPOTrainer(base, env, R3RAGReward(), data.split("train")[:4], settings, rollout, 0, accelerator,
+                      heldout=HeldOut(n=3), heldout_questions=data.split("dev")[2:5])  # fmt: skip
+
+
+def recorded_episodes(played: list):
+    """R3-RAG's trainer's run_agent, each episode's steps' token ids appended to ``played``."""
+    from rag_lab.policies.r3rag import trainer
+
+    real = trainer.run_agent
+
+    def run_agent(protocol, questions, env, *args):
+        episodes = real(protocol, questions, env, *args)
+        played.extend(
+            [q.id, [s.token_ids for s in e.steps]] for q, e in zip(questions, episodes, strict=True)
+        )
+        return episodes
+
+    trainer.run_agent = run_agent
+
+
+def measure_ppo_sharded(out: str, data) -> None:
+    """In each rank: R3-RAG's actor-critic sharded by FSDP2, its held-out questions measured on it."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from rag_lab.train.parallel import state
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    state()
+    t, played = ppo_trainer(data, Accelerator()), []
+    before = full_copies(t.model)
+    forbid_full_weights()
+    recorded_episodes(played)
+    t.measure(0, None)
+    record = {"heldout": played, "full_copies": [before, full_copies(t.model)]}
+    Path(out, f"rank{torch.distributed.get_rank()}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.slow
+def test_r3rags_lm_generates_through_its_sharded_actor_critic_in_step(data, tmp_path, monkeypatch):
+    """R3-RAG's LM sits inside its actor-critic, the module FSDP shards as one root: the held-out questions
+    generate through the actor-critic's forward (its hooks gather the LM's embeddings and head), every rank
+    in step, and play what one unsharded process plays."""
+    from accelerate import Accelerator
+
+    from rag_lab.policies.r3rag import trainer
+
+    played = []
+    with monkeypatch.context() as patch:  # one process, the actor-critic unsharded
+        patch.setattr(trainer, "run_agent", trainer.run_agent)  # restored before the ranks fork
+        recorded_episodes(played)
+        ppo_trainer(data, Accelerator(cpu=True)).measure(0, None)
+    want = dict(map(tuple, played))
+    in_ranks(measure_ppo_sharded, (str(tmp_path), data))
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        got = dict(map(tuple, record["heldout"]))
+        assert got and got == {q: want[q] for q in got}  # its share, as one process played it
+        assert record["full_copies"][1] == record["full_copies"][0]
