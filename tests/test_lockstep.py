@@ -202,14 +202,17 @@ def test_under_zero3_the_model_generates_unwrapped_without_a_gather_every_rank_i
 
     from rag_lab.train import lockstep
 
+    from rag_lab.train.parallel import CHECKPOINTING_ENV
+
     asked = []
     real = trl_utils.unwrap_model_for_generation
 
     def unwrap(model, accelerator, gather_deepspeed3_params=True, **kwargs):
-        asked.append(gather_deepspeed3_params)
+        asked.append((gather_deepspeed3_params, kwargs["gradient_checkpointing_kwargs"]))
         return real(model, accelerator, gather_deepspeed3_params=gather_deepspeed3_params, **kwargs)
 
     monkeypatch.setattr(trl_utils, "unwrap_model_for_generation", unwrap)
+    monkeypatch.setenv(CHECKPOINTING_ENV, "1")  # launch.gradient_checkpointing, as zero3.yaml sets it
     base = generator()
     base.model.train()  # as a trainer holds it
     torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(str(tmp_path / "s"), 1),
@@ -223,7 +226,9 @@ def test_under_zero3_the_model_generates_unwrapped_without_a_gather_every_rank_i
             assert not isinstance(plain, lockstep.Lockstep) and plain.model is base.model
     finally:
         torch.distributed.destroy_process_group()
-    assert asked == [False]  # one unwrap, partitions not gathered (a gather would import DeepSpeed)
+    # one unwrap, the partitions not gathered (a gather would import DeepSpeed), checkpointing turned back
+    # on after it as the trainers set it (non-reentrant: what ZeRO-3 needs)
+    assert asked == [(False, {"use_reentrant": False})]
     assert actor.forwards > 0 and actor.dummies == 0
     assert base.model.training  # as it was before the phase
     want = base.with_model(base.model.eval()).generate(["where was ada born ?", "who"], GREEDY)

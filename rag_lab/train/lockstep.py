@@ -111,12 +111,18 @@ def in_step(model: torch.nn.Module, accelerator=None) -> bool:
 
 def unwrapped_for_generation(model: torch.nn.Module, accelerator=None):
     """TRL's ``unwrap_model_for_generation`` without gathering ZeRO-3's partitions (each layer is fetched
-    as it runs); FSDP2's module as it is where no accelerator is at hand (what TRL yields for it)."""
+    as it runs), gradient checkpointing turned back on after it as this process's trainers set it; FSDP2's
+    module as it is where no accelerator is at hand (what TRL yields for it)."""
     if accelerator is None:
         return contextlib.nullcontext(model)
     from trl.models.utils import unwrap_model_for_generation
 
-    return unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=False)
+    from rag_lab.train.parallel import gradient_checkpointing
+
+    kwargs = gradient_checkpointing()["gradient_checkpointing_kwargs"]
+    return unwrap_model_for_generation(
+        model, accelerator, gather_deepspeed3_params=False, gradient_checkpointing_kwargs=kwargs
+    )
 
 
 def resharded(model: torch.nn.Module) -> None:
