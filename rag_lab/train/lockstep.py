@@ -11,7 +11,11 @@ trained model itself, with transformers, as it is:
 - DeepSpeed ZeRO-3: TRL's ``unwrap_model_for_generation`` without ``GatheredParameters`` (its
   ``gather_deepspeed3_params=False``): DeepSpeed's module hooks fetch each layer's partitions as it runs.
 
-No process holds a full copy of the weights: no state dict is gathered, nothing is copied to the host.
+No process holds a full copy of the weights beyond the layer being gathered: no state dict is gathered,
+nothing is copied to the host, and every FSDP unit is resharded when the phase ends (:func:`resharded`).
+Every layer is gathered at every decoding step, which is slow for a large model: a method that would roll
+out a model above ``launch.hf_generate_max_params`` this way is refused before anything trains
+(:func:`too_large_to_step`).
 
 **Lockstep.** A sharded forward is a collective: every layer's gather needs every rank, so the ranks must make
 the same forwards in the same order. Multi-turn rollouts do not: each rank plays its own episodes, with their
