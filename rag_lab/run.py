@@ -59,9 +59,13 @@ def data_counts(data) -> dict[str, int]:
 def check_launch(cfg: DictConfig) -> None:
     """Before the run dir is touched: what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed),
     where the policy trains."""
+    from rag_lab.train.lockstep import too_large_to_step
+
     trains = getattr(locate(cfg.policy._target_), "trains", False)
     if not cfg.launch or not (trains or is_tiny(cfg)):
         return
+    for key, why in too_large_to_step(cfg, model_dir(cfg)) if trains else []:  # a config's, not the machine's
+        raise ConfigError(f"config 'launch.{key}': {why}")
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
     for key, why in [*launch.check_environment(), *(single_process_trainers(cfg) if trains else [])]:
         raise ConfigError(f"config 'launch.{key}': {why}")

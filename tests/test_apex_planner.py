@@ -140,14 +140,13 @@ def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base,
     held = data.split("dev")[:2]
     seen = []
 
-    def rollout(model, share):  # the greedy plans of the held-out questions with the planner as it is now
-        generator = planner(base).with_model(model)
+    def rollout(generator, share):  # the greedy plans of the held-out questions with the planner as it is now
         plans = generator.generate([q.question for q in share], Sampling(max_new_tokens=8))
         seen.append([c[0].text for c in plans])
         return [Episode(q.id, q.question, prediction=c[0].text) for q, c in zip(share, plans, strict=True)]
 
     def callback():
-        return HeldOutCallback(HeldOut(n=2, every=1), held, rollout)
+        return HeldOutCallback(HeldOut(n=2, every=1), held, rollout, generator=planner(base))
 
     with pytest.raises(RagLabError, match="stopped at step 1 of 2"):
         train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "p", callbacks=[StopAt(1)],

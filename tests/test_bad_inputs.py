@@ -92,6 +92,17 @@ def corrupt_records(tmp: Path) -> None:
     path.write_text(lines[0] + '{"id": "damaged\n' + "".join(lines[1:]))
 
 
+def qwen_7b(tmp: Path) -> None:
+    """Qwen2.5-7B's config.json (its architecture, 7.6B parameters) in tmp/qwen7b, no weights."""
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+              "tie_word_embeddings": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+              "hidden_act": "silu", "torch_dtype": "bfloat16"}  # fmt: skip
+    (tmp / "qwen7b").mkdir()
+    (tmp / "qwen7b" / "config.json").write_text(json.dumps(config))
+
+
 def fake_sweep(tmp: Path) -> None:
     """A sweep of two jobs, the second killed before it wrote metrics.json."""
     for job, metrics in (("0", True), ("1", False)):
@@ -330,6 +341,20 @@ CASES = [
          r"'launch\.config\.num_processes': 3 processes do not divide policy\.ppo\.batch_size=16"),
     Case("ZeRO-3 on a machine without GPUs", "run", ["policy=stoprag", "generator=teacher", "launch=zero3"],
          1, r"'launch\.config\.distributed_type': DEEPSPEED needs GPUs and this machine has none"),
+    Case("a 7B model rolled out with transformers under FSDP", "run", ["policy=dapo", "generator=hf",
+         "generator.model={tmp}/qwen7b", "launch=fsdp", "launch.config.num_processes=2"], 1,
+         r"'launch\.hf_generate_max_params': generator=hf: \S*qwen7b has 7\.6B parameters, above "
+         r"launch\.hf_generate_max_params=1,000,000,000; under FSDP its rollouts would generate through "
+         r"FSDP's per-layer gathers, every rank in step: set generator=vllm", qwen_7b),
+    Case("a 7B model rolled out with transformers under ZeRO-3", "run", ["policy=r3rag", "generator=hf",
+         "generator.model={tmp}/qwen7b", "launch=zero3", "launch.config.num_processes=2"], 1,
+         r"'launch\.hf_generate_max_params': generator=hf: \S*qwen7b has 7\.6B parameters, .*; under ZeRO-3 "
+         r"its rollouts would generate through ZeRO-3's per-layer gathers", qwen_7b),
+    # the same with the limit raised above it: the next check speaks (this machine's GPUs)
+    Case("a 7B model under a raised limit", "run", ["policy=r3rag", "generator=hf",
+         "generator.model={tmp}/qwen7b", "launch=zero3", "launch.hf_generate_max_params=8000000000",
+         "launch.config.num_processes=2"], 1,
+         r"'launch\.config\.distributed_type': DEEPSPEED needs GPUs", qwen_7b),
     Case("held-out every 0 steps", "run", ["policy=dapo", "policy.heldout.every=0"], 1,
          r"'policy\.heldout\.every' must be >= 1, got 0"),
     Case("cold start protocol unknown", "run", ["policy=dapo", "policy.cold_start.protocols=[nope]"], 1,

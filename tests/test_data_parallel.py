@@ -84,8 +84,9 @@ LAUNCHED = {
 @pytest.mark.parametrize("experiment", sorted(LAUNCHED))
 def test_a_method_trains_sharded_under_launch_fsdp_cpu(experiment, tiny_cfg, tmp_path):
     """``launch=fsdp_cpu``: the method's whole training with every model FSDP-sharded over two CPU processes
-    (the tiny LM's SFT, the cold start, the method's trainer; rollouts on unsharded copies, the results saved
-    from the gathered weights), then the runner evaluates what was published."""
+    (the tiny LM's SFT, the cold start, the method's trainer; rollouts on the sharded models, every process in
+    step: rag_lab/train/lockstep.py; the results saved from the gathered weights), then the runner evaluates
+    what was published."""
     from rag_lab.run import run
 
     launch = ["launch=fsdp_cpu", "+launch.config.main_process_port=29545"]

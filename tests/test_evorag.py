@@ -260,7 +260,7 @@ def test_each_processs_share_of_the_rollouts_is_its_slice_of_one_processs(data, 
     dev = [replace(q, answers=("",)) if i % 2 else q for i, q in enumerate(dev)]  # EM 1/3 untrained
     shares, ems = [], []
     for rank in (1, 0):
-        monkeypatch.setattr(trainer, "spread", lambda n, work, r=rank: work(my_units(n, 2, r)))
+        monkeypatch.setattr(trainer, "spread", lambda n, work, finish, r=rank: work(my_units(n, 2, r)))
         shares.append(
             trainer.collect(evorag, env.generator, env, 1, 1, train, tmp_path / f"r{rank}")["nodes"]
         )

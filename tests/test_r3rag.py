@@ -197,9 +197,10 @@ def test_the_heldout_curve_measures_the_policy_as_it_trains_and_survives_a_kill(
 def greedy(t: PPOTrainer, questions) -> list[str]:
     """Every episode's generated text, greedy, with ``t``'s model as it is now."""
     r = t.rollout
-    episodes = run_agent(
-        r.protocol, questions, t.acting(), Sampling(max_new_tokens=r.max_new_tokens), r.k, r.max_turns
-    )
+    with t.acting() as env:
+        episodes = run_agent(
+            r.protocol, questions, env, Sampling(max_new_tokens=r.max_new_tokens), r.k, r.max_turns
+        )
     return ["".join(x.text for x in e.steps) for e in episodes]
 
 

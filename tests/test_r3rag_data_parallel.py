@@ -59,8 +59,8 @@ def check_same_update(tiny_lm: str, one_path: Path, two_path: Path) -> None:
 def test_policy_launch_trains_ppo_as_a_two_process_job(launch, tiny_cfg, tmp_path):
     """``launch=cpu2``: the runner launches the training (the cold start's SFT, then PPO) under accelerate
     in two CPU processes (rag_lab.runner.launched), then finds the results and evaluates. ``launch=fsdp_cpu``:
-    the same with every model sharded (FSDP2 over gloo): the rollouts generate on unsharded copies, the
-    checkpoints and results are the gathered full weights."""
+    the same with every model sharded (FSDP2 over gloo): the rollouts generate on the sharded actor-critic,
+    the processes in step; the checkpoints and results are the gathered full weights."""
     from rag_lab.run import run
 
     cfg = tiny_cfg(

@@ -94,13 +94,17 @@ def test_experiment_smoke(name, tiny_cfg, tmp_path):
     assert metrics["all"]["n"] > 0
 
 
-# A paper experiment run here: the world for its data set, SmolLM2 for its hub model (which smollm2
-# takes none of), BM25 for its dense retriever, the world's train split.
+# A paper experiment run here: the world for its data set, SmolLM2 with transformers for its hub model on
+# vLLM (smollm2 takes neither the model nor the engine's keys), BM25 for its dense retriever, the world's
+# train split.
 PAPER_SETUP_ON_SMOLLM2 = [
     "data=synth",
     *TINY_DATA,
     "generator=smollm2",
     "~generator.model",
+    "~generator.train_mode",
+    "~generator.train_memory",
+    "~generator.sleep",
     "retriever=bm25",
     "train_data=null",
 ]

@@ -58,6 +58,34 @@ def test_ppo_rolls_out_on_the_engine_that_trl_syncs_after_every_update(data, r3r
     assert any(not torch.equal(start[n], w) for n, w in engine.weights().items() if n in start)
 
 
+def test_ppos_heldout_curve_generates_on_its_engine_asleep_between_phases(
+    data, r3rag_base, trl_vllm, tmp_path, monkeypatch
+):
+    """generator.sleep: the engine sleeps between PPO's phases (held-out at 0, 1, 2 and the rollouts of the
+    two iterations), every generate, the held-out curve's included, on the policy's weights of then."""
+    from rag_lab.policies.r3rag import trainer as ppo
+    from rag_lab.train.heldout import HeldOut
+
+    vllm_fakes.no_transformers_generation(monkeypatch, ppo)
+    base, dev = r3rag_base, data.split("dev")[:2]
+    trl_vllm.tokenizer_dir = str(base / "tokenizer")
+    env = Env(data.corpus, BM25Retriever(data.corpus), vllm_generator(base, sleep=True))
+    rollout = ppo.Rollout(R3RAGStep(), k=2, max_turns=3, max_new_tokens=8)
+    held = {"heldout": HeldOut(n=2, every=1), "heldout_questions": dev}
+    t = ppo.PPOTrainer(test_r3rag.generator_of(base), env, R3RAGReward(), data.split("train")[:8],
+                       test_r3rag.TOY, rollout, 0, **held)  # fmt: skip
+    [engine] = FakeLLM.made
+    FakeLLM.live = lambda: t.unwrapped.lm
+    rows = t.run(tmp_path / "work", tmp_path / "out")
+    assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    synced, _ = zip(*engine.calls, strict=True)
+    assert all(synced)  # NaN weights after a sleep otherwise
+    assert sum(any(q.question in x for q in dev for x in texts) for texts in engine.prompts) >= 3
+    assert [e for e in engine.events if e[0] == "sleep"] == [("sleep", 2)] * 6  # start-up, then 5 phases
+    # pushed on waking where the weights slept (measure 0, both iterations' rollouts), after each update
+    assert engine.syncs == 5 and engine.asleep == {"weights", "kv_cache"}
+
+
 def test_evorag_rolls_out_on_the_engine_synced_with_each_cycles_merged_lora_weights(
     data, trl_vllm, tmp_path, monkeypatch
 ):
@@ -70,11 +98,11 @@ def test_evorag_rolls_out_on_the_engine_synced_with_each_cycles_merged_lora_weig
 
     def recorded(policy, generator, env, dev, work=None):  # the engine's weights when dev EM generates
         em = dev_em(policy, generator, env, dev, work)
-        synced_at_dev.append(FakeLLM.made[0].weights())
+        synced_at_dev.append(FakeLLM.made[0].generated_on)
         return em
 
     monkeypatch.setattr(cycle, "dev_em", recorded)
-    env = Env(data.corpus, BM25Retriever(data.corpus), vllm_generator(base))
+    env = Env(data.corpus, BM25Retriever(data.corpus), vllm_generator(base, sleep=True))
     policy = test_evorag.policy(cache_dir=str(tmp_path / "cache"))
     assert policy.lora is not None  # the cycles' DPO trains a LoRA adapter, merged before the sync
     policy.fit(env, data.split("train"), data.split("dev"), tmp_path / "out")
@@ -85,6 +113,8 @@ def test_evorag_rolls_out_on_the_engine_synced_with_each_cycles_merged_lora_weig
         assert all(torch.equal(trained[n], w) for n, w in weights.items() if n in trained)
     # before the start's dev EM; each cycle: before its rollouts, and after its DPO epoch (its dev EM)
     assert engine.syncs == 5
+    # generator.sleep: asleep at start-up and after each of those 5 phases (the DPO epochs in between)
+    assert [e for e in engine.events if e[0] == "sleep"] == [("sleep", 2)] * 6
     assert policy.generator.model_name in {str(p) for p in test_evorag.cycle_dirs(tmp_path / "cache")}
 
 
@@ -103,6 +133,44 @@ def test_the_apex_planner_generates_its_plans_on_trls_engine_synced_every_step(d
     synced, versions = zip(*engine.calls, strict=True)
     assert all(synced) and list(versions) == [1, 2]  # each step's plans on the weights of that step
     assert engine.settings["gpu_memory_utilization"] == 0.2
+
+
+def test_the_apex_planners_heldout_plans_generate_on_its_trainers_engine_asleep_between_steps(
+    data, trl_vllm, tmp_path, monkeypatch
+):
+    """The held-out curve's plans go through the planner trainer's engine, synced to the step they measure
+    (not transformers), and with generator.sleep the engine sleeps after every phase: TRL's own plan
+    generation of each step (its per-call sleep) and the held-out measurements at steps 0, 1, 2."""
+    from rag_lab.data.base import QAExample
+    from rag_lab.env import Episode
+    from rag_lab.generators.vllm import VLLMGenerator
+    from rag_lab.policies.apex.planner import train_planner
+    from rag_lab.train import lockstep
+    from rag_lab.train.heldout import HeldOut, HeldOutCallback
+
+    vllm_fakes.no_transformers_generation(monkeypatch, lockstep)
+    base = test_apex_planner.untrained_tiny_lm(data, ("apex_*",), tmp_path / "lm")
+    trl_vllm.tokenizer_dir = str(base / "tokenizer")
+    questions = [q for q in data.split("train") if q.decomposition][:4]
+    generator = test_apex_planner.planner(base)
+    FakeLLM.live = lambda: generator.model
+    held, seen = data.split("dev")[:2], []
+
+    def rollout(planner, share: list[QAExample]) -> list[Episode]:
+        seen.append(type(planner))
+        plans = planner.generate([q.question for q in share], Sampling(max_new_tokens=8))
+        return [Episode(q.id, q.question, prediction=c[0].text) for q, c in zip(share, plans, strict=True)]
+
+    callback = HeldOutCallback(HeldOut(n=2, every=1), held, rollout, generator=generator)
+    vllm = vllm_generator(base, sleep=True).trl_settings()
+    config, reward = test_apex_planner.CONFIG, test_apex_planner.Recorded()
+    train_planner(generator, questions, reward, config, tmp_path / "p", vllm=vllm, heldout=callback)
+    [engine] = FakeLLM.made
+    synced, _ = zip(*engine.calls, strict=True)
+    assert all(synced) and seen == [VLLMGenerator] * 3  # held-out at steps 0, 1, 2 on the engine
+    assert sum(any(q.question in x for q in held for x in texts) for texts in engine.prompts) == 3
+    # asleep at start-up, after each of the 2 steps' plans and each of the 3 held-out measurements
+    assert [e for e in engine.events if e[0] == "sleep"] == [("sleep", 2)] * 6
 
 
 def test_a_lora_models_sync_merges_the_adapter_into_the_engines_weights_and_unmerges_it(

@@ -9,6 +9,7 @@ import pytest
 import test_dapo
 import vllm_fakes
 
+from rag_lab.core.records import read_records
 from rag_lab.env import Env
 from rag_lab.generators.base import Sampling
 from rag_lab.generators.hf import HFGenerator
@@ -62,13 +63,47 @@ def test_dapo_rolls_out_through_the_vllm_engine_that_trl_syncs_after_every_updat
     assert dapo.generator.tokenizer_name == str(base / "tokenizer") and dapo.generator.chat is False
 
 
+@pytest.mark.parametrize("sleep", [False, True], ids=["awake", "sleep"])
+def test_dapos_heldout_curve_generates_on_trls_engine_synced_and_asleep_between_phases(
+    data, base, fake_vllm, tmp_path, monkeypatch, sleep
+):
+    """The held-out curve goes through the trainer's vLLM engine, synced to the weights of the step it
+    measures (never transformers on the model); with generator.sleep the engine sleeps between every
+    phase (held-out at steps 0, 1, 2; the rollouts of the two steps), its weights pushed again on waking."""
+    from rag_lab.generators.vllm import VLLMGenerator
+    from rag_lab.train import lockstep
+
+    vllm_fakes.no_transformers_generation(monkeypatch, lockstep)
+    run_generator = VLLMGenerator(str(base), tokenizer=str(base / "tokenizer"), chat=False, sleep=sleep)
+    env = Env(data.corpus, BM25Retriever(data.corpus), run_generator)
+    dapo = policy(steps=2, heldout=HeldOut(n=2, every=1), cache_dir=str(tmp_path / "cache"))
+    dev = data.split("dev")[:2]
+    dapo.fit(env, data.split("train"), dev, tmp_path / "out")
+
+    [engine] = FakeLLM.made
+    synced, versions = zip(*engine.calls, strict=True)
+    assert all(synced)  # every generate on the weights the trainer had then (NaN after a sleep otherwise)
+    asked = [texts for texts in engine.prompts if any(q.question in t for q in dev for t in texts)]
+    assert len(asked) >= 3  # the held-out questions, at steps 0, 1 and 2, on the engine
+    rows = [r for r in read_records(next(tmp_path.glob("cache/**/log.jsonl"))) if "heldout/acc" in r]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    sleeps = [e for e in engine.events if e[0] == "sleep"]
+    if sleep:  # asleep at start-up, then after each of the 5 phases; each phase pushes the weights again
+        assert sleeps == [("sleep", 2)] * 6 and engine.syncs == 5
+        assert engine.asleep == {"weights", "kv_cache"}
+    else:  # the held-out measurements push each step's weights, and TRL's own sync then skips that step
+        assert sleeps == [] and engine.syncs == 3
+
+
 def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
     from rag_lab.core.errors import RagLabError
     from rag_lab.generators.vllm import VLLMGenerator
 
-    colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2).trl_settings()
+    colocated = VLLMGenerator("m", train_memory=0.25, tensor_parallel_size=2, sleep=True).trl_settings()
     assert colocated == {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2,
-                         "vllm_gpu_memory_utilization": 0.25, "vllm_max_model_length": None}  # fmt: skip
+                         "vllm_gpu_memory_utilization": 0.25, "vllm_max_model_length": None,
+                         "vllm_enable_sleep_mode": True}  # fmt: skip
+    assert not VLLMGenerator("m").trl_settings()["vllm_enable_sleep_mode"]  # TRL's default: awake
     served = VLLMGenerator("m", train_mode="server", server_url="http://n1:8000").trl_settings()
     assert served["vllm_mode"] == "server" and served["vllm_server_base_url"] == "http://n1:8000"
     with pytest.raises(RagLabError, match="generator.server_url: train_mode=server needs"):
@@ -145,6 +180,7 @@ def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(d
     """The engine around TRL's vLLM backend speaks as the run's generator does (its tokenizer; chat or
     plain text), and the episodes go through it."""
     from rag_lab.policies.dapo import rollout
+    from rag_lab.train import vllm_engine
 
     env = test_dapo.env_for(data, base)
     seen = {}
@@ -153,14 +189,15 @@ def test_the_rollouts_build_trls_engine_with_the_generators_tokenizer_and_chat(d
         seen.update(backend=vllm_generation, tokenizer=tokenizer, chat=chat)
         return env.generator
 
-    monkeypatch.setattr(rollout, "engine_generator", engine)
+    monkeypatch.setattr(vllm_engine, "engine_generator", engine)
     questions = data.split("train")[:2]
     rollouts = rollout.SearchRollouts(
         env, env.generator, questions, [(test_dapo.length, 1.0)], k=2, max_turns=2,
         sampling=Sampling(temperature=1.0, max_new_tokens=8), dynamic_sampling=False, max_rounds=1, seed=0,
     )  # fmt: skip
+    backend = SimpleNamespace(mode="server", enable_sleep_mode=False)  # TRL's backend as the rollouts read it
     trainer = SimpleNamespace(num_generations=2, state=SimpleNamespace(global_step=0), use_vllm=True,
-                              vllm_generation="TRL's backend")  # fmt: skip
+                              vllm_generation=backend)  # fmt: skip
     out = rollouts([rollouts.first_prompt(q) for q in questions for _ in range(2)], trainer)
-    assert seen == {"backend": "TRL's backend", "tokenizer": env.generator.tokenizer, "chat": False}
+    assert seen == {"backend": backend, "tokenizer": env.generator.tokenizer, "chat": False}
     assert len(out["completion_ids"]) == 4 and rollouts.env.generator is env.generator

@@ -2,7 +2,9 @@
 so that the seams of the methods run TRL's own engine set-up, weight sync (PEFT merge, parameter names) and,
 with tensor parallelism > 1, its prompt gather, on CPU. The fake generates with a transformers copy of the
 weights it was built from, loaded as vLLM loads them (``load_weights`` by vLLM's names: an unknown name
-fails), and records, at every ``generate``, whether its weights equal the live model's (``FakeLLM.live``)."""
+fails), and records, at every ``generate``, whether its weights equal the live model's (``FakeLLM.live``).
+Sleep mode as vLLM's: a level-2 sleep drops the weights (NaN here, so a generate before they are pushed
+again is not ``synced``) and the KV cache; generating, or loading weights, while asleep fails."""
 
 import sys
 import types
@@ -23,6 +25,9 @@ class FakeLLM:
 
     def __init__(self, model: str, **settings):
         self.settings, self.syncs, self.calls, self.prompts = settings, 0, [], []
+        # what sleeps now ("weights", "kv_cache"), and every sleep, wake-up and generate in order
+        self.asleep: set[str] = set()
+        self.events: list[tuple] = []
         self.generator = HFGenerator(model, self.tokenizer_dir, chat=False, dtype="float32", batch_size=64)
         self.model = self.generator.model.eval()
         runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
@@ -32,7 +37,20 @@ class FakeLLM:
         )
         FakeLLM.made.append(self)
 
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(("sleep", level))
+        self.asleep = {"weights", "kv_cache"}
+        if level == 2:  # the weights are dropped: pushed again before the next generate, or it is not synced
+            for p in self.model.parameters():
+                p.data.fill_(float("nan"))
+
+    def wake_up(self, tags=None) -> None:
+        tags = set(tags or ("weights", "kv_cache"))
+        self.events.append(("wake", tuple(sorted(tags))))
+        self.asleep -= tags
+
     def load_weights(self, pairs) -> None:
+        assert "weights" not in self.asleep, "weights loaded into a sleeping engine (vLLM: unmapped memory)"
         params = dict(self.model.named_parameters())
         for name, tensor in pairs:
             assert name in params, f"vLLM has no parameter {name}"
@@ -58,8 +76,11 @@ class FakeLLM:
             for p in prompts
         ]
         texts = [tokenizer.decode(i) for i in ids]
+        assert not self.asleep, f"generate on a sleeping engine ({', '.join(sorted(self.asleep))} asleep)"
         self.prompts.append(texts)
         self.calls.append((self.synced(), self.syncs))
+        self.events.append(("generate", len(texts)))
+        self.generated_on = self.weights()  # the weights of the last generate (a sleep drops them after)
         sp = sampling_params
         sampling = Sampling(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens,
                             stop=tuple(getattr(sp, "stop", None) or ()),
@@ -108,3 +129,13 @@ def trl_vllm(monkeypatch):
     monkeypatch.setattr(FakeLLM, "made", [])
     monkeypatch.setattr(FakeLLM, "live", None)
     return FakeLLM
+
+
+def no_transformers_generation(monkeypatch, module) -> None:
+    """Generating with transformers on the trained model (``module.generating``, rag_lab.train.lockstep's)
+    fails the test: what must generate on the vLLM engine."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("generated with transformers on the trained model, not on the vLLM engine")
+
+    monkeypatch.setattr(module, "generating", refused)

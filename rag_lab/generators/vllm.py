@@ -12,9 +12,11 @@ token comes back with ``logprobs=0``.
 Training with ``generator=vllm`` (issue 50): a method trains a transformers copy of ``model``
 (:meth:`VLLMGenerator.trainable`), and its GRPO trainer runs with TRL's vLLM integration
 (:meth:`VLLMGenerator.trl_settings`: ``use_vllm``, ``colocate`` or ``server``): TRL pushes the trained
-weights into its engine after every update, before the next rollouts, and DAPO's multi-turn rollouts
-generate through that engine (:func:`engine_generator`). After training, the run evaluates with an engine
-on the trained weights (:meth:`VLLMGenerator.with_weights`).
+weights into its engine after every update, before the next rollouts, and DAPO's multi-turn rollouts and
+the held-out curves of DAPO and APEX generate through that engine (:func:`engine_generator`,
+:func:`rag_lab.train.lockstep.acting`). With ``sleep`` the colocated engine sleeps between those phases
+(:func:`rag_lab.train.vllm_engine.awake`). After training, the run evaluates with an engine on the trained
+weights (:meth:`VLLMGenerator.with_weights`).
 
 The methods whose loops TRL does not run (R3-RAG's PPO, EVO-RAG's cycles) build TRL's vLLM backend themselves
 (:mod:`rag_lab.train.vllm_engine`, from :meth:`VLLMGenerator.backend_settings`) and generate through the same
@@ -78,6 +80,10 @@ class VLLMGenerator:
         train_mode: Annotated[str, OneOf("colocate", "server")] = "colocate",
         train_memory: OpenUnit = 0.3,
         server_url: str | None = None,
+        # colocate mode: between rollout phases the engine gives training its GPU memory back (vLLM's
+        # level-2 sleep: weights and KV cache dropped, the trained weights pushed again on waking; TRL's
+        # vllm_enable_sleep_mode)
+        sleep: bool = False,
     ):
         self._vllm = _vllm()
         self.model_name, self.tokenizer_name = model, tokenizer or model
@@ -85,6 +91,7 @@ class VLLMGenerator:
         self.gpu_memory_utilization, self.seed = gpu_memory_utilization, seed
         self.want_logprobs, self.chat = logprobs, chat
         self.train_mode, self.train_memory, self.server_url = train_mode, train_memory, server_url
+        self.sleep = sleep
         self._llm, self._tokenizer = None, None
 
     @classmethod
@@ -144,6 +151,7 @@ class VLLMGenerator:
             "vllm_tensor_parallel_size": self.tensor_parallel_size,
             "vllm_gpu_memory_utilization": self.train_memory,
             "vllm_max_model_length": self.max_model_len,
+            "vllm_enable_sleep_mode": self.sleep,
         }
         if self.train_mode == "server":
             if not self.server_url:
@@ -163,6 +171,7 @@ class VLLMGenerator:
             "tensor_parallel_size": s["vllm_tensor_parallel_size"],
             "gpu_memory_utilization": s["vllm_gpu_memory_utilization"],
             "max_model_length": s["vllm_max_model_length"],
+            "enable_sleep_mode": s["vllm_enable_sleep_mode"],
             "logprobs": 0,
         }
 

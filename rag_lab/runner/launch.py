@@ -154,18 +154,23 @@ class Launch:
         program: str = "accelerate",
         timeout_s: PositiveInt = 1800,
         gradient_checkpointing: bool = False,
+        hf_generate_max_params: PositiveInt = 1_000_000_000,
     ):
         """``timeout_s``: how long a process waits in a collective (a barrier, an all-reduce) for the others
         before its process group gives up (torch's default, 10-30 min depending on the backend, passes
         unnoticed where one rank has died; the runner then names the rank). ``gradient_checkpointing``:
         TRL's trainers (SFT, GRPO, DPO) recompute activations in the backward pass instead of keeping them
-        (transformers' gradient checkpointing, non-reentrant), a 7B model's activations in a GPU's memory."""
+        (transformers' gradient checkpointing, non-reentrant), a 7B model's activations in a GPU's memory.
+        ``hf_generate_max_params``: under FSDP / ZeRO-3, the largest model a method trains and rolls out with
+        transformers (``generator=hf``) on its sharded weights, every rank in step; a larger one is refused
+        before anything trains, naming vLLM (:func:`rag_lab.train.lockstep.too_large_to_step`)."""
         from omegaconf import DictConfig, OmegaConf
 
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
         self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
         self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.hf_generate_max_params = int(hf_generate_max_params)
 
     @property
     def processes(self) -> int:

@@ -7,6 +7,11 @@ is the policy's accuracy (Acc, the dataset's scorer) on fixed held-out questions
 95% band the comparison's plot draws), join the training log, so ``train_log.jsonl``, the method's curves and
 the comparison's ``curves.png`` draw it.
 
+The policy answers with the trainer's model as it is at that step (:func:`rag_lab.train.lockstep.acting`): on
+the trainer's vLLM engine, synced to that step's weights, where the run's generator is vLLM; else with
+transformers on the model itself, under FSDP / ZeRO-3 the sharded model with every process in step. No
+copy of the weights is made.
+
 Hand-written: TRL's ``eval_strategy`` evaluates a loss on a dataset, not a multi-turn policy's answers.
 """
 
@@ -25,7 +30,8 @@ from rag_lab.core.config import AtLeast
 from rag_lab.data.base import QAExample
 from rag_lab.env import Episode
 from rag_lab.eval.metrics import SCORERS
-from rag_lab.train.sharded import generation_copy
+from rag_lab.generators.vllm import rollouts_done
+from rag_lab.train.lockstep import acting, model_only
 
 HELDOUT_KEY = "heldout/acc"
 # the questions a held-out row was measured on
@@ -75,19 +81,20 @@ def measured(
     questions: Sequence[QAExample],
     rollout: Callable[[list[QAExample]], list[Episode]],
     scorer: str,
+    finish: Callable[[], None] | None = None,
 ) -> dict | None:
     """The curve's row at ``step``, measured by every process: process i rolls out ``questions[i::N]``, and
     the episodes are gathered (:func:`rag_lab.train.parallel.spread`); the main process gets the row of all of
     them, the others None. Every process calls it at the same steps, one with no share too (it joins the
     gather). Under ``launch`` no rank waits in a collective while the main process measures alone (issue
-    66)."""
+    66). ``finish()``: the end of the generation phase, before the gather (a sharded model's lockstep)."""
     from rag_lab.train.parallel import is_main, spread
 
     def roll(units: list[int]) -> list[Episode]:
         with rng_kept():
             return rollout([questions[i] for i in units])
 
-    episodes = spread(len(questions), roll)
+    episodes = spread(len(questions), roll, finish)
     return heldout_row(step, questions, episodes, scorer) if is_main() else None
 
 
@@ -108,12 +115,15 @@ def rng_kept() -> Iterator[None]:
 
 
 class HeldOutCallback(TrainerCallback):
-    """For TRL's trainers: ``rollout(model)`` (the method's greedy episodes of ``questions`` with the model as
-    it is) at the steps :meth:`HeldOut.due` picks, each row handed to ``write``. A run resumed at step
-    ``resumed_at`` measures from there on (the rows before are in the log already; the Trainer calls
-    ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that number). A
-    trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains. Under ``launch``
-    every process measures its share of the questions and the main process writes the row
+    """For TRL's trainers: ``rollout(generator, questions)`` (the method's greedy episodes of ``questions``
+    with ``generator``, the trainer's model as it is) at the steps :meth:`HeldOut.due` picks, each row handed
+    to ``write``. ``generator``: the transformers generator whose tokenizer and settings speak for the model
+    (:func:`rag_lab.train.lockstep.acting`); ``trainer``, set by the method once its trainer is built: the
+    model, accelerator and vLLM engine measured (unset: the model the callback is handed, unsharded). A run
+    resumed at step ``resumed_at`` measures from there on (the rows before are in the log already; the
+    Trainer calls ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that
+    number). A trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains. Under
+    ``launch`` every process measures its share of the questions and the main process writes the row
     (:func:`measured`)."""
 
     def __init__(
@@ -124,19 +134,21 @@ class HeldOutCallback(TrainerCallback):
         write: Callable[[dict], None] | None = None,
         scorer: str = "squad",
         resumed_at: int = 0,
+        generator: Any = None,
     ):
-        """``rollout(model, questions)``: the method's greedy episodes of ``questions`` with ``model``."""
         self.settings, self.questions, self.rollout, self.write = settings, list(questions), rollout, write
-        self.scorer, self.resumed_at = scorer, resumed_at
+        self.scorer, self.resumed_at, self.generator = scorer, resumed_at, generator
+        self.trainer: Any = None
 
     def measure(self, step: int, model: Any) -> None:
-        """Every process measures its share (:func:`measured`); the main process writes the row."""
-        # FSDP: an unsharded copy of the current weights (every process here: a collective)
-        model = self.held = generation_copy(model, getattr(self, "held", None))
-        was_training = model.training
-        model.eval()
-        row = measured(step, self.questions, lambda share: self.rollout(model, share), self.scorer)
-        model.train(was_training)
+        """Every process measures its share (:func:`measured`) on what the trainer's model generates with
+        at ``step`` (its engine synced to that step, or the model itself, every process in step); the main
+        process writes the row."""
+        with acting(self.trainer or model_only(model), self.generator, step) as actor:
+            row = measured(
+                step, self.questions, lambda share: self.rollout(actor, share), self.scorer,
+                finish=lambda: rollouts_done(actor),
+            )  # fmt: skip
         if row is not None:
             self.write(row)
 

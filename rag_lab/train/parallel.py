@@ -183,14 +183,21 @@ def my_units(n: int, processes: int, rank: int) -> list[int]:
     return list(range(rank, n, processes))
 
 
-def spread(n: int, work: Callable[[list[int]], Sequence[R]]) -> list[R]:
+def spread(
+    n: int, work: Callable[[list[int]], Sequence[R]], finish: Callable[[], None] | None = None
+) -> list[R]:
     """The results of ``n`` units of work, unit 0 first, in every process: this process does its units
     (:func:`my_units`; ``work(units)`` returns one result per unit, which must not depend on which other units
     it was given), and the results are gathered (accelerate's ``gather_object``, picklable results). Every
-    process calls it at the same point, one with no unit too: it calls no ``work`` and joins the gather."""
+    process calls it at the same point, one with no unit too: it calls no ``work`` and joins the gather.
+    ``finish()``: called in every process once its units are done (or it had none), before the gather: the
+    end of a generation phase that the other processes may still need (a sharded model's lockstep, a TP
+    group's engine: :func:`rag_lab.generators.vllm.rollouts_done`)."""
     world = processes()
     mine = my_units(n, world, rank())
     done = list(zip(mine, work(mine), strict=True)) if mine else []
+    if finish is not None:
+        finish()
     if world > 1:
         from accelerate.utils import gather_object
 

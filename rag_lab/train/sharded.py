@@ -9,11 +9,9 @@ directly become collectives that every process must call together:
 - **saving it** (:func:`saveable`): the full weights gathered by every process, written by the main one
   as an unsharded copy with ``save_pretrained`` (LoRA merged first: :func:`merged_copy`), so the
   result loads back as one ordinary checkpoint;
-- **generating with it** (:func:`generation_copy`): an FSDP2 forward all-gathers each layer, so every
-  process would have to run the same number of forwards, and multi-turn rollouts differ in turns and
-  lengths between processes. Rollouts therefore run on an unsharded copy of the current weights (what a
-  colocated vLLM engine holds too), filled from the full state dict after each update; ZeRO-3 gathers
-  with TRL's ``unwrap_model_for_generation``.
+- **generating with it**: not here. Rollouts generate on the sharded model itself, every process in step
+  (:mod:`rag_lab.train.lockstep`), or on a vLLM engine synced one tensor at a time
+  (:mod:`rag_lab.train.vllm_engine`); no copy of the weights is made for them.
 
 Hand-written: only which call applies when; gathering, sharding and saving are torch's, accelerate's and
 transformers' own.
@@ -85,19 +83,6 @@ def merged_copy(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tor
     if hasattr(plain, "tie_weights"):
         plain.tie_weights()
     return plain.merge_and_unload() if peft else plain
-
-
-def generation_copy(model: torch.nn.Module, held: torch.nn.Module | None = None) -> torch.nn.Module:
-    """The model to generate with: ``model`` itself when it is not FSDP-sharded; else an unsharded copy of
-    its current weights (a collective: every process calls it after each update), refilled in ``held``
-    (the copy of the previous call) when given, so rollouts never all-gather per forward."""
-    if not fsdp_modules(model):
-        return model
-    weights = full_state_dict(model)
-    if held is None or hasattr(unwrapped(model), "peft_config"):  # LoRA: merged anew from the full weights
-        return merged_copy(model, weights).eval()
-    held.load_state_dict(weights, strict=True)
-    return held.eval()
 
 
 def fsdp_launch() -> bool:

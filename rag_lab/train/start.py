@@ -10,9 +10,10 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.resume import load_model
 
-# the methods whose training rollouts generate on vLLM with generator=vllm: DAPO through TRL's GRPOTrainer,
-# R3-RAG's PPO and EVO-RAG's cycles through rag_lab.train.vllm_engine (APEX's planner: its own GRPOTrainer)
-ROLLS_OUT_ON_VLLM = ("dapo", "evorag", "r3rag")
+# the methods that train the run's model and roll it out (their packages under rag_lab/policies/), on vLLM
+# with generator=vllm: DAPO and APEX's planner through TRL's GRPOTrainer, R3-RAG's PPO and EVO-RAG's cycles
+# through rag_lab.train.vllm_engine; their held-out curves on the same engines (rag_lab.train.lockstep.acting)
+ROLLS_OUT_ON_VLLM = ("apex", "dapo", "evorag", "r3rag")
 
 
 def starting_model(

@@ -1,6 +1,7 @@
 """vLLM rollouts for the training loops TRL does not run (issue 66): R3-RAG's hand-written PPO and EVO-RAG's
 cycles (DPO between rollouts). DAPO's and APEX's planner's GRPO get the same from TRL's ``GRPOTrainer``
-(``use_vllm``: :meth:`rag_lab.generators.vllm.VLLMGenerator.trl_settings`).
+(``use_vllm``: :meth:`rag_lab.generators.vllm.VLLMGenerator.trl_settings`), whose engine also plays their
+multi-turn rollouts and held-out questions (:func:`trainer_engine`, issue 72).
 
 Reused from TRL 1.16, not re-written: its vLLM backend, ``trl.generation.vllm_generation.VLLMGeneration``,
 built here as its ``GRPOTrainer`` builds it:
@@ -19,12 +20,23 @@ and hands out our generator on it (:func:`rag_lab.generators.vllm.engine_generat
 TRL's sync of the model a loop trained, which the loop calls after each update, before the next rollouts.
 A model that no wrapper shards (EVO-RAG's, reloaded after each DPO epoch with its LoRA adapter merged) is
 read as it is, whatever the run's launch: TRL's FSDP path would ask its plain tensors for their shards.
+
+**Asleep between phases** (``generator.sleep``, TRL's ``vllm_enable_sleep_mode``): a colocated engine gives
+its GPU memory back to training between phases: vLLM's level-2 sleep drops its weights and KV cache, and
+waking it means pushing the trained weights again (TRL's ``sync_weights`` wakes the weights first; vLLM's own
+reload would read the checkpoint on disk). TRL's ``generate`` sleeps after every call, and a multi-turn phase
+calls it once a turn, so :func:`awake` holds the engine awake over a whole phase instead: weights pushed where
+they slept (TRL's own ``_llm_weights_sleeping`` flag, which its ``generate`` reads too), KV cache woken, TRL's
+per-call sleep held off, and a level-2 sleep when the phase ends.
 """
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
 from rag_lab.core.errors import RagLabError
-from rag_lab.generators.vllm import engine_generator
+from rag_lab.generators.vllm import engine_generator, rollouts_done
 from rag_lab.train.parallel import processes
 
 
@@ -77,6 +89,14 @@ class RolloutEngine:
         self.generator = engine_generator(self.backend, tokenizer, chat)
         self.sharded_backend, self.syncs = self.backend._dist, 0
 
+    @contextlib.contextmanager
+    def acting(self) -> Iterator:
+        """Our generator on the engine, awake for one phase (:func:`awake`); at its end this rank joins a TP
+        group's rounds until the others' end too (:func:`rag_lab.generators.vllm.rollouts_done`)."""
+        with awake(self.backend):
+            yield self.generator
+            rollouts_done(self.generator)
+
     def sync(self, model=None) -> None:
         """TRL's weight sync of ``model`` (None: the model it holds, trained in place) into the engine, in
         every process (gathering a sharded parameter is a collective); the engine's prefix cache reset."""
@@ -105,3 +125,39 @@ def unsharded():
     plain = DistributedBackend.__new__(DistributedBackend)
     plain.zero_stage, plain.fsdp_version = 0, None
     return plain
+
+
+@contextlib.contextmanager
+def awake(backend) -> Iterator[None]:
+    """TRL's colocated engine awake for one phase where it sleeps between phases (module docstring); as it
+    is otherwise (no sleep mode, a server)."""
+    if not (backend.mode == "colocate" and backend.enable_sleep_mode):
+        yield
+        return
+    if backend._llm_weights_sleeping:  # a level-2 sleep dropped them: the trained weights pushed again
+        backend.sync_weights()
+    backend.llm.wake_up(tags=["kv_cache"])
+    backend.enable_sleep_mode = False  # TRL's generate (a TP group's rounds) neither sleeps nor re-syncs
+    try:
+        yield
+    finally:
+        backend.enable_sleep_mode = True
+    backend.llm.sleep(level=2)
+    backend._llm_weights_sleeping = True
+
+
+@contextlib.contextmanager
+def trainer_engine(trainer, generator, step: int | None = None) -> Iterator:
+    """Our generator on a TRL trainer's vLLM engine (``trainer.vllm_generation``) for one phase, speaking as
+    ``generator`` does (its tokenizer, chat or plain text): synced first where ``step`` is given and TRL has
+    not loaded that step's weights yet (a held-out measurement after an update; TRL then skips its own sync
+    at that step), awake for the phase (:func:`awake`), and at its end this rank joins a TP group's rounds
+    until the others' end too."""
+    backend = trainer.vllm_generation
+    if step is not None and getattr(trainer, "_last_loaded_step", None) != step:
+        backend.sync_weights()  # every rank: a collective under FSDP / ZeRO-3
+        trainer._last_loaded_step = step
+    with awake(backend):
+        engine = engine_generator(backend, generator.tokenizer, generator.chat)
+        yield engine
+        rollouts_done(engine)

@@ -167,21 +167,23 @@ class APEX(APEXPipeline):
 
     def _heldout(self, env: Env, dev: list[QAExample]) -> HeldOutCallback | None:
         """The planner's held-out curve: the whole pipeline (the planner as it trains, ``env``'s executor)
-        on the dev split's first ``heldout.n`` questions, greedy."""
+        on the dev split's first ``heldout.n`` questions, greedy. With ``generator=vllm`` the planner's plans
+        generate on its trainer's vLLM engine, synced to the step's weights; the executor (trained before,
+        frozen here) answers with transformers."""
         questions = self.heldout.questions(dev)
         if not questions:
             return None
 
-        def rollout(model, share: list[QAExample]) -> list[Episode]:
+        def rollout(planner, share: list[QAExample]) -> list[Episode]:
             kept = self.planner
-            self.planner = env.generator.with_model(model)
+            self.planner = planner  # the planner as it trains: on its trainer's vLLM engine, or its model
             try:
                 return APEXPipeline.rollout(self, env, share)
             finally:
                 self.planner = kept
 
         scorer = getattr(self.train_data, "scorer", "squad")
-        callback = HeldOutCallback(self.heldout, questions, rollout, scorer=scorer)
+        callback = HeldOutCallback(self.heldout, questions, rollout, scorer=scorer, generator=env.generator)
         callback.executor = str(getattr(env.generator.model, "name_or_path", ""))
         return callback
 

@@ -138,7 +138,6 @@ def train_stage(
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
     curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
     measured = heldout_curve(policy, env, generator, heldout, curve, resumed_at)
-    peft = peft_config(policy.lora)
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[fn for fn, _ in rewards + monitors],
@@ -147,10 +146,11 @@ def train_stage(
         ),
         train_dataset=dataset,
         processing_class=generator.tokenizer,
-        peft_config=peft,
+        peft_config=peft_config(policy.lora),
         rollout_func=rollouts,
         callbacks=[curve, measured],
     )
+    measured.trainer = trainer  # the held-out questions generate as its rollouts do (engine or model)
     resuming = f", resuming from {last}" if last else ""
     log.info(
         "DAPO stage %s: %d steps of %d questions x %d samples%s",
@@ -191,14 +191,16 @@ def heldout_curve(
     policy, env: Env, generator: HFGenerator, questions: list[QAExample], curve: CurveLog, resumed_at: int
 ) -> HeldOutCallback:
     """The held-out curve (:mod:`rag_lab.train.heldout`): the policy's greedy episodes of ``questions``
-    with the trainer's model as it is, each row into ``curve``'s log."""
+    with the trainer's model as it is (on its vLLM engine with ``generator=vllm``), each row into ``curve``'s
+    log."""
     return HeldOutCallback(
         policy.heldout,
         questions,
-        lambda model, share: policy.rollout(env.with_generator(generator.with_model(model)), list(share)),
+        lambda actor, share: policy.rollout(env.with_generator(actor), list(share)),
         lambda row: curve.writer.write([row]),
         getattr(policy.train_data, "scorer", "squad"),
         resumed_at,
+        generator=generator,
     )
 
 

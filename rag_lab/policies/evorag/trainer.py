@@ -13,7 +13,8 @@ a killed cycle resumes to the numbers of an uninterrupted one.
 
 With ``generator=vllm`` the rollouts, branches and dev EM generate on TRL's vLLM backend
 (:func:`acting`; :mod:`rag_lab.train.vllm_engine`), into which TRL's sync loads the weights they act with
-(after each DPO epoch, its LoRA adapter merged) before they generate.
+(after each DPO epoch, its LoRA adapter merged) before they generate, awake only while they do with
+``generator.sleep`` (the DPO epoch between them has the GPU's memory).
 
 Under ``launch`` no phase runs on the main process alone (issue 66): every process rolls out and branches its
 share of the cycle's rollout batches and plays its share of the dev questions, and the results are gathered
@@ -23,11 +24,13 @@ preference model and DPO train in every process on its share of each batch.
 Hand-written: the alternation of the two epochs and the cycle's bookkeeping; DPO is TRL's.
 """
 
+import contextlib
 import json
 import logging
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,14 +61,18 @@ def cycle_seed(seed: int, stage: int, cycle: int) -> int:
     return seed * 1_000_003 + stage * 10_007 + cycle * 101
 
 
-def acting(policy, generator):
-    """What generates with ``generator``'s weights: the policy's vLLM engine (``policy.engine``, with
-    ``generator=vllm``) once TRL's sync loaded them into it, else ``generator`` itself."""
+@contextlib.contextmanager
+def acting(policy, generator) -> Iterator:
+    """What generates with ``generator``'s weights for one phase (rollouts, dev EM): the policy's vLLM engine
+    (``policy.engine``, with ``generator=vllm``) once TRL's sync loaded them into it, awake for the phase
+    (:meth:`rag_lab.train.vllm_engine.RolloutEngine.acting`), else ``generator`` itself."""
     engine = getattr(policy, "engine", None)
     if engine is None:
-        return generator
+        yield generator
+        return
     engine.sync(generator.model)
-    return engine.generator
+    with engine.acting() as actor:
+        yield actor
 
 
 def write_json(path: Path, value) -> None:
@@ -95,14 +102,13 @@ def collect(
     size = policy.rollout_batch
     batches = [picked[at : at + size] for at in range(0, len(picked), size)]
 
-    engine = acting(policy, generator)  # the weights the cycle acts with (vLLM: synced into its engine)
+    with acting(policy, generator) as engine:  # the cycle's weights (vLLM: synced into its engine)
 
-    def roll(units: list[int]) -> list[dict]:
-        done = [branch_batch(policy, engine, env, stage, batches[b], batch_seed(seed, b)) for b in units]
-        rollouts_done(engine)  # a TP group's engine: this rank joins the others' turns before the gather
-        return done
+        def roll(units: list[int]) -> list[dict]:
+            return [branch_batch(policy, engine, env, stage, batches[b], batch_seed(seed, b)) for b in units]
 
-    out = merged(spread(len(batches), roll), policy.scorer)
+        # a TP group's engine: this rank joins the others' turns before the gather
+        out = merged(spread(len(batches), roll, lambda: rollouts_done(engine)), policy.scorer)
     publish_on_main(lambda: write_json(path, out))
     return out
 
@@ -254,18 +260,25 @@ def dev_em(policy, generator, env: Env, dev: list[QAExample], work: Path | None 
     path = work / "dev.json" if work is not None else None
     if path is not None and path.exists():
         return json.loads(path.read_text())["dev_em"]
-    engine = acting(policy, generator)
-    actor, em = env.with_generator(engine), SCORERS[policy.scorer]["em"]
+    em = SCORERS[policy.scorer]["em"]
+    with acting(policy, generator) as engine:
+        actor = env.with_generator(engine)
 
-    def scores(units: list[int]) -> list[float]:
-        share = [dev[i] for i in units]
-        episodes = run_agent(
-            policy.protocol, share, actor, policy.sampling, policy.k, policy.max_turns, policy.exclude_seen
-        )
-        rollouts_done(engine)  # a TP group's engine: this rank joins the others' turns before the gather
-        return [float(em(e.prediction, list(q.answers))) for e, q in zip(episodes, share, strict=True)]
+        def scores(units: list[int]) -> list[float]:
+            share = [dev[i] for i in units]
+            episodes = run_agent(
+                policy.protocol,
+                share,
+                actor,
+                policy.sampling,
+                policy.k,
+                policy.max_turns,
+                policy.exclude_seen,
+            )
+            return [float(em(e.prediction, list(q.answers))) for e, q in zip(episodes, share, strict=True)]
 
-    value = sum(spread(len(dev), scores)) / max(len(dev), 1)
+        # a TP group's engine: this rank joins the others' turns before the gather
+        value = sum(spread(len(dev), scores, lambda: rollouts_done(engine))) / max(len(dev), 1)
     if path is not None:
         publish_on_main(lambda: write_json(path, {"dev_em": value}))
     return value

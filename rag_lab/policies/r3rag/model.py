@@ -34,6 +34,12 @@ class ActorCritic(nn.Module):
         # FSDP's transformer-based wrap shards each of the LM's layers on its own (accelerate reads this)
         self._no_split_modules = list(getattr(lm, "_no_split_modules", None) or [])
 
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether activations are recomputed in the backward pass: never in PPO's update (TRL's
+        ``unwrap_model_for_generation`` asks, to turn it off while generating)."""
+        return False
+
     def actor_parameters(self) -> list[nn.Parameter]:
         return list(self.lm.parameters())
 
@@ -42,9 +48,18 @@ class ActorCritic(nn.Module):
         return trunk + list(self.head.parameters())
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, value_at: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        value_at: torch.Tensor | None = None,
+        **lm_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the log-prob of each next token [N, L-1], the value at position ``value_at`` of each row [N])."""
+        """(the log-prob of each next token [N, L-1], the value at position ``value_at`` of each row [N]).
+        Without ``value_at``: the LM's own output for these arguments. Generation on a sharded actor-critic
+        runs through here, so that the hooks FSDP put on this module gather the LM's weights it holds
+        (:mod:`rag_lab.train.lockstep`)."""
+        if value_at is None:
+            return self.lm(input_ids=input_ids, attention_mask=attention_mask, **lm_kwargs)
         out = self.lm(
             input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic_lm is None
         )

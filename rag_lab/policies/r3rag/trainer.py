@@ -10,18 +10,21 @@ variance of the critic's values before the update, samples and tokens, the judge
 
 With ``generator=vllm`` the rollouts (and the held-out curve's episodes) generate on TRL's vLLM backend
 (:mod:`rag_lab.train.vllm_engine`: colocated engine or ``trl vllm-serve`` server), into which TRL's sync
-loads the policy's weights after every update, before the next rollouts (and after a resume); the log-probs
-PPO trains on are still the policy's own (:func:`.ppo.score`).
+loads the policy's weights after every update, before the next rollouts (and after a resume), awake only for
+them with ``generator.sleep``; the log-probs PPO trains on are still the policy's own (:func:`.ppo.score`).
+Otherwise they generate with transformers on the policy itself: under FSDP / ZeRO-3 the sharded actor-critic,
+every process's forwards in step until all have played their episodes (:mod:`rag_lab.train.lockstep`).
 
 Hand-written: TRL 1.16 has no PPO trainer (:mod:`.ppo`).
 """
 
+import contextlib
 import json
 import logging
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +52,7 @@ from rag_lab.policies.r3rag.ppo import (
 )
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.train.heldout import HeldOut, measured
+from rag_lab.train.lockstep import generating
 from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
 from rag_lab.train.sharded import (
     fsdp_modules,
@@ -117,11 +121,18 @@ class PPOTrainer:
     def unwrapped(self):
         return self.accelerator.unwrap_model(self.model)
 
-    def acting(self) -> Env:
-        """The environment acting with the policy as it is now (on its synced vLLM engine, if any)."""
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[Env]:
+        """The environment acting with the policy as it is now, for one phase (every process enters it at
+        the same point): on its synced vLLM engine (awake for the phase), or on the policy itself, under
+        FSDP / ZeRO-3 the sharded actor-critic's LM, every process's forwards in step until the phase ends
+        (:func:`rag_lab.train.lockstep.generating`)."""
         if self.engine is not None:
-            return self.env.with_generator(self.engine.generator)
-        return self.env.with_generator(self.base.with_model(self.unsharded().lm))
+            with self.engine.acting() as generator:
+                yield self.env.with_generator(generator)
+            return
+        with generating(self.base, self.model, self.accelerator, lm=self.unwrapped.lm) as generator:
+            yield self.env.with_generator(generator)
 
     def unsharded(self):
         """The policy with its current weights, unsharded: the trained model itself, or under FSDP a copy
@@ -184,19 +195,15 @@ class PPOTrainer:
         process, [] on the others and without held-out questions."""
         if not self.heldout_questions:
             return []
-        r, model = self.rollout, self.unwrapped
-        was_training = model.training
-        model.eval()
+        r = self.rollout
         sampling = Sampling(max_new_tokens=r.max_new_tokens)
-        env = self.acting()  # every process, one with no held-out question too (a collective under FSDP)
+        with self.acting() as env:  # every process, one with no held-out question too
 
-        def rollout(share: list) -> list:
-            episodes = run_agent(r.protocol, share, env, sampling, r.k, r.max_turns)
-            rollouts_done(env.generator)
-            return episodes
+            def rollout(share: list) -> list:
+                return run_agent(r.protocol, share, env, sampling, r.k, r.max_turns)
 
-        row = measured(step, self.heldout_questions, rollout, self.scorer)
-        model.train(was_training)
+            finish = env.generator  # the phase's end, before the gather (every process)
+            row = measured(step, self.heldout_questions, rollout, self.scorer, lambda: rollouts_done(finish))
         if row is None:
             return []
         row |= {"stage": "ppo"}
@@ -211,16 +218,16 @@ class PPOTrainer:
             self.questions, min(self.settings.batch_size, len(self.questions))
         )
         mine = drawn[acc.process_index :: acc.num_processes]
-        env, r = self.acting(), self.rollout
+        r = self.rollout
         sampling = Sampling(
             max_new_tokens=r.max_new_tokens,
             top_p=r.top_p,
             seed=iteration_seed(self.seed, it, acc.process_index),
         )
-        examples, live, traces = rollouts(
-            r.protocol, env, mine, self.settings.temperatures, sampling, r.k, r.max_turns
-        )
-        rollouts_done(env.generator)
+        with self.acting() as env:  # the phase ends once every process has played its episodes
+            examples, live, traces = rollouts(
+                r.protocol, env, mine, self.settings.temperatures, sampling, r.k, r.max_turns
+            )
         episodes = [x.episode for x in live]
         rewards, parts = self.reward.score(episodes, examples, lambda i, j: live[i].state.turns[j].passages)
         samples = step_samples(live)  # the ids each step was given and sampled
