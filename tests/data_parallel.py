@@ -194,7 +194,7 @@ def ppo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
 
     model, stats, _ = update(model_dir)
     initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
-    weights = full_state_dict(model)  # every process (a collective when sharded)
+    weights = full_state_dict(model, everywhere=True)  # every process (a collective when sharded)
     moved = sum(not torch.equal(weights[f"lm.{k}"], v) for k, v in initial.items())
     keys = ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio")
     return model, {k: stats[k] for k in keys} | {"moved": moved}

@@ -28,6 +28,7 @@ import torch
 
 from rag_lab.core.config import AtLeast, NonNegative, Positive, PositiveInt
 from rag_lab.core.errors import RagLabError
+from rag_lab.core.loading import trained_loading
 from rag_lab.generators.base import Prompt, render
 from rag_lab.generators.hf import default_device
 from rag_lab.train.lora import LoRA, peft_config
@@ -180,7 +181,8 @@ def sft(
         tokenizer.pad_token = tokenizer.eos_token
     dataset = sft_dataset([(render(tokenizer, p), c) for p, c in pairs], tokenizer, settings.max_length)
     steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with trained_loading():  # ZeRO-3's init / FSDP's efficient loading: the trainer prepares it next
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU
     on_gpu = default_device(model).startswith("cuda")
     placement = {"use_cpu": not on_gpu}

@@ -21,12 +21,14 @@ CRITICS = ("shared", "separate")
 
 
 class ActorCritic(nn.Module):
-    def __init__(self, lm: nn.Module, critic: str = "shared"):
+    def __init__(self, lm: nn.Module, critic: str = "shared", critic_lm: nn.Module | None = None):
+        """``critic_lm``: the separate critic's trunk (null: a copy of ``lm``, the initial model's)."""
         super().__init__()
         if critic not in CRITICS:
             raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {critic!r}")
         self.lm, self.critic = lm, critic
-        self.critic_lm = copy.deepcopy(lm) if critic == "separate" else None
+        separate = critic == "separate"
+        self.critic_lm = (critic_lm or copy.deepcopy(lm)) if separate else None
         self.head = nn.Linear(lm.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
