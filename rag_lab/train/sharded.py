@@ -117,6 +117,17 @@ def generation_copy(model: torch.nn.Module, held: torch.nn.Module | None = None)
     return held.eval()
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Every FSDP unit of ``model`` back to its shards: a unit that does not reshard after its forward
+    (accelerate's last one: the final norm with the embeddings) stays gathered until a backward, which a
+    frozen model never runs."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def fsdp_launch() -> bool:
     """Whether this is a launched process whose launch shards models with FSDP (``launch=fsdp``,
     ``launch=fsdp_cpu``): a hand-written loop then prepares its network through accelerate as well."""

@@ -36,6 +36,14 @@ class ActorCritic(nn.Module):
         # FSDP's transformer-based wrap shards each of the LM's layers on its own (accelerate reads this)
         self._no_split_modules = list(getattr(lm, "_no_split_modules", None) or [])
 
+    def tie_weights(self) -> None:
+        """Each LM's input and output embeddings tied again (what accelerate's FSDP2 preparation calls on the
+        model it prepares after RAM-efficient loading, whose broadcast assigns each weight anew: untied, the
+        output embedding would be a second weight that no optimizer steps)."""
+        for lm in (self.lm, self.critic_lm):
+            if lm is not None and hasattr(lm, "tie_weights"):
+                lm.tie_weights()
+
     def actor_parameters(self) -> list[nn.Parameter]:
         return list(self.lm.parameters())
 

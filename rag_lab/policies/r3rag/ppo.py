@@ -54,7 +54,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
 from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs
-from rag_lab.train.sharded import sharded, zero3
+from rag_lab.train.sharded import reshard, sharded, zero3
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ def score(model, reference, batch: dict, micro: int, accelerator=None) -> dict:
         if q < len(groups):
             old[rows, : w - 1], values[rows] = logprobs, value
             init[rows, : w - 1] = token_logprobs(logits, ids)
+    reshard(reference)  # no backward follows: its last unit's gathered weights let go
     return batch | {"old_logprobs": old, "init_logprobs": init, "old_values": values}
 
 
