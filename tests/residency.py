@@ -139,10 +139,9 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     model_dir, work = sys.argv[1:3]
-    efficient = {"FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}  # launch=fsdp_cpu's (and launch=fsdp's)
-    os.environ.update(FSDP_ENV | efficient)
+    os.environ.update(FSDP_ENV)  # launch=fsdp_cpu's, RAM-efficient loading on (as in launch=fsdp)
     debug_launcher(main, (model_dir, work), num_processes=2)
-    for key in [*FSDP_ENV, *efficient]:
+    for key in FSDP_ENV:
         os.environ.pop(key)
     from rag_lab.policies.r3rag.ppo import make_accelerator
 
