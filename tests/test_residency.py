@@ -208,3 +208,40 @@ def test_the_final_save_is_gathered_once_and_loads_back_as_one_checkpoint(two_pr
         assert torch.equal(value, trained[f"lm.{key}"]), key
     head = torch.load(two_processes / "saved" / "value_head.pt")
     assert torch.equal(head["weight"], trained["head.weight"])
+
+
+def test_an_incomplete_ppo_checkpoint_is_one_line_naming_it(tmp_path):
+    """A checkpoint whose shards were cut short (no ``.metadata``, written last) is refused in one line."""
+    from rag_lab.core.errors import RagLabError
+    from rag_lab.policies.r3rag.trainer import SHARDED, PPOTrainer
+
+    (tmp_path / "checkpoint-2" / SHARDED).mkdir(parents=True)
+    (tmp_path / "checkpoint-2" / "state.json").write_text('{"iteration": 2, "rows": []}\n')
+    (tmp_path / "checkpoint-2" / SHARDED / "__0_0.distcp").write_bytes(b"cut")
+    says = r"checkpoint-2/sharded is incomplete: remove .*checkpoint-2 to resume"
+    with pytest.raises(RagLabError, match=says):
+        PPOTrainer.resume(PPOTrainer.__new__(PPOTrainer), tmp_path)
+
+
+def test_a_sharded_runs_qnet_optimizer_state_resumes_in_one_process(tmp_path):
+    """Stop-RAG's optimizer state as a sharded run writes it (torch's distributed checkpoint beside the
+    checkpoint file, which names its folder), loaded by a resumed run in one process: AdamW's state as it
+    was (a one-process run loaded nothing from it before)."""
+    from rag_lab.policies.stoprag.trainer import shard, sharded_optimizer
+
+    def network() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+    net, opt = network()
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(5, 4)).pow(2).sum().backward()
+        opt.step()
+    name = sharded_optimizer(net, opt, tmp_path, 3)
+    fresh, fresh_opt = network()
+    fresh.load_state_dict(net.state_dict())
+    assert shard(fresh, fresh_opt, {"sharded_optimizer": name}, tmp_path) is None  # not an FSDP launch
+    for (_, a), (_, b) in zip(opt.state.items(), fresh_opt.state.items(), strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -153,10 +153,18 @@ def sharded_backward(batch: list, loss_of, accelerator) -> torch.Tensor:
     return accelerator.reduce(loss.detach(), reduction="sum")
 
 
+# the tag of a ZeRO-3 engine's checkpoint in the folder save_sharded names
+DEEPSPEED_TAG = "zero3"
+
+
 def save_sharded(path: Path, model: torch.nn.Module, optimizer, weights: bool = True) -> None:
     """The optimizer's state (and with ``weights`` the model's) written into the directory ``path`` by torch's
     distributed checkpoint, each process its own shards (no process gathers either; a collective under
-    FSDP2, and a single shard in one process). :func:`load_sharded` reads it in any number of processes."""
+    FSDP2, and a single shard in one process). :func:`load_sharded` reads it in any number of processes.
+    A ZeRO-3 engine writes DeepSpeed's own checkpoint of its partitions (not run here: no GPU)."""
+    if hasattr(model, "save_checkpoint"):  # a ZeRO-3 engine: DeepSpeed's own checkpoint, its partitions
+        model.save_checkpoint(str(path), tag=DEEPSPEED_TAG)
+        return
     from torch.distributed.checkpoint import save
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -170,6 +178,9 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer, weights: bool = 
     """What :func:`save_sharded` wrote into ``path``, loaded into ``model`` and ``optimizer`` as they are
     now (sharded over however many processes, or not: torch's distributed checkpoint reshards by parameter
     name); a collective under FSDP2."""
+    if hasattr(model, "load_checkpoint"):  # a ZeRO-3 engine (into as many processes as wrote it)
+        model.load_checkpoint(str(path), tag=DEEPSPEED_TAG, load_optimizer_states=True)
+        return
     from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
