@@ -1,14 +1,20 @@
 """What a trainer does with a model that FSDP or ZeRO-3 has sharded across the processes (issue 66).
 
-A sharded model holds 1/N of each weight in each process, so three things a one-process trainer does
+A sharded model holds 1/N of each weight in each process, so four things a one-process trainer does
 directly become collectives that every process must call together:
 
 - **its full weights** (:func:`full_state_dict`): FSDP2's full state dict (torch's ``get_model_state_dict``
-  with ``full_state_dict``, what accelerate's ``get_state_dict`` calls for FSDP2), or ZeRO-3's gathered
-  16-bit one (accelerate's ``get_state_dict``); the model's own ``state_dict`` when nothing is sharded;
-- **saving it** (:func:`saveable`): the full weights gathered by every process, written by the main one
-  as an unsharded copy with ``save_pretrained`` (LoRA merged first: :func:`merged_copy`), so the
-  result loads back as one ordinary checkpoint;
+  with ``full_state_dict`` and ``cpu_offload``, as accelerate's ``get_state_dict`` calls it: gathered once
+  onto the main process's host memory), or ZeRO-3's gathered 16-bit one (accelerate's
+  ``get_state_dict``); the model's own ``state_dict`` when nothing is sharded;
+- **saving it** (:func:`saveable`, issue 72): those full weights, in the dtype the model was loaded in,
+  around which the main process alone builds an unsharded model (on the meta device, the tensors
+  assigned; LoRA merged: :func:`merged_copy`) to ``save_pretrained``, so the result loads back as one
+  ordinary checkpoint;
+- **checkpointing it for resume** (:func:`save_sharded`, :func:`load_sharded`, issue 72): torch's
+  distributed checkpoint of the model's and the optimizer's states (``get_state_dict`` /
+  ``set_state_dict``), each process writing and reading its own shards, so nothing is gathered and a
+  checkpoint resumes into any number of processes;
 - **generating with it** (:func:`generation_copy`): an FSDP2 forward all-gathers each layer, so every
   process would have to run the same number of forwards, and multi-turn rollouts differ in turns and
   lengths between processes. Rollouts therefore run on an unsharded copy of the current weights (what a
@@ -201,17 +207,6 @@ def _one_process() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def load_full(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """A full state dict loaded into ``model``, sharded or not (torch's ``set_model_state_dict``: each
-    process keeps its shard of every weight)."""
-    if not fsdp_modules(model):
-        unwrapped(model).load_state_dict(weights)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
 
 
 def saveable(model: torch.nn.Module, accelerator=None) -> torch.nn.Module | None:

@@ -302,9 +302,10 @@ class PPOTrainer:
         if last is None:
             return 0, []
         path = Path(last)
-        if not (path / SHARDED / ".metadata").exists():
+        # written last: torch's distributed checkpoint's .metadata, a ZeRO-3 engine's latest
+        if not any((path / SHARDED / name).exists() for name in (".metadata", "latest")):
             raise RagLabError(
-                f"r3rag PPO: {path} has no {SHARDED}/.metadata: remove {path} to resume from the one before"
+                f"r3rag PPO: {path}/{SHARDED} is incomplete: remove {path} to resume from the one before"
             )
         load_sharded(path / SHARDED, self.model, self.optimizer)
         if self.engine is not None:
