@@ -4,6 +4,7 @@ launch`` sets them, each doing what a launched R3-RAG process does; then one pro
 checkpoint. Run by tests/test_residency.py.
 
     python tests/residency.py MODEL_DIR WORK
+    python tests/residency.py MODEL_DIR WORK --sft   # TRL's trainer killed and resumed, sharded checkpoints
 
 In each of the two processes (``WORK/rank<i>.pt``): whether a plain ``from_pretrained`` (a frozen model no
 trainer prepares: a TRL reference, an encoder), the run's generator and the policy's copy hold the
@@ -131,6 +132,43 @@ def main(model_dir: str, work: str) -> None:
     torch.save(record, work / f"rank{accelerator.process_index}.pt")
 
 
+def sft_resumed(model_dir: str, work: str) -> None:
+    """``--sft``: the cold start's SFT (TRL's trainer) 3 steps straight, then killed once its checkpoint of
+    step 2 is written (sharded: ``fsdp_state_dict_type: SHARDED_STATE_DICT``) and run again, resuming from
+    it; rank 0 writes both results' full weights and the checkpoint's files (``WORK/sft.pt``)."""
+    import os
+
+    from accelerate.state import AcceleratorState
+    from data_parallel import pairs
+    from transformers import TrainerCallback
+
+    from rag_lab.core.loading import loading_on_purpose
+    from rag_lab.train.parallel import state
+    from rag_lab.train.sft import SFTSettings, sft
+    from rag_lab.train.sharded import full_state_dict
+
+    class Killed(TrainerCallback):
+        def on_save(self, args, trainer_state, control, **kwargs):
+            if trainer_state.global_step == 2:
+                raise KeyboardInterrupt  # as a kill leaves it: checkpoint-2 written, step 3 never run
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    os.environ["LOCAL_RANK"] = str(state().process_index)
+    loading_on_purpose()
+    settings = SFTSettings(max_steps=3, batch_size=4, lr=1e-2, warmup_steps=0, max_length=64, save_steps=1)
+    out = {}
+    for name, callbacks in (("straight", ()), ("killed", (Killed(),)), ("resumed", ())):
+        where = Path(work) / ("straight" if name == "straight" else "killed")
+        try:
+            trainer, stats = sft(model_dir, f"{model_dir}/tokenizer", pairs(40), settings, where, callbacks)
+        except KeyboardInterrupt:
+            out["checkpoint"] = sorted(p.name for p in (where / "checkpoint-2").iterdir())
+            continue
+        out[name], out[f"{name}_from"] = full_state_dict(trainer.model), stats["resumed_from"]
+    if state().is_main_process:
+        torch.save(out, Path(work) / "sft.pt")
+
+
 if __name__ == "__main__":
     import os
 
@@ -140,6 +178,9 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     model_dir, work = sys.argv[1:3]
     os.environ.update(FSDP_ENV)  # launch=fsdp_cpu's, RAM-efficient loading on (as in launch=fsdp)
+    if "--sft" in sys.argv:
+        debug_launcher(sft_resumed, (model_dir, work), num_processes=2)
+        sys.exit(0)
     debug_launcher(main, (model_dir, work), num_processes=2)
     for key in FSDP_ENV:
         os.environ.pop(key)

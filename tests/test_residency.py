@@ -245,3 +245,21 @@ def test_a_sharded_runs_qnet_optimizer_state_resumes_in_one_process(tmp_path):
     assert shard(fresh, fresh_opt, {"sharded_optimizer": name}, tmp_path) is None  # not an FSDP launch
     for (_, a), (_, b) in zip(opt.state.items(), fresh_opt.state.items(), strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_trl_trainers_sharded_checkpoint_resumes_to_the_uninterrupted_weights(tiny_lm, tmp_path):
+    """TRL's trainers under launch=fsdp_cpu (``fsdp_state_dict_type: SHARDED_STATE_DICT``): the cold start's
+    SFT in two processes, killed after its checkpoint of step 2 (each process's shards of the model and the
+    optimizer, no gathered model), resumes to the weights of a run never killed."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, str(HERE / "residency.py"), tiny_lm, str(tmp_path), "--sft"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = torch.load(tmp_path / "sft.pt")
+    assert (out["straight_from"], out["resumed_from"]) == (None, 2)
+    assert {"optimizer_0", "pytorch_model_fsdp_0"} <= set(out["checkpoint"])
+    assert not any(name.endswith((".safetensors", ".bin")) for name in out["checkpoint"])
+    for key, value in out["straight"].items():
+        torch.testing.assert_close(out["resumed"][key], value, rtol=0, atol=1e-6, msg=key)
