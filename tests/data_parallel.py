@@ -194,7 +194,7 @@ def ppo(model_dir: str, work: Path) -> tuple[torch.nn.Module, dict]:
 
     model, stats, _ = update(model_dir)
     initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
-    weights = full_state_dict(model)  # every process (a collective when sharded)
+    weights = full_state_dict(model, everywhere=True)  # every process (a collective when sharded)
     moved = sum(not torch.equal(weights[f"lm.{k}"], v) for k, v in initial.items())
     keys = ("loss/policy", "loss/value", "kl", "clip_fraction", "ratio")
     return model, {k: stats[k] for k in keys} | {"moved": moved}
@@ -251,19 +251,26 @@ FSDP_ENV = {
     "ACCELERATE_USE_FSDP": "true",
     "FSDP_VERSION": "2",
     "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+    "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
     "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
 }
 
 
 def forked(*args: str) -> None:
+    import os
+
     from accelerate.state import AcceleratorState
 
+    from rag_lab.core.loading import loading_on_purpose
     from rag_lab.train.parallel import state
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's one-process state came along
-    # as rag_lab.runner.launched does first: the process group (FSDP on CPU where the launch asks for it)
-    state()
+    # as rag_lab.runner.launched does first: the process group (FSDP on CPU where the launch asks for it),
+    # then the loading switches; each process its LOCAL_RANK, as accelerate launch sets it (the debug
+    # launcher leaves 0 in every process, which RAM-efficient loading reads)
+    os.environ["LOCAL_RANK"] = str(state().process_index)
+    loading_on_purpose()
     main(*args)
 
 

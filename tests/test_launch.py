@@ -365,25 +365,3 @@ def test_gradient_checkpointing_is_a_launch_setting_that_reaches_trls_trainers(t
     config = sft_config(tmp_path, 1, 1, 1e-3, 0, 0)
     assert config.gradient_checkpointing and config.gradient_checkpointing_kwargs == {"use_reentrant": False}
     assert trainer_args(tmp_path, "cpu", seed=0, save_steps=1)["gradient_checkpointing"] is True
-
-
-def test_under_zero3_init_the_accelerator_exists_before_any_model_loads(monkeypatch):
-    """launch=zero3 (zero3_init_flag): a launched process makes its Accelerator before its models, so that
-    transformers partitions each weight as it loads; no other launch makes one there."""
-    import accelerate
-
-    from rag_lab.train.sharded import zero3_loading
-
-    made = []
-    monkeypatch.setattr(accelerate, "Accelerator", lambda *a, **k: made.append(1))
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", "false")
-    assert not zero3_loading() and not made
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true")
-    assert zero3_loading() and made == [1]
-    import inspect
-
-    import rag_lab.runner.launched
-
-    launched = inspect.getsource(rag_lab.runner.launched.main)
-    assert launched.index("zero3_loading()") < launched.index("components(cfg")

@@ -201,7 +201,6 @@ def test_under_zero3_the_model_generates_unwrapped_without_a_gather_every_rank_i
     import trl.models.utils as trl_utils
 
     from rag_lab.train import lockstep
-
     from rag_lab.train.parallel import CHECKPOINTING_ENV
 
     asked = []

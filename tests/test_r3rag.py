@@ -251,14 +251,15 @@ def test_under_deepspeed_ppo_names_its_micro_batch_before_prepare(tiny_lm):
     from rag_lab.policies.r3rag.ppo import build
 
     seen = {}
-    plugin = SimpleNamespace(deepspeed_config={"train_micro_batch_size_per_gpu": "auto"})
+    plugin = SimpleNamespace(deepspeed_config={"train_micro_batch_size_per_gpu": "auto"}, zero_stage=2)
 
     def prepare(*objects):
         seen.update(plugin.deepspeed_config)
         return objects
 
     accelerator = SimpleNamespace(
-        state=SimpleNamespace(deepspeed_plugin=plugin), prepare=prepare, num_processes=2
-    )
+        state=SimpleNamespace(deepspeed_plugin=plugin), prepare=prepare, num_processes=2,
+        distributed_type="DEEPSPEED",
+    )  # fmt: skip
     build(AutoModelForCausalLM.from_pretrained(tiny_lm), PPOSettings(micro_batch=3), accelerator)
     assert (seen["train_micro_batch_size_per_gpu"], seen["train_batch_size"]) == (3, 6)

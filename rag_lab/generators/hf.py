@@ -26,6 +26,7 @@ import torch
 
 from rag_lab.core.devices import local_gpu
 from rag_lab.core.errors import RagLabError
+from rag_lab.core.loading import replicated_loading
 from rag_lab.core.ranges import PositiveInt
 from rag_lab.generators.base import Completion, Prompt, Sampling, TokenPrompt, cut_at_stop, prompt_ids
 from rag_lab.generators.decode import Decoded, decode
@@ -42,7 +43,9 @@ def default_device(model) -> str:
     """Where ``model`` runs fastest: this process's GPU (:func:`rag_lab.core.devices.local_gpu`:
     ``cuda:<LOCAL_RANK>`` in a launched process) when there is one and the model is not small, else
     ``cpu``."""
-    if not torch.cuda.is_available() or sum(p.numel() for p in model.parameters()) < GPU_MIN_PARAMETERS:
+    # ZeRO-3's init leaves 1/N of each weight in a process: its whole size is ds_numel
+    size = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    if not torch.cuda.is_available() or size < GPU_MIN_PARAMETERS:
         return "cpu"
     return local_gpu()
 
@@ -84,7 +87,8 @@ class HFGenerator:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         load_dtype = getattr(torch, _loaded_dtype(dtype, device))
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype)
+        with replicated_loading():  # frozen: the whole model in every process of a sharded launch
+            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=load_dtype)
         # a bare "cuda" is this process's GPU (each rank its own), as "auto" picks it
         self.device = (
             default_device(loaded)
@@ -96,6 +100,7 @@ class HFGenerator:
         if dtype == "auto" and self.device.startswith("cuda"):
             loaded = loaded.to(torch.bfloat16)
         self.model = loaded.to(self.device).eval()
+        self.dtype = self.model.dtype  # what release() reloads it in
         self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
@@ -112,6 +117,33 @@ class HFGenerator:
         if not (device in ("auto", "None", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
             problems.append(("device", f"{device!r} is not auto, cpu, cuda or cuda:N"))
         return problems
+
+    @property
+    def model(self):
+        """The causal LM, loaded again from ``source`` (on its device, in its dtype) if :meth:`release` let it
+        go."""
+        if self._model is None:
+            from transformers import AutoModelForCausalLM
+
+            with replicated_loading():
+                loaded = AutoModelForCausalLM.from_pretrained(self.source, dtype=self.dtype)
+            self._model = loaded.to(self.device).eval()
+        return self._model
+
+    @model.setter
+    def model(self, model) -> None:
+        self._model = model
+
+    def release(self) -> None:
+        """Lets the model go (its memory freed, the GPU's cache emptied): a trained method trains a copy of
+        its own, and this generator reloads the same weights only if it is asked to generate again
+        (:func:`rag_lab.train.start.starting_model`)."""
+        import gc
+
+        self._model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def with_model(self, model) -> "HFGenerator":
         """This generator's tokenizer and settings around another model (a trainer's live one, a trained

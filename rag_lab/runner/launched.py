@@ -23,11 +23,11 @@ def main(job_file: str) -> None:
 
     from rag_lab.core.config import build
     from rag_lab.core.errors import one_line_errors
+    from rag_lab.core.loading import loading_on_purpose
     from rag_lab.core.seeding import seed_everything
     from rag_lab.run import components, fit
     from rag_lab.runner.launch import report_rank
     from rag_lab.train.parallel import CHECKPOINTING_ENV, state
-    from rag_lab.train.sharded import zero3_loading
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors():
@@ -39,13 +39,16 @@ def main(job_file: str) -> None:
         train_data = instantiate(cfg.train_data) if cfg.get("train_data") else data
         if job.get("part") == "generator":  # the tiny LM's recipe (the runner builds it from the cache after)
             state(job.get("timeout_s"))
+            loading_on_purpose()
             build(cfg.generator, data=data)
             return
         with report_rank():
             # the process group first (with the launch's timeout), then the models: each on this rank's own
             # device (devices.local_gpu)
             state(job.get("timeout_s"))
-            zero3_loading()  # ZeRO-3: each weight partitioned as it loads
+            # ZeRO-3's init and FSDP's RAM-efficient loading only where a trained model loads: every
+            # frozen model (the run's generator, PPO's reference, a reload) whole and right in every process
+            loading_on_purpose()
             env, policy = components(cfg, job["run_config"], data, train_data)
             rank, run_dir = int(os.environ.get("RANK") or 0), Path(job["run_dir"])
             work = run_dir if rank == 0 else run_dir / "launch" / f"rank{rank}"

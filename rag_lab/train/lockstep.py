@@ -12,7 +12,8 @@ trained model itself, with transformers, as it is:
   ``gather_deepspeed3_params=False``): DeepSpeed's module hooks fetch each layer's partitions as it runs.
 
 No process holds a full copy of the weights beyond the layer being gathered: no state dict is gathered,
-nothing is copied to the host, and every FSDP unit is resharded when the phase ends (:func:`resharded`).
+nothing is copied to the host, and every FSDP unit is resharded when the phase ends
+(:func:`rag_lab.train.sharded.reshard`).
 Every layer is gathered at every decoding step, which is slow for a large model: a method that would roll
 out a model above ``launch.hf_generate_max_params`` this way is refused before anything trains
 (:func:`too_large_to_step`).
@@ -44,7 +45,7 @@ from typing import Any
 import torch
 
 from rag_lab.generators.base import Completion, Prompt, Sampling
-from rag_lab.train.sharded import fsdp_modules, unwrapped, zero3
+from rag_lab.train.sharded import fsdp_modules, reshard, unwrapped, zero3
 
 
 class InStep:
@@ -129,17 +130,6 @@ def unwrapped_for_generation(model: torch.nn.Module, accelerator=None):
     )
 
 
-def resharded(model: torch.nn.Module) -> None:
-    """Every FSDP unit of ``model`` back to its shard: FSDP leaves the units that do not reshard after a
-    forward (its root's; accelerate's group of tied embeddings and output layer) gathered until the next
-    backward, which a phase of forwards alone never reaches."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
 @contextlib.contextmanager
 def generating(
     generator, model: torch.nn.Module, accelerator=None, lm: torch.nn.Module | None = None
@@ -159,7 +149,7 @@ def generating(
             phase = Lockstep(generator, root, root if lm is None else lm, device)
             yield phase
             phase.finish()
-            resharded(root)
+            reshard(root)
     finally:
         model.train(was_training)
 

@@ -107,8 +107,14 @@ def stopped_early(what: str, step: int, total: int | None, work: Path) -> RagLab
 
 def load_model(path: Path | str, like):
     """The causal LM saved at ``path`` (a finished stage or cycle), in eval mode, on the device and in the
-    dtype of the model ``like`` (bf16 where the run trains in bf16: no float32 copy beside it)."""
+    dtype of the model ``like`` (bf16 where the run trains in bf16: no float32 copy beside it); whole in
+    every process of a sharded launch (:func:`rag_lab.core.loading.replicated_loading`: a trainer that
+    trains it shards it when it prepares it)."""
     from transformers import AutoModelForCausalLM
 
+    from rag_lab.core.loading import replicated_loading
+
     first = next(like.parameters())
-    return AutoModelForCausalLM.from_pretrained(path, dtype=first.dtype).to(first.device).eval()
+    with replicated_loading():
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=first.dtype)
+    return loaded.to(first.device).eval()

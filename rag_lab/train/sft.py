@@ -30,6 +30,7 @@ import torch
 
 from rag_lab.core.config import AtLeast, NonNegative, Positive, PositiveInt
 from rag_lab.core.errors import RagLabError
+from rag_lab.core.loading import trained_loading
 from rag_lab.env.fit import prompt_as_ids
 from rag_lab.generators.base import Prompt, text_ids
 from rag_lab.generators.hf import default_device
@@ -195,7 +196,8 @@ def sft(
     # each prompt as the engine gives it to the model at inference (token in, token out)
     dataset = sft_rows(pairs, tokenizer, settings.max_length)
     steps = settings.max_steps or math.ceil(settings.epochs * len(pairs) / settings.batch_size)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with trained_loading():  # ZeRO-3's init / FSDP's efficient loading: the trainer prepares it next
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # where the model runs fastest (a small one on the CPU, even beside a GPU); bf16 where that is a GPU
     on_gpu = default_device(model).startswith("cuda")
     placement = {"use_cpu": not on_gpu}

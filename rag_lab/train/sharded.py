@@ -1,14 +1,20 @@
 """What a trainer does with a model that FSDP or ZeRO-3 has sharded across the processes (issue 66).
 
-A sharded model holds 1/N of each weight in each process, so three things a one-process trainer does
+A sharded model holds 1/N of each weight in each process, so four things a one-process trainer does
 directly become collectives that every process must call together:
 
 - **its full weights** (:func:`full_state_dict`): FSDP2's full state dict (torch's ``get_model_state_dict``
-  with ``full_state_dict``, what accelerate's ``get_state_dict`` calls for FSDP2), or ZeRO-3's gathered
-  16-bit one (accelerate's ``get_state_dict``); the model's own ``state_dict`` when nothing is sharded;
-- **saving it** (:func:`saveable`): the full weights gathered by every process, written by the main one
-  as an unsharded copy with ``save_pretrained`` (LoRA merged first: :func:`merged_copy`), so the
-  result loads back as one ordinary checkpoint;
+  with ``full_state_dict`` and ``cpu_offload``, as accelerate's ``get_state_dict`` calls it: gathered once
+  onto the main process's host memory), or ZeRO-3's gathered 16-bit one (accelerate's
+  ``get_state_dict``); the model's own ``state_dict`` when nothing is sharded;
+- **saving it** (:func:`saveable`, issue 72): those full weights, in the dtype the model was loaded in,
+  around which the main process alone builds an unsharded model (on the meta device, the tensors
+  assigned; LoRA merged: :func:`merged_copy`) to ``save_pretrained``, so the result loads back as one
+  ordinary checkpoint;
+- **checkpointing it for resume** (:func:`save_sharded`, :func:`load_sharded`, issue 72): torch's
+  distributed checkpoint of the model's and the optimizer's states (``get_state_dict`` /
+  ``set_state_dict``), each process writing and reading its own shards, so nothing is gathered and a
+  checkpoint resumes into any number of processes;
 - **generating with it**: not here. Rollouts generate on the sharded model itself, every process in step
   (:mod:`rag_lab.train.lockstep`), or on a vLLM engine synced one tensor at a time
   (:mod:`rag_lab.train.vllm_engine`); no copy of the weights is made for them.
@@ -17,8 +23,11 @@ Hand-written: only which call applies when; gathering, sharding and saving are t
 transformers' own.
 """
 
+import contextlib
 import copy
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -49,17 +58,31 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return extract_model_from_parallel(model)
 
 
-def full_state_dict(model: torch.nn.Module, accelerator=None) -> dict[str, torch.Tensor]:
-    """The model's full weights, on the CPU; a collective under FSDP2 and ZeRO-3 (every process calls it,
-    every process gets them under FSDP2, the main one under ZeRO-3). Keys as the unwrapped model's."""
+def full_state_dict(
+    model: torch.nn.Module, accelerator=None, everywhere: bool = False
+) -> dict[str, torch.Tensor]:
+    """The model's full weights in host memory, keys as the unwrapped model's; a collective under FSDP2 and
+    ZeRO-3 (every process calls it). Gathered once, onto the main process only, with CPU offload (torch's
+    ``get_model_state_dict`` with ``full_state_dict`` and ``cpu_offload``: the other processes get {}, and
+    no GPU ever holds the whole model; ZeRO-3: accelerate's gathered 16-bit one). ``everywhere``: every
+    process gets them (a small network each process evaluates: Stop-RAG's Q-network; an unsharded
+    generation copy). Unsharded: the model's own, in every process."""
     if fsdp_modules(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-        return {k: v.detach().cpu() for k, v in get_model_state_dict(model, options=options).items()}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+        weights = get_model_state_dict(model, options=options)
+        return {k: _own(v) for k, v in weights.items()}
     if accelerator is not None and zero3(accelerator):
         return accelerator.get_state_dict(model)
     return {k: v.detach().cpu() for k, v in unwrapped(model).state_dict().items()}
+
+
+def _own(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory of its own: torch's CPU offload copies a GPU tensor, but leaves a CPU one as
+    it is, a view of FSDP2's gathered buffer that is freed when its layer reshards (``launch=fsdp_cpu``)."""
+    tensor = tensor.detach()
+    return tensor.clone() if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def merged_copy(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -83,6 +106,17 @@ def merged_copy(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tor
     if hasattr(plain, "tie_weights"):
         plain.tie_weights()
     return plain.merge_and_unload() if peft else plain
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Every FSDP unit of ``model`` back to its shards: a unit that does not reshard after its forward
+    (accelerate's last one: the final norm with the embeddings) stays gathered until a backward, which a
+    frozen model never runs."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def fsdp_launch() -> bool:
@@ -110,39 +144,81 @@ def sharded_backward(batch: list, loss_of, accelerator) -> torch.Tensor:
     return accelerator.reduce(loss.detach(), reduction="sum")
 
 
-def optimizer_state(model: torch.nn.Module, optimizer) -> dict:
-    """The optimizer's full state, keyed by parameter name (torch's ``get_optimizer_state_dict``): a
-    collective under FSDP2, loaded back by :func:`load_optimizer_state` in any number of processes."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    return get_optimizer_state_dict(model, optimizer, options=options)
+# the tag of a ZeRO-3 engine's checkpoint in the folder save_sharded names
+DEEPSPEED_TAG = "zero3"
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-def load_full(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """A full state dict loaded into ``model``, sharded or not (torch's ``set_model_state_dict``: each
-    process keeps its shard of every weight)."""
-    if not fsdp_modules(model):
-        unwrapped(model).load_state_dict(weights)
+def save_sharded(path: Path, model: torch.nn.Module, optimizer, weights: bool = True) -> None:
+    """The optimizer's state (and with ``weights`` the model's) written into the directory ``path`` by torch's
+    distributed checkpoint, each process its own shards (no process gathers either; a collective under
+    FSDP2, and a single shard in one process). :func:`load_sharded` reads it in any number of processes.
+    A ZeRO-3 engine writes DeepSpeed's own checkpoint of its partitions (not run here: no GPU)."""
+    if hasattr(model, "save_checkpoint"):  # a ZeRO-3 engine: DeepSpeed's own checkpoint, its partitions
+        model.save_checkpoint(str(path), tag=DEEPSPEED_TAG)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"optimizer": optimizer_state} | ({"model": model_state} if weights else {})
+    with _one_process():
+        save(state, checkpoint_id=str(path), no_dist=not torch.distributed.is_initialized())
 
 
-def saveable(model: torch.nn.Module, accelerator=None) -> torch.nn.Module:
-    """The model to ``save_pretrained`` once training is done: ``model`` (LoRA merged), or under FSDP /
-    ZeRO-3 an unsharded copy of its full weights (every process calls it: a collective)."""
+def load_sharded(path: Path, model: torch.nn.Module, optimizer, weights: bool = True) -> None:
+    """What :func:`save_sharded` wrote into ``path``, loaded into ``model`` and ``optimizer`` as they are
+    now (sharded over however many processes, or not: torch's distributed checkpoint reshards by parameter
+    name); a collective under FSDP2."""
+    if hasattr(model, "load_checkpoint"):  # a ZeRO-3 engine (into as many processes as wrote it)
+        model.load_checkpoint(str(path), tag=DEEPSPEED_TAG, load_optimizer_states=True)
+        return
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"optimizer": optimizer_state} | ({"model": model_state} if weights else {})
+    with _one_process():
+        load(state, checkpoint_id=str(path), no_dist=not torch.distributed.is_initialized())
+    set_state_dict(
+        model, optimizer, model_state_dict=state.get("model", {}), optim_state_dict=state["optimizer"]
+    )
+
+
+@contextlib.contextmanager
+def _one_process() -> Iterator[None]:
+    """Quiet about a checkpoint written or read by one process (torch warns each time it has no group)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def saveable(model: torch.nn.Module, accelerator=None) -> torch.nn.Module | None:
+    """The model to ``save_pretrained`` once training is done: ``model`` itself (LoRA merged) when nothing is
+    sharded. Under FSDP / ZeRO-3 (a collective: every process calls it) its full weights gathered once onto
+    the main process in host memory (:func:`full_state_dict`), in the dtype the model was loaded in (FSDP
+    keeps float32 master weights under bf16 mixed precision: the saved model is not upcast), and an
+    unsharded model built there around them (:func:`merged_copy`: on the meta device, the tensors
+    assigned, no second copy); None on the other processes, which save nothing."""
     inner = unwrapped(model)
-    if fsdp_modules(model) or (accelerator is not None and zero3(accelerator)):
-        return merged_copy(model, full_state_dict(model, accelerator))
-    return inner.merge_and_unload() if hasattr(inner, "peft_config") else inner
+    if not (fsdp_modules(model) or (accelerator is not None and zero3(accelerator))):
+        return inner.merge_and_unload() if hasattr(inner, "peft_config") else inner
+    weights = full_state_dict(model, accelerator)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return None
+    return merged_copy(model, as_loaded(weights, inner))
+
+
+def as_loaded(weights: dict[str, torch.Tensor], like: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``weights`` (a transformers model's) with their floating-point tensors in the dtype the model ``like``
+    was loaded in (its config's ``dtype``): under bf16 mixed precision FSDP trains float32 master weights
+    (accelerate upcasts them), which a save would otherwise write at twice the size."""
+    dtype = getattr(getattr(like, "config", None), "dtype", None)
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return weights
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
 
 
 # ---- FSDP in CPU processes (launch=fsdp_cpu) ------------------------------------------------------------
@@ -186,8 +262,8 @@ def make_cpu_fsdp() -> None:
 def _copied_state_dict(get_state_dict):
     """accelerate's ``get_state_dict`` (what transformers' Trainer saves checkpoints with) for FSDP2 on CPU:
     torch's ``cpu_offload`` leaves a CPU tensor uncopied, a view of FSDP2's gathered buffer that is freed
-    when the layer reshards ("invalid python storage" when saved); here the full weights are gathered into
-    tensors of their own (:func:`rag_lab.train.sharded.full_state_dict`)."""
+    when the layer reshards ("invalid python storage" when saved); here the full weights are gathered onto
+    the main process into tensors of their own (:func:`full_state_dict`), as accelerate gathers them."""
 
     def copied(self, model, unwrap=True):
         if not self.is_fsdp2:
@@ -196,18 +272,3 @@ def _copied_state_dict(get_state_dict):
 
     copied.cpu_copies = True
     return copied
-
-
-def zero3_loading() -> bool:
-    """Under a DeepSpeed ZeRO-3 launch with ``zero3_init_flag`` (``launch=zero3``), called by each launched
-    process before its models load: the accelerator state is made first, so that its DeepSpeed plugin
-    registers the config with transformers (``HfDeepSpeedConfig``) and ``from_pretrained`` partitions each
-    weight as it loads (``deepspeed.zero.Init``) instead of loading the whole model in every process, as
-    accelerate's docs ask (the Accelerator before the model). Whether it did."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-    if not (deepspeed and os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT", "").lower() == "true"):
-        return False
-    from accelerate import Accelerator
-
-    Accelerator()
-    return True

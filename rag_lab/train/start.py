@@ -2,6 +2,7 @@
 is configured (:func:`rag_lab.train.cold_start.cold_start`, cached), else a copy of the run's model (the run's
 generator is shared, so a method never trains it in place), or the run's generator itself when nothing trains.
 With ``generator=vllm`` the copy is a transformers one of the same weights (the rollouts go through vLLM).
+Once the method has its own model, the run's generator lets its weights go (:func:`released`).
 """
 
 from pathlib import Path
@@ -44,7 +45,18 @@ def starting_model(
             tokenizer=base.tokenizer.name_or_path,
             chat=base.chat,
         )
-        return start, load(start, batch_size=base.batch_size, seed=base.seed)
+        return start, released(run, load(start, batch_size=base.batch_size, seed=base.seed))
     if trains:
-        return start, base.with_model(load_model(start, like=base.model))
+        return start, released(run, base.with_model(load_model(start, like=base.model)))
     return start, run
+
+
+def released(run, generator):
+    """``generator`` (the method's own model), with the run's generator ``run`` holding no weights from here
+    on: a trained method trains and acts with its own copy, so the run's would only take a second model's
+    memory during training (15 GB on each GPU for a 7B model); it loads them again if anything asks it to
+    generate (a judge that is the run's generator, an evaluation). A vLLM generator keeps its engine (the
+    rollouts' engine)."""
+    if hasattr(run, "release"):
+        run.release()
+    return generator

@@ -66,8 +66,8 @@ def trainer_class():
 def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: int, what: str):
     """Train ``model`` (in place; ``generator``: its tokenizer, device and context) on ``rows`` for
     ``settings.dpo_epochs`` with DPO and LoRA (``settings``: an
-    :class:`~rag_lab.policies.evorag.policy.EvoRAG`); the model with the adapter merged, and the epoch's
-    counts (its curve: ``work/log.jsonl``)."""
+    :class:`~rag_lab.policies.evorag.policy.EvoRAG`); the model with the adapter merged (under FSDP / ZeRO-3
+    the main process's, None in the others), and the epoch's counts (its curve: ``work/log.jsonl``)."""
     from datasets import Dataset
 
     last = last_good_checkpoint(work)
@@ -100,9 +100,11 @@ def dpo_epoch(model, generator, rows: list[dict], settings, work: Path, seed: in
     trainer.train(resume_from_checkpoint=last)
     if trainer.state.global_step < trainer.state.max_steps:
         raise stopped_early(what, trainer.state.global_step, trainer.state.max_steps, work)
-    trained = saveable(trainer.model, trainer.accelerator)  # LoRA merged; a collective under FSDP / ZeRO-3
+    # LoRA merged; a collective under FSDP / ZeRO-3, the gathered model the main process's (None elsewhere)
+    trained = saveable(trainer.model, trainer.accelerator)
     stats = {"steps": trainer.state.global_step, "resumed_from": resumed_at or None}
-    return trained.eval(), stats | {"device": str(trainer.args.device), "bf16": trainer.args.bf16}
+    stats |= {"device": str(trainer.args.device), "bf16": trainer.args.bf16}
+    return (trained.eval() if trained is not None else None), stats
 
 
 @torch.no_grad()

@@ -21,12 +21,14 @@ CRITICS = ("shared", "separate")
 
 
 class ActorCritic(nn.Module):
-    def __init__(self, lm: nn.Module, critic: str = "shared"):
+    def __init__(self, lm: nn.Module, critic: str = "shared", critic_lm: nn.Module | None = None):
+        """``critic_lm``: the separate critic's trunk (null: a copy of ``lm``, the initial model's)."""
         super().__init__()
         if critic not in CRITICS:
             raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {critic!r}")
         self.lm, self.critic = lm, critic
-        self.critic_lm = copy.deepcopy(lm) if critic == "separate" else None
+        separate = critic == "separate"
+        self.critic_lm = (critic_lm or copy.deepcopy(lm)) if separate else None
         self.head = nn.Linear(lm.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -39,6 +41,14 @@ class ActorCritic(nn.Module):
         """Whether activations are recomputed in the backward pass: never in PPO's update (TRL's
         ``unwrap_model_for_generation`` asks, to turn it off while generating)."""
         return False
+
+    def tie_weights(self) -> None:
+        """Each LM's input and output embeddings tied again (what accelerate's FSDP2 preparation calls on the
+        model it prepares after RAM-efficient loading, whose broadcast assigns each weight anew: untied, the
+        output embedding would be a second weight that no optimizer steps)."""
+        for lm in (self.lm, self.critic_lm):
+            if lm is not None and hasattr(lm, "tie_weights"):
+                lm.tie_weights()
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return list(self.lm.parameters())

@@ -54,7 +54,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
 from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs
-from rag_lab.train.sharded import sharded
+from rag_lab.train.sharded import reshard, sharded, zero3
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +103,6 @@ def make_accelerator():
 
 def build(lm, settings: PPOSettings, accelerator):
     """(the actor-critic prepared for data parallel, the frozen initial model, the prepared optimizer)."""
-    import copy
-
-    reference = copy.deepcopy(lm).eval().requires_grad_(False)
-    model = ActorCritic(lm, settings.critic).eval()
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": model.actor_parameters(), "lr": settings.actor_lr},
-            {"params": model.critic_parameters(), "lr": settings.critic_lr},
-        ]
-    )
     deepspeed = accelerator.state.deepspeed_plugin
     if deepspeed is not None:  # no data loader to read it from: DeepSpeed's micro-batch is PPO's forward pass
         deepspeed.deepspeed_config.update(
@@ -120,8 +110,38 @@ def build(lm, settings: PPOSettings, accelerator):
             gradient_accumulation_steps=1,  # PPO accumulates its micro-batches itself (update)
             train_batch_size=settings.micro_batch * accelerator.num_processes,
         )
+    # sharded before the critic's copy is made: at most two whole copies of the LM at once
+    reference = initial_model(lm, accelerator)
+    model = ActorCritic(lm, settings.critic).eval()
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": model.actor_parameters(), "lr": settings.actor_lr},
+            {"params": model.critic_parameters(), "lr": settings.critic_lr},
+        ]
+    )
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, reference, optimizer
+
+
+def initial_model(lm, accelerator):
+    """The frozen initial model of eq. 9's KL, a copy of ``lm``; under FSDP or ZeRO-3 sharded like the policy
+    (no process holds it whole): FSDP2 through accelerate's own preparation (each layer its own unit, and
+    where the launch loads RAM-efficiently rank 0's weights broadcast to the others), ZeRO-3 through TRL's
+    ``prepare_deepspeed`` (what TRL's trainers do with their reference models). Its forward is then a
+    collective, which :func:`score` makes in every process alike. R3-RAG trains every weight (no LoRA
+    setting), so the initial model is a copy, not the policy with its adapter disabled."""
+    import copy
+
+    from accelerate.utils import DistributedType
+
+    reference = copy.deepcopy(lm).eval().requires_grad_(False)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return accelerator.prepare(reference).eval()
+    if zero3(accelerator):
+        from trl.models.utils import prepare_deepspeed
+
+        return prepare_deepspeed(reference, accelerator)
+    return reference
 
 
 @torch.no_grad()
@@ -139,10 +159,11 @@ def score(model, reference, batch: dict, micro: int, accelerator=None) -> dict:
         w = int(lengths[rows].max())
         ids, attention = batch["input_ids"][rows, :w], batch["attention_mask"][rows, :w]
         logprobs, value = model(ids, attention, batch["value_at"][rows])
+        logits = reference(input_ids=ids, attention_mask=attention).logits  # sharded too: every pass
         if q < len(groups):
             old[rows, : w - 1], values[rows] = logprobs, value
-            logits = reference(input_ids=ids, attention_mask=attention).logits
             init[rows, : w - 1] = token_logprobs(logits, ids)
+    reshard(reference)  # no backward follows: its last unit's gathered weights let go
     return batch | {"old_logprobs": old, "init_logprobs": init, "old_values": values}
 
 

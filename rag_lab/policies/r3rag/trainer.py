@@ -1,8 +1,10 @@
 """R3-RAG's PPO loop (:mod:`.ppo` is one iteration's math): rollouts, rewards, samples, the update, a log row,
 a checkpoint; resumed after a kill from the last good checkpoint.
 
-The work dir holds ``checkpoint-<iteration>/`` (the policy as a transformers model, ``value_head.pt``, the
-critic, ``optimizer.pt``, ``state.json`` with the log rows so far; only the newest is kept) and ``log.jsonl``.
+The work dir holds ``checkpoint-<iteration>/`` (``state.json`` with the log rows so far, and in ``sharded/``
+the policy's, the value head's, the critic's and the optimizer's states as torch's distributed checkpoint:
+each process writes its own shards, and it resumes into any number of processes; only the newest is kept)
+and ``log.jsonl``.
 :meth:`PPOTrainer.run` ends by saving the trained policy and critic to its ``out`` dir. One log row per
 iteration: the reward parts (process, outcome, per-step), the rollouts' accuracy, format failures and steps,
 the policy and value losses, the KL to the initial model, the clip fraction, the mean ratio, the explained
@@ -53,18 +55,21 @@ from rag_lab.policies.r3rag.ppo import (
 from rag_lab.policies.r3rag.samples import CutDocuments, rollouts, step_samples, tensors
 from rag_lab.train.heldout import HeldOut, measured
 from rag_lab.train.lockstep import generating
-from rag_lab.train.resume import last_good_checkpoint, load_model, load_torch
+from rag_lab.train.resume import last_good_checkpoint
 from rag_lab.train.sharded import (
+    as_loaded,
     fsdp_modules,
     full_state_dict,
-    load_full,
-    load_optimizer_state,
+    load_sharded,
     merged_copy,
-    optimizer_state,
+    save_sharded,
+    zero3,
 )
 from rag_lab.train.vllm_engine import rollout_engine
 
 log = logging.getLogger(__name__)
+# a checkpoint's states (torch's distributed checkpoint), beside its state.json
+SHARDED = "sharded"
 
 
 def iteration_seed(seed: int, iteration: int, process: int = 0) -> int:
@@ -134,27 +139,26 @@ class PPOTrainer:
         with generating(self.base, self.model, self.accelerator, lm=self.unwrapped.lm) as generator:
             yield self.env.with_generator(generator)
 
-    def unsharded(self):
-        """The policy with its current weights, unsharded: the trained model itself, or under FSDP a copy
-        refilled from its full weights (every process calls it at the same point: a collective), which the
-        rollouts generate with (a sharded forward gathers each layer from every process, and each process
-        plays its own turns) and the main process saves."""
-        if not fsdp_modules(self.model):
+    def gathered(self) -> ActorCritic | None:
+        """The trained policy to save: the model itself, or under FSDP / ZeRO-3 (a collective) an unsharded
+        one built on the main process around its full weights, gathered once there in host memory in the
+        dtype the LM was loaded in (:func:`rag_lab.train.sharded.full_state_dict`); None on the others."""
+        if not (fsdp_modules(self.model) or zero3(self.accelerator)):
             return self.unwrapped
-        weights, held = full_state_dict(self.model), getattr(self, "held", None)
-        if held is None:
-            lm = merged_copy(self.unwrapped.lm, {k[3:]: v for k, v in weights.items() if k.startswith("lm.")})
-            held = self.held = ActorCritic(lm, self.settings.critic)
-        held.load_state_dict(weights)
-        return held.eval()
+        weights = full_state_dict(self.model, self.accelerator)
+        if not self.accelerator.is_main_process:
+            return None
+        inner = self.unwrapped
 
-    def optimizer_state(self) -> dict:
-        """The optimizer's state to checkpoint: its own, or under FSDP the full one (a collective)."""
-        return (
-            optimizer_state(self.model, self.optimizer)
-            if fsdp_modules(self.model)
-            else self.optimizer.state_dict()
-        )
+        def part(prefix: str, like) -> dict:
+            return as_loaded({k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}, like)
+
+        critic = None
+        if inner.critic_lm is not None:
+            critic = merged_copy(inner.critic_lm, part("critic_lm.", inner.critic_lm))
+        plain = ActorCritic(merged_copy(inner.lm, part("lm.", inner.lm)), self.settings.critic, critic)
+        plain.head.load_state_dict({k[5:]: v for k, v in weights.items() if k.startswith("head.")})
+        return plain
 
     def run(self, work: Path, out: Path) -> list[dict]:
         """Train ``settings.iterations`` iterations (resuming from ``work``), save the policy to ``out``; the
@@ -183,7 +187,7 @@ class PPOTrainer:
                 rows += self.measure(it + 1, writer)
             if (it + 1) % self.settings.save_steps == 0 or it + 1 == self.settings.iterations:
                 self.checkpoint(work, it + 1, rows)
-        policy = self.unsharded()
+        policy = self.gathered()
         if self.accelerator.is_main_process:
             policy.save(out)
         self.accelerator.wait_for_everyone()
@@ -266,14 +270,16 @@ class PPOTrainer:
         return explained_variance(values[None].cpu(), returns[None].cpu(), torch.ones(1, len(values)))
 
     def checkpoint(self, work: Path, iteration: int, rows: list[dict]) -> None:
-        """``checkpoint-<iteration>`` (written beside, then renamed), the older ones removed."""
-        policy, optimizer = self.unsharded(), self.optimizer_state()  # every process: collectives under FSDP
-        if self.accelerator.is_main_process:
-            final = work / f"checkpoint-{iteration}"
-            tmp = work / f".checkpoint-{iteration}.tmp"
+        """``checkpoint-<iteration>`` (written beside, then renamed), the older ones removed: ``state.json``
+        and the policy's, the critic's and the optimizer's states in ``sharded/``, torch's distributed
+        checkpoint (every process writes its own shards: nothing is gathered; one shard in one process)."""
+        main, final = self.accelerator.is_main_process, work / f"checkpoint-{iteration}"
+        tmp = work / f".checkpoint-{iteration}.tmp"
+        if main:
             shutil.rmtree(tmp, ignore_errors=True)
-            policy.save(tmp)
-            torch.save(optimizer, tmp / "optimizer.pt")
+        self.accelerator.wait_for_everyone()  # before any process writes into it
+        save_sharded(tmp / SHARDED, self.model, self.optimizer)
+        if main:
             (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "rows": rows}) + "\n")
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -283,24 +289,18 @@ class PPOTrainer:
         self.accelerator.wait_for_everyone()
 
     def resume(self, work: Path) -> tuple[int, list[dict]]:
-        """(the iteration to start from, the log rows so far): from the last good checkpoint, or (0, [])."""
+        """(the iteration to start from, the log rows so far): from the last good checkpoint, or (0, []). The
+        checkpoint loads into any number of processes (torch's distributed checkpoint reshards it)."""
         last = last_good_checkpoint(work)
         if last is None:
             return 0, []
         path = Path(last)
-        saved = self.unsharded() if fsdp_modules(self.model) else self.unwrapped  # a plain one to load into
-        saved.lm.load_state_dict(load_model(path, like=saved.lm).state_dict())
-        saved.load_critic(path)
-        optimizer = load_torch(path / "optimizer.pt", map_location="cpu")
-        if optimizer is None:
+        # written last: torch's distributed checkpoint's .metadata, a ZeRO-3 engine's latest
+        if not any((path / SHARDED / name).exists() for name in (".metadata", "latest")):
             raise RagLabError(
-                f"r3rag PPO: {path / 'optimizer.pt'} is damaged: remove {path} to resume from the one before"
+                f"r3rag PPO: {path}/{SHARDED} is incomplete: remove {path} to resume from the one before"
             )
-        if fsdp_modules(self.model):  # each process keeps its shard of the weights and the optimizer state
-            load_full(self.model, saved.state_dict())
-            load_optimizer_state(self.model, self.optimizer, optimizer)
-        else:
-            self.optimizer.load_state_dict(optimizer)
+        load_sharded(path / SHARDED, self.model, self.optimizer)
         if self.engine is not None:
             self.engine.sync()
         state = json.loads((path / "state.json").read_text())

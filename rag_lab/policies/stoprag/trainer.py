@@ -4,7 +4,8 @@ no-grad over each state's future (:func:`rag_lab.policies.stoprag.targets.target
 heads (BCE on the margin for the binary classifier). AdamW, cosine lr with warm-up; λ annealed by step.
 
 Resumable to the bit (``policy.py``'s module doc): a checkpoint every ``checkpoint_every`` steps
-(:func:`save_atomic`) holds the heads (the encoder too when it trains), AdamW, the schedule, the step,
+(:func:`save_atomic`) holds the heads (the encoder too when it trains), AdamW (under FSDP its state in
+shards beside it, ``qnet_optimizer-<step>/``: torch's distributed checkpoint), the schedule, the step,
 torch's RNG states (:func:`rng_state`: the heads' dropout), the log rows and the stats; the data order is a
 pure function of the seed and the step (:func:`batches`), λ of the step. With a frozen encoder the states
 are encoded once (:func:`encoded_states`, kept beside the offline data).
@@ -26,6 +27,7 @@ import logging
 import math
 import os
 import random
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,17 +40,19 @@ from rag_lab.policies.stoprag.offline import Trajectory, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.train.heldout import rng_kept
-from rag_lab.train.parallel import is_main, main_first, shared_backward
+from rag_lab.train.parallel import barrier, is_main, main_first, shared_backward
 from rag_lab.train.resume import load_torch
 from rag_lab.train.sharded import (
     fsdp_launch,
     full_state_dict,
-    load_optimizer_state,
-    optimizer_state,
+    load_sharded,
+    save_sharded,
     sharded_backward,
 )
 
 log = logging.getLogger(__name__)
+# a sharded run's optimizer state beside its checkpoint file: <out_dir>/<OPTIMIZER>-<step>/
+OPTIMIZER = "qnet_optimizer"
 
 
 def batches(pairs: list, batch_size: int, seed: int, start: int = 0) -> Iterator[list]:
@@ -236,7 +240,7 @@ def train_qnet(
     saved = resumed(policy, ckpt, opt, sched, total)
     if saved is not None:
         step, rows, rng = saved["step"], saved["log"], saved["rng"]
-    accelerator, plain = shard(qnet, opt, saved), None
+    accelerator, plain = shard(qnet, opt, saved, out_dir), None
     if rng is not None:
         set_rng_state(rng)
     main, log_path = is_main(), out_dir / "train_log.jsonl"
@@ -263,9 +267,9 @@ def train_qnet(
             continue
         if accelerator is None:
             net, optimizer = qnet, {"optimizer": opt.state_dict()} if main else None
-        else:  # every process: the full weights into an unsharded copy, the optimizer's full state
+        else:  # every process: the full weights into an unsharded copy, the optimizer's state in shards
             net = plain = unsharded(policy, qnet, plain)
-            optimizer = {"sharded_optimizer": optimizer_state(qnet, opt)}
+            optimizer = {"sharded_optimizer": sharded_optimizer(qnet, opt, out_dir, step)}
         if main:  # the main process measures, logs and saves (the unsharded copy's weights)
             row = {
                 "step": step,
@@ -281,6 +285,10 @@ def train_qnet(
             with log_path.open("a") as f:
                 f.write(json.dumps(rows[-1]) + "\n")
             policy.qnet = loss_of.qnet = qnet
+            if accelerator is not None:  # the optimizer's older shards, once the checkpoint names the new
+                for old in out_dir.glob(f"{OPTIMIZER}-*"):
+                    if old.name != optimizer["sharded_optimizer"]:
+                        shutil.rmtree(old, ignore_errors=True)
     bar.close()
     if accelerator is not None:  # what follows (τ, saving, evaluating) runs on the trained unsharded copy
         policy.qnet = unsharded(policy, qnet, plain)
@@ -317,29 +325,43 @@ def checkpoint_row(policy, loss_of: QLoss, row: dict, heldout) -> dict:
     return row
 
 
-def shard(qnet: QNetwork, opt, saved: dict | None):
+def shard(qnet: QNetwork, opt, saved: dict | None, out_dir: Path):
     """Under an FSDP launch: the Q-network and its optimizer prepared by accelerate (FSDP2 shards them in
-    place), a sharded checkpoint's optimizer state loaded into them; the accelerator (None: not sharded)."""
-    if not fsdp_launch():
-        return None
-    from accelerate import Accelerator
+    place); the accelerator (None: not sharded). A checkpoint written by sharded processes has its optimizer
+    state loaded, sharded or not, in any number of processes (torch's distributed checkpoint reshards it)."""
+    accelerator = None
+    if fsdp_launch():
+        from accelerate import Accelerator
 
-    accelerator = Accelerator()
-    plugin, named = accelerator.state.fsdp_plugin, accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap
-    plugin.transformer_cls_names_to_wrap = qnet._no_split_modules  # its encoder's layers, not an LM's
-    try:
-        accelerator.prepare(qnet, opt)
-    finally:
-        plugin.transformer_cls_names_to_wrap = named
+        accelerator = Accelerator()
+        plugin = accelerator.state.fsdp_plugin
+        named = plugin.transformer_cls_names_to_wrap
+        plugin.transformer_cls_names_to_wrap = qnet._no_split_modules  # its encoder's layers, not an LM's
+        try:
+            accelerator.prepare(qnet, opt)
+        finally:
+            plugin.transformer_cls_names_to_wrap = named
     if saved is not None and "sharded_optimizer" in saved:
-        load_optimizer_state(qnet, opt, saved["sharded_optimizer"])
+        load_sharded(out_dir / saved["sharded_optimizer"], qnet, opt, weights=False)
     return accelerator
+
+
+def sharded_optimizer(qnet, opt, out_dir: Path, step: int) -> str:
+    """The sharded optimizer's state at ``step`` written by every process (its own shards: torch's
+    distributed checkpoint, a collective) into ``out_dir/<OPTIMIZER>-<step>``; that folder's name, which
+    the checkpoint file then names."""
+    name = f"{OPTIMIZER}-{step}"
+    if is_main():
+        shutil.rmtree(out_dir / name, ignore_errors=True)  # a kill's half-written one
+    barrier()
+    save_sharded(out_dir / name, qnet, opt, weights=False)
+    return name
 
 
 def unsharded(policy, qnet, plain: QNetwork | None) -> QNetwork:
     """An unsharded Q-network (``plain``, or a new one) holding the sharded ``qnet``'s full weights: every
     process calls it (a collective)."""
-    weights = full_state_dict(qnet)
+    weights = full_state_dict(qnet, everywhere=True)
     if plain is None:
         plain = QNetwork(**policy.qnet_args).to(policy.device)
     plain.load_state_dict(weights)

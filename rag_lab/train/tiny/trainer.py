@@ -109,7 +109,9 @@ def train_tiny_lm(
             stats["reading"] = read(model, tokenizer, reading, config, one_token_names(tokenizer, entities))
         if config.sft_steps:
             stats["sft"] = sft_stage(model, tokenizer, pairs, config, tmp / "trainer")
-        saveable(model).save_pretrained(tmp)  # under FSDP the SFT stage sharded it: its full weights
+        saved = saveable(model)  # under FSDP the SFT stage sharded it: its full weights, on the main process
+        if saved is not None:
+            saved.save_pretrained(tmp)
         stats["wall_s"] = time.perf_counter() - start
         stats["versions"] = _versions()
         (tmp / "train.json").write_text(json.dumps(stats, indent=1) + "\n")
