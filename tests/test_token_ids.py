@@ -67,7 +67,8 @@ class Scripted(HFGenerator):
 
     def __init__(self, tokenizer, script, chat: bool = True):
         self.tokenizer, self.script, self.chat, self.context_length = tokenizer, script, chat, 2048
-        self.model, self.batch_size, self.seed, self.want_logprobs = None, 64, 0, True
+        # no weights (_decode is scripted): a stand-in the generator's model property returns as it is
+        self.model, self.batch_size, self.seed, self.want_logprobs = SimpleNamespace(), 64, 0, True
         self.calls: list[tuple[list[int], list[int]]] = []
 
     def _decode(self, prompts, sampling):
