@@ -133,6 +133,8 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = field(default=8000, metadata={"min": 0})
     model_name: str | None = None
+    max_batch: int = field(default=256, metadata={"min": 1})
+    max_queue: int = field(default=8192, metadata={"min": 1})
 
 
 @dataclass
