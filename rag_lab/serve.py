@@ -120,6 +120,7 @@ class Server:
         self._generation = ThreadPoolExecutor(1, thread_name_prefix="rag_lab-generate")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
         self._serving, self._done = threading.Event(), threading.Event()
 
     def serve_forever(self) -> None:
@@ -131,6 +132,10 @@ class Server:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._done.wait()
 
+    def open_connections(self) -> int:
+        """How many client connections are open now (kept alive between requests)."""
+        return len(self._runner.server.connections) if self._runner and self._runner.server else 0
+
     def server_close(self) -> None:
         self.socket.close()
         self._generation.shutdown(wait=False, cancel_futures=True)
@@ -140,7 +145,9 @@ class Server:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{path:.*}", self._dispatch)
         # handler_cancellation: the handler of a client that disconnected is cancelled (its search dropped)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        runner = self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
         await runner.setup()
         await web.SockSite(runner, self.socket).start()
         coalescing = asyncio.create_task(self.coalescer.run()) if self.coalescer else None

