@@ -190,6 +190,8 @@ class DenseRetriever:
         self.fp16, self.shard_size = fp16, shard_size
         faiss_params = params | {"index": index_factory, "train": train_size}
         index_path = index_dir(cache_dir, "faiss", corpus, faiss_params, __name__)
+        # the cached index (None: no cache), a file other programs can search (experiments/bench_serve.py)
+        self.index_file = None if index_path is None else index_path / "index.faiss"
         if index_path is not None and (index_path / "index.faiss").exists():
             index = read_mapped(index_path / "index.faiss")  # the embeddings are not needed to search
         elif index_path is not None and local_rank() > 0:
