@@ -192,12 +192,12 @@ class DenseRetriever:
         index_path = index_dir(cache_dir, "faiss", corpus, faiss_params, __name__)
         # the cached index (None: no cache), a file other programs can search (experiments/bench_serve.py)
         self.index_file = None if index_path is None else index_path / "index.faiss"
-        if index_path is not None and (index_path / "index.faiss").exists():
-            index = read_mapped(index_path / "index.faiss")  # the embeddings are not needed to search
-        elif index_path is not None and local_rank() > 0:
-            self._encode_corpus()  # this process's share of the shards
-            wait_for([index_path / "index.faiss"], "retriever.cache_dir (the dense index)")
-            index = read_mapped(index_path / "index.faiss")
+        if self.index_file is not None and self.index_file.exists():
+            index = read_mapped(self.index_file)  # the embeddings are not needed to search
+        elif self.index_file is not None and local_rank() > 0:
+            self._encode_share()  # this process's share of the shards; the node's first builds the index
+            wait_for([self.index_file], "retriever.cache_dir (the dense index)")
+            index = read_mapped(self.index_file)
         else:
             index = self._build_index(self._encode_corpus(), index_factory, train_size, index_path)
         set_search_params(index, nprobe, ef_search)
@@ -214,19 +214,24 @@ class DenseRetriever:
         """Every shard's embeddings. Without a cache, encoded here; with one, each shard is a file: this
         process encodes its share of the missing ones (every N-th of the node's N processes), then maps them
         all once the node's other processes have written theirs."""
-        n = len(self.corpus)
-        bounds = [(s, min(n, s + self.shard_size)) for s in range(0, max(n, 1), self.shard_size)]
+        bounds = self._bounds()
         if self.emb_dir is None:
             return [self._encode(start, stop) for start, stop in tqdm(bounds, **self._bar(len(bounds)))]
-        self._encode_share(bounds)
+        self._encode_share()
         files = [self._shard_file(s) for s in range(len(bounds))]
         wait_for(files, "retriever.cache_dir (the dense index's embeddings)")
         return [np.load(f, mmap_mode="r") for f in files]
 
-    def _encode_share(self, bounds: list[tuple[int, int]]) -> None:
+    def _bounds(self) -> list[tuple[int, int]]:
+        """Each shard's first and last-but-one passage (one shard for an empty corpus)."""
+        n = len(self.corpus)
+        return [(s, min(n, s + self.shard_size)) for s in range(0, max(n, 1), self.shard_size)]
+
+    def _encode_share(self) -> None:
         """The missing shards that are this process's (every N-th from its index on the node), each written
         under a name of its own, then renamed: a killed run leaves no half-written shard, and two nodes
         sharing one cache folder each publish a whole one."""
+        bounds = self._bounds()
         mine = [s for s in range(local_rank(), len(bounds), local_processes())]
         todo = [s for s in mine if not self._shard_file(s).exists()]
         for s in tqdm(todo, **self._bar(len(todo))):
