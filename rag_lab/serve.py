@@ -188,6 +188,8 @@ class Server:
 
     async def retrieve(self, request: web.Request) -> web.Response:
         queries, k, exclude, timeout_s = retrieve_request(json.loads(await request.read() or b"{}"))
+        if not queries:
+            return web.json_response({"hits": []})
         try:
             hits = await self.coalescer.submit(queries, k, exclude, timeout_s)
         except Busy as e:
