@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -205,19 +206,19 @@ def measure(args, sides: dict, at) -> tuple[dict, dict]:
     latencies = {name: {n: [] for n in args.per_request} for name in sides}
     batches = {}
     for per_request in args.per_request:
-        searches = queries = largest = 0
+        sizes: Counter = Counter()
         for _ in range(args.rounds):
             for name, (address, body_of) in sides.items():
-                before = info(address)["load"] if name == "rag_lab" else None
+                before = info(address)["load"]["batch_sizes"] if name == "rag_lab" else {}
                 url = address + ("/v1/retrieve" if name == "rag_lab" else "/retrieve")
                 run = load(url, body_of, args.clients, per_request, args.warmup, args.seconds)
                 latencies[name][per_request] += asyncio.run(run)
-                if before is not None:
-                    after = info(address)["load"]
-                    searches += after["searches"] - before["searches"]
-                    queries += after["queries"] - before["queries"]
-                    largest = max(largest, after["max_batch"])
-        batches[per_request] = {"mean_batch": queries / max(1, searches), "max_batch": largest}
+                if name == "rag_lab":
+                    sizes += Counter(info(address)["load"]["batch_sizes"]) - Counter(before)
+        calls = sizes.total()
+        queries = sum(int(size) * n for size, n in sizes.items())
+        largest = max((int(size) for size in sizes), default=0)
+        batches[per_request] = {"mean_batch": queries / max(1, calls), "max_batch": largest}
     seconds = args.seconds * args.rounds
     results = {name: {n: summary(lat, n, seconds) for n, lat in by.items()} for name, by in latencies.items()}
     return results, batches

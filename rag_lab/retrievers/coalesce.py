@@ -27,7 +27,7 @@ neither is a dependency here, and the merge is a few lines over asyncio.
 
 import asyncio
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,21 +59,23 @@ class Pending:
 class Stats:
     """What the queue did, for ``GET /v1/retriever`` (and experiments/bench_serve.py)."""
 
-    # queries in each search call, in order
-    batches: list[int] = field(default_factory=list)
+    # how many search calls took each number of queries
+    batches: Counter = field(default_factory=Counter)
     requests: int = 0
     cancelled: int = 0
     expired: int = 0
     refused: int = 0
 
-    def summary(self) -> dict[str, float | int]:
-        calls = len(self.batches)
+    def summary(self) -> dict:
+        calls, queries = self.batches.total(), sum(size * n for size, n in self.batches.items())
         return {
             "requests": self.requests,
             "searches": calls,
-            "queries": sum(self.batches),
-            "mean_batch": round(sum(self.batches) / calls, 2) if calls else 0,
+            "queries": queries,
+            "mean_batch": round(queries / calls, 2) if calls else 0,
             "max_batch": max(self.batches, default=0),
+            # queries a call: calls (JSON keys are strings)
+            "batch_sizes": {str(size): n for size, n in sorted(self.batches.items())},
             "cancelled": self.cancelled,
             "expired": self.expired,
             "refused": self.refused,
@@ -158,7 +160,7 @@ class Coalescer:
                     if not p.future.done():
                         p.future.set_exception(e)
                 continue
-            self.stats.batches.append(len(queries))
+            self.stats.batches[len(queries)] += 1
             start = 0
             for p in group:
                 if not p.future.done():
