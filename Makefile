@@ -109,8 +109,16 @@ $(PEERS_STAMP): experiments/peers/requirements-flashrag.txt $(STAMP)
 	$(PEERS_PY) -m pip install --no-deps "flashrag-dev==$(FLASHRAG_VERSION)"
 	@touch $(PEERS_STAMP)
 
-bench-peers: install $(PEERS_STAMP) ## rag_lab vs FlashRAG: same pipelines, questions, index, LM -> experiments/results/
+# Search-R1's retrieval server's packages (FastAPI, uvicorn) in the same peers environment
+PEERS_SEARCHR1 := $(PEERS)/.searchr1-installed
+$(PEERS_SEARCHR1): experiments/peers/requirements-searchr1.txt $(PEERS_STAMP)
+	$(PEERS_PY) -m pip install -c $(PEERS)/constraints.txt -r experiments/peers/requirements-searchr1.txt
+	@touch $(PEERS_SEARCHR1)
+
+# SEARCH_R1_DIR: a clone of PeterGriffinJin/Search-R1 (bench_serve runs its retrieval server by path)
+bench-peers: install $(PEERS_STAMP) $(PEERS_SEARCHR1) ## rag_lab vs FlashRAG (pipelines) and Search-R1 (retrieval server) -> experiments/results/
 	$(PY) experiments/bench_vs_flashrag.py --peer-python $(PEERS_PY)
+	$(PY) experiments/bench_serve.py --peer-python $(PEERS_PY)
 
 clean: ## Remove run outputs and caches (not the venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

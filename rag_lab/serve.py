@@ -19,21 +19,37 @@ rank of a training job queries it through ``retriever=remote`` (rag_lab/retrieve
 defines the wire and checks the config and corpus it meets).
 
 Bound to 127.0.0.1 unless ``serve.host`` says otherwise, so a judge, a black-box generator or a node's
-index can be shared between runs and ranks on one machine. Hand-written on the standard library's
-threading HTTP server (no web framework in our dependencies); a request is served on its own thread,
-one generate call and one search call at a time (backends are not thread-safe).
+index can be shared between runs and ranks on one machine.
+
+Asynchronous (aiohttp, issue 72): HTTP/1.1 with keep-alive (a client's connection serves its every request),
+one event loop taking requests while the backends work on threads of their own. Retrieval requests are
+queued and coalesced (rag_lab/retrievers/coalesce.py): the requests that arrive while a search runs are merged
+into the next batched ``search`` call (up to ``serve.max_batch`` queries), and each gets its own hits back; a
+request whose client went away, or whose ``timeout_s`` (the client's, sent with it) passed while it waited, is
+dropped unsearched; the queue holds at most ``serve.max_queue`` queries (beyond: 503, and the client retries).
+The query encoder sits where ``retriever.encoder.device`` says (a GPU of its own, away from training rank
+0's), the index where ``retriever.index_device`` says. Generation runs one ``generate`` call at a time on a
+thread of its own (backends are not thread-safe), beside retrieval. aiohttp rather than the standard
+library's threading server (HTTP/1.0, a connection a request, a thread a request): keep-alive, an event loop
+that holds thousands of waiting requests, and a handler cancelled when its client disconnects, which is what
+a queue that drops abandoned work needs.
 """
 
+import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from aiohttp import web
 
 from rag_lab.generators.base import Completion, Generator, Sampling
 from rag_lab.retrievers.base import Retriever
+from rag_lab.retrievers.coalesce import Busy, Coalescer, Expired
 from rag_lab.retrievers.remote import hits_to_wire
 
 log = logging.getLogger("rag_lab.serve")
@@ -61,10 +77,28 @@ def _choice(i: int, c: Completion, chat: bool) -> dict[str, Any]:
     return out
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # every rank of a node may connect at once (the standard library's default queue is 5)
-    request_queue_size = 128
+def retrieve_request(body: dict[str, Any]) -> tuple[list[str], int, list[set[str]] | None, float | None]:
+    """``POST /v1/retrieve``'s body checked: queries, k, exclude (a set a query, or None) and the client's
+    ``timeout_s`` (None: none); a ValueError says what is wrong (HTTP 400)."""
+    queries, k, exclude, timeout_s = body["queries"], body["k"], body.get("exclude"), body.get("timeout_s")
+    if not (isinstance(queries, list) and all(isinstance(q, str) for q in queries)):
+        raise ValueError("'queries' must be a list of strings")
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise ValueError("'k' must be an integer")
+    if exclude is not None and not (isinstance(exclude, list) and len(exclude) == len(queries)):
+        raise ValueError("'exclude' must be null or one list of ids per query")
+    if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
+        raise ValueError("'timeout_s' must be null or a positive number of seconds")
+    return queries, k, None if exclude is None else [set(ids) for ids in exclude], timeout_s
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+class Server:
+    """The HTTP server: bound when built (``server_address``), serving from :meth:`serve_forever` on the
+    calling thread until :meth:`shutdown` (from another thread), as the standard library's servers do."""
 
     def __init__(
         self,
@@ -74,32 +108,108 @@ class Server(ThreadingHTTPServer):
         port: int = 8000,
         retriever: Retriever | None = None,
         retriever_info: dict[str, Any] | None = None,
+        max_batch: int = 256,
+        max_queue: int = 8192,
     ):
-        super().__init__((host, port), Handler)
-        self.generator, self.model_name, self.lock = generator, model_name, threading.Lock()
-        self.retriever, self.retriever_info, self.search_lock = retriever, retriever_info, threading.Lock()
+        # every process of a node may connect at once
+        self.socket = socket.create_server((host, port), backlog=1024)
+        self.server_address = self.socket.getsockname()
+        self.generator, self.model_name = generator, model_name
+        self.retriever, self.retriever_info = retriever, retriever_info
+        self.coalescer = None if retriever is None else Coalescer(retriever.search, max_batch, max_queue)
+        self._generation = ThreadPoolExecutor(1, thread_name_prefix="rag_lab-generate")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
+        self._serving, self._done = threading.Event(), threading.Event()
 
-    def retrieve(self, body: dict[str, Any]) -> dict[str, Any]:
-        queries, k, exclude = body["queries"], body["k"], body.get("exclude")
-        if not (isinstance(queries, list) and all(isinstance(q, str) for q in queries)):
-            raise ValueError("'queries' must be a list of strings")
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise ValueError("'k' must be an integer")
-        if exclude is not None and not (isinstance(exclude, list) and len(exclude) == len(queries)):
-            raise ValueError("'exclude' must be null or one list of ids per query")
-        skip = None if exclude is None else [set(ids) for ids in exclude]
-        with self.search_lock:
-            return {"hits": hits_to_wire(self.retriever.search(queries, k, skip))}
+    def serve_forever(self) -> None:
+        asyncio.run(self._serve())
 
-    def complete(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` (called from another thread) and wait until it returned."""
+        if self._serving.wait(timeout=30) and self._loop is not None and not self._done.is_set():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._done.wait()
+
+    def open_connections(self) -> int:
+        """How many client connections are open now (kept alive between requests)."""
+        return len(self._runner.server.connections) if self._runner and self._runner.server else 0
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self._generation.shutdown(wait=False, cancel_futures=True)
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{path:.*}", self._dispatch)
+        # handler_cancellation: the handler of a client that disconnected is cancelled (its search dropped)
+        runner = self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
+        await runner.setup()
+        await web.SockSite(runner, self.socket).start()
+        coalescing = asyncio.create_task(self.coalescer.run()) if self.coalescer else None
+        self._serving.set()
+        try:
+            await self._stop.wait()
+        finally:
+            if coalescing is not None:
+                coalescing.cancel()
+            await runner.cleanup()
+            self._done.set()
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        routes = {
+            ("GET", "/v1/models"): (self.generator, self.models),
+            ("POST", "/v1/completions"): (self.generator, lambda r: self.complete(r, chat=False)),
+            ("POST", "/v1/chat/completions"): (self.generator, lambda r: self.complete(r, chat=True)),
+            ("GET", "/v1/retriever"): (self.retriever, self.describe),
+            ("POST", "/v1/retrieve"): (self.retriever, self.retrieve),
+        }
+        serves, handler = routes.get((request.method, request.path.rstrip("/")), (None, None))
+        if serves is None:
+            return _error(404, f"no route {request.path} on this server{self._serves()}")
+        try:
+            return await handler(request)
+        except (KeyError, ValueError, TypeError) as e:
+            return _error(400, f"bad request: {e}")
+        except Exception as e:  # noqa: BLE001 - a backend's failure answers 500 instead of a dropped connection
+            log.exception("%s failed", request.path)
+            return _error(500, f"{type(e).__name__}: {e}")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def describe(self, request: web.Request) -> web.Response:
+        """What is served (checked by every client) and what the queue has done so far."""
+        return web.json_response((self.retriever_info or {}) | {"load": self.coalescer.stats.summary()})
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        queries, k, exclude, timeout_s = retrieve_request(json.loads(await request.read() or b"{}"))
+        if not queries:
+            return web.json_response({"hits": []})
+        try:
+            hits = await self.coalescer.submit(queries, k, exclude, timeout_s)
+        except Busy as e:
+            return _error(503, f"busy: {e}")
+        except Expired as e:
+            return _error(504, f"expired: {e}")
+        return web.json_response({"hits": hits_to_wire(hits)})
+
+    async def complete(self, request: web.Request, chat: bool) -> web.Response:
+        body = json.loads(await request.read() or b"{}")
+        loop = asyncio.get_running_loop()
+        return web.json_response(await loop.run_in_executor(self._generation, self.completion, body, chat))
+
+    def completion(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
         if chat:
             prompts: list = [body["messages"]]
         else:
             prompt = body["prompt"]
             prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        sampling = sampling_from(body)
-        with self.lock:  # one generate call at a time: backends are not thread-safe
-            outputs = self.generator.generate(prompts, sampling)
+        outputs = self.generator.generate(prompts, sampling_from(body))
         flat = [c for per_prompt in outputs for c in per_prompt]  # prompt-major, n per prompt
         choices = [_choice(i, c, chat) for i, c in enumerate(flat)]
         tokens = sum(len(c.token_ids) for c in flat)
@@ -112,53 +222,10 @@ class Server(ThreadingHTTPServer):
             "usage": {"completion_tokens": tokens},
         }
 
-
-class Handler(BaseHTTPRequestHandler):
-    server: Server
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.rstrip("/")
-        if path == "/v1/models" and self.server.generator is not None:
-            self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model"}]})
-        elif path == "/v1/retriever" and self.server.retriever is not None:
-            self._send(200, self.server.retriever_info or {})
-        else:
-            self._send(404, {"error": {"message": f"no route {self.path} on this server{self._serves()}"}})
-
-    def do_POST(self) -> None:  # noqa: N802
-        routes = {
-            "/v1/completions": (self.server.generator, lambda body: self.server.complete(body, False)),
-            "/v1/chat/completions": (self.server.generator, lambda body: self.server.complete(body, True)),
-            "/v1/retrieve": (self.server.retriever, self.server.retrieve),
-        }
-        path = self.path.rstrip("/")
-        if path not in routes or routes[path][0] is None:
-            self._send(404, {"error": {"message": f"no route {self.path} on this server{self._serves()}"}})
-            return
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            self._send(200, routes[path][1](body))
-        except (KeyError, ValueError, TypeError) as e:
-            self._send(400, {"error": {"message": f"bad request: {e}"}})
-        except Exception as e:  # noqa: BLE001 - a backend's failure answers 500 instead of a dropped connection
-            log.exception("%s failed", path)
-            self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
-
     def _serves(self) -> str:
-        parts = [("generation", self.server.generator), ("retrieval", self.server.retriever)]
+        parts = [("generation", self.generator), ("retrieval", self.retriever)]
         served = [what for what, obj in parts if obj is not None]
         return f" (it serves {' and '.join(served)})"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-        log.debug(format, *args)
 
 
 def retriever_info(config: dict[str, Any], corpus) -> dict[str, Any]:
@@ -200,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         retriever, info = retrieval(cfg)
         try:
-            server = Server(generator, name, cfg.serve.host, cfg.serve.port, retriever, info)
+            queue = (cfg.serve.max_batch, cfg.serve.max_queue)
+            server = Server(generator, name, cfg.serve.host, cfg.serve.port, retriever, info, *queue)
         except (OSError, OverflowError) as e:  # port taken, out of range, or a host not of this machine
             where = f"{cfg.serve.host}:{cfg.serve.port}"
             raise RagLabError(f"serve.host / serve.port: cannot listen on {where} ({e})") from None
@@ -221,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         server.serve_forever()
     except KeyboardInterrupt:
+        pass
+    finally:
         server.server_close()
 
 

@@ -1,14 +1,19 @@
 """Dense retrieval: pooling / prefix / normalisation conventions on tiny random encoders built here,
 MiniLM against sentence-transformers, sharded embeddings, faiss index types, exclusion."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from rag_lab.core.config import compose
+from rag_lab.core.config import build, compose
 from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import Corpus
 from rag_lab.retrievers.dense import DenseRetriever, Encoder
+
+from conftest import TINY_DATA, cli
 
 TEXTS = ["Ada was born in London.", "Paris is a city.", "The film was directed by Ada.", "London is a city.",
          "Who directed the film?", "Where was Ada born?", "Paris", "a city in London"]  # fmt: skip
@@ -157,3 +162,47 @@ def test_a_cached_faiss_index_is_memory_mapped_and_searches_the_same(tiny_encode
     loaded = DenseRetriever(CORPUS, encoder, cache_dir=str(tmp_path), **kwargs)
     assert after_build >= 1 and mappings() > after_build
     assert built.search(queries, 5) == loaded.search(queries, 5) == in_memory
+
+
+def test_the_index_goes_on_the_one_gpu_index_device_names(tiny_cfg, tiny_encoder_dir, monkeypatch, tmp_path):
+    """``retriever.index_device=cuda:1`` through the run's composition, faiss made to see two GPUs: one copy,
+    on GPU 1 (``index_cpu_to_gpu``), never one a GPU; ``cpu`` keeps the index mapped from the cache."""
+    import faiss
+
+    moved = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 2, raising=False)
+    monkeypatch.setattr(faiss, "StandardGpuResources", lambda: "resources", raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda *args: moved.append(args) or args[2], raising=False)
+    monkeypatch.setattr(
+        faiss, "index_cpu_to_all_gpus", lambda *a, **k: pytest.fail("a copy a GPU"), raising=False
+    )
+    overrides = ["retriever=minilm", f"retriever.encoder.model={tiny_encoder_dir}",
+                 f"retriever.cache_dir={tmp_path}", "retriever.encoder.max_length=64",
+                 "+retriever.show_progress=false"]  # fmt: skip
+    on_gpu = build(tiny_cfg(*overrides, "retriever.index_device=cuda:1").retriever, corpus=CORPUS)
+    assert [(resources, device) for resources, device, _ in moved] == [("resources", 1)]
+    assert on_gpu.index is moved[0][2] and on_gpu.index_device == "cuda:1"
+    on_cpu = build(tiny_cfg(*overrides).retriever, corpus=CORPUS)
+    assert len(moved) == 1 and on_cpu.index_device == "cpu"
+    (file,) = tmp_path.glob("index/faiss/*/index.faiss")
+    assert str(file.resolve()) in Path("/proc/self/maps").read_text()  # mapped, not a private copy
+    queries = ["where was ada born", "the film was directed by ada", "paris city"]
+    assert on_gpu.search(queries, 3) == on_cpu.search(queries, 3)
+
+
+@pytest.mark.parametrize(
+    "command, overrides, line",
+    [
+        ("run", ["retriever.index_device=gpu"], r"'retriever\.index_device': 'gpu' is not cpu or cuda:<N>"),
+        ("serve", ["retriever.index_device=cuda:64"], r"'retriever\.index_device': cuda:64, but faiss sees "),
+        ("serve", ["retriever.encoder.device=cuda:64"],
+         r"'retriever\.encoder\.device': cuda:64, but torch sees "),
+        ("run", ["retriever.index_device=cuda:0", "launch=cpu2"],
+         r"'retriever\.index_device': each of the 2 processes of a node would copy the index onto cuda:0: "),
+    ],
+)  # fmt: skip
+def test_a_bad_device_is_one_line_naming_the_key(command, overrides, line, capfd, monkeypatch, tmp_path):
+    args = [*TINY_DATA, "retriever=minilm", *overrides]
+    args += [f"hydra.run.dir={tmp_path}"] if command == "run" else []
+    rc, out = cli(command, args, capfd, monkeypatch)
+    assert rc == 1 and re.fullmatch(rf"error: config {line}.*\n", out), out

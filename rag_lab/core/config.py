@@ -133,6 +133,8 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = field(default=8000, metadata={"min": 0})
     model_name: str | None = None
+    max_batch: int = field(default=256, metadata={"min": 1})
+    max_queue: int = field(default=8192, metadata={"min": 1})
 
 
 @dataclass
@@ -199,13 +201,8 @@ def settings_for(source: Callable, settings: dict[str, Any]) -> dict[str, Any]:
     {'k': 3, 'depth': 20}
     """
     target = source.__init__ if inspect.isclass(source) else source
-    out = {}
-    for name, p in inspect.signature(target).parameters.items():
-        if name in settings:
-            out[name] = settings[name]
-        elif p.default is not p.empty:
-            out[name] = p.default
-    return out
+    params = inspect.signature(target).parameters.items()
+    return {n: settings.get(n, p.default) for n, p in params if n in settings or p.default is not p.empty}
 
 
 def build(node: Any, **shared: Any) -> Any:

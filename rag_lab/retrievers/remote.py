@@ -7,38 +7,44 @@ it its batch (``retriever=remote``; ``conf/retriever/remote.yaml`` holds the com
     python -m rag_lab.serve retriever=e5 data=musique data.path=data/musique serve.port=8000
     python -m rag_lab.run retriever=remote retriever@retriever.serves=e5 data=musique data.path=...
 
-The wire (``POST /v1/retrieve``): ``{"queries": [str], "k": int, "exclude": [[id]] | null}`` in,
-``{"hits": [[[id, score], ...] per query]}`` out, the served retriever's own ``search`` answer; JSON
-writes a float as its shortest repr, which reads back to the same float, so a client's hits equal the
-in-process retriever's (ids, order and scores). ``GET /v1/retriever`` says what the server serves: the
-retriever's resolved config and its corpus' fingerprint (the hash every index cache is keyed by). The
-client checks both when it is built (before anything trains): ``serves`` (the retriever config the run
-expects, and its config hash records) must equal the server's, its cache dir and progress bars aside,
-and the run's corpus must be the server's, or the ids would name other passages. :meth:`check_settings`
-asks the same at compose time, so ``python -m rag_lab.run`` stops before it launches any process.
+The wire (``POST /v1/retrieve``): ``{"queries": [str], "k": int, "exclude": [[id]] | null, "timeout_s":
+float | null}`` in, ``{"hits": [[[id, score], ...] per query]}`` out, the served retriever's own ``search``
+answer; JSON writes a float as its shortest repr, which reads back to the same float, so a request's hits
+equal the in-process retriever's answer to the same batch (ids, order and scores;
+rag_lab/retrievers/coalesce.py says when the server merges requests and what that can change). ``timeout_s``
+is how long the client waits: a request still queued after it is dropped, never searched, so a retry does not
+make the server search twice.
+``GET /v1/retriever`` says what the server serves: the retriever's resolved config and its corpus'
+fingerprint (the hash every index cache is keyed by), and what its queue has done (``load``). The client
+checks both when it is built (before anything trains): ``serves`` (the retriever config the run expects,
+and its config hash records) must equal the server's, its cache dir, devices and progress bars aside, and the
+run's corpus must be the server's, or the ids would name other passages. :meth:`check_settings` asks the
+same at compose time, so ``python -m rag_lab.run`` stops before it launches any process.
 
-A server that does not answer (none started, killed, stuck) is one ``RagLabError`` naming
-``retriever.url`` and the command to start it: every request has a timeout (``timeout_s``) and a few
-retries (``retries``, ``backoff_s`` doubling), never a hang or a traceback. Hand-written on the standard
-library (urllib), as the ``openai`` generator is: no HTTP client is among our dependencies.
+A batch goes as requests of at most ``chunk`` queries, sent at once over a pool of ``connections``
+kept-alive HTTP/1.1 connections (aiohttp's client, on an event loop of the client's own), and the hits are put
+back in the batch's order. A server that does not answer (none started, killed, stuck) is one
+``RagLabError`` naming ``retriever.url`` and the command to start it: every request has a timeout
+(``timeout_s``) and a few retries (``retries``, ``backoff_s`` doubling; a server whose queue is full answers
+503 and is asked again the same way), never a hang or a traceback.
 """
 
-import http.client
+import asyncio
 import json
-import time
-import urllib.error
+import os
+import threading
 import urllib.parse
-import urllib.request
+import weakref
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from rag_lab.core.errors import RagLabError
-from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive
+from rag_lab.core.ranges import NonNegative, NonNegativeInt, Positive, PositiveInt
 from rag_lab.data.base import Corpus
 from rag_lab.retrievers.base import Hit
 
 # Settings that differ between machines without changing a single hit.
-LOCAL_KEYS = frozenset({"cache_dir", "show_progress", "_partial_", "_recursive_"})
+LOCAL_KEYS = frozenset({"cache_dir", "show_progress", "index_device", "device", "_partial_", "_recursive_"})
 
 
 def hits_to_wire(hits: list[list[Hit]]) -> list[list[list]]:
@@ -98,45 +104,155 @@ def start_hint(url: str) -> str:
 
 
 class Client:
-    """JSON over HTTP to one server, with a timeout and retries; every failure is one RagLabError."""
+    """JSON over HTTP/1.1 to one server, through a pool of kept-alive connections (aiohttp's), several
+    requests at once, each with a timeout and retries; every failure is one RagLabError. A retriever's
+    ``search`` is synchronous and aiohttp is not: the requests run on an event loop of the client's own, on a
+    thread started at its first request (:class:`_Loop`), and the caller waits for their answers."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 1.0):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 60.0,
+        retries: int = 2,
+        backoff_s: float = 1.0,
+        connections: int = 8,
+    ):
         self.url, self.timeout_s, self.retries, self.backoff_s = base_url(url), timeout_s, retries, backoff_s
         self.answered = False  # whether the server ever answered: "stopped answering" rather than "none"
+        self._loop = _Loop(connections, timeout_s)
+        weakref.finalize(self, self._loop.close)
 
     def request(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        request = urllib.request.Request(self.url + path, data=data, headers=headers)
-        for attempt in range(self.retries + 1):
+        """One request: ``GET`` without a body, ``POST`` with one."""
+        return self.requests(path, [body])[0]
+
+    def requests(self, path: str, bodies: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+        """The answers to ``bodies``, sent at once (as many in flight as the pool has connections), in order.
+        The first failure is raised, and the requests still in flight are cancelled (their connections
+        closed: the server drops what it had queued of them)."""
+
+        async def send_all() -> list[dict[str, Any]]:
+            tasks = [asyncio.ensure_future(self._send(path, body)) for body in bodies]
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    reply = json.loads(response.read())
-                self.answered = True
-                return reply
-            except urllib.error.HTTPError as e:  # the server answered: retrying would not change it
-                self.answered = True
-                raise RagLabError(
-                    f"retriever.url: {self.url}{path} answered {e.code}: {_detail(e)}"
-                ) from None
-            except (OSError, http.client.HTTPException, ValueError) as e:
-                # refused, reset, timed out; a reply cut short or unreadable (the server died while it wrote)
-                error: Exception = e
-            if attempt < self.retries:
-                time.sleep(self.backoff_s * 2**attempt)
-        reason = str(getattr(error, "reason", None) or error) or type(error).__name__
+                return await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+        return self._loop.run(send_all())
+
+    def close(self) -> None:
+        self._loop.close()
+
+    async def _send(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        import aiohttp
+
+        error: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                session = self._loop.session()
+                url = self.url + path
+                call = session.get(url) if body is None else session.post(url, json=body)
+                async with call as response:
+                    status, payload = response.status, await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                error = e  # refused, reset, timed out, cut short (the server died while it wrote)
+                continue
+            self.answered = True
+            if status == 503:  # its queue is full: nothing was queued, so asking again is safe
+                error = _Busy(_detail(payload))
+            elif status >= 400:  # the server answered: retrying would not change it
+                raise RagLabError(f"retriever.url: {self.url}{path} answered {status}: {_detail(payload)}")
+            else:
+                try:
+                    return json.loads(payload)
+                except ValueError as e:  # unreadable
+                    error = e
+        raise self._failure(error)
+
+    def _failure(self, error: BaseException | None) -> RagLabError:
+        tries = f"{self.retries} retries, timeout {self.timeout_s:g} s"
+        if isinstance(error, _Busy):
+            return RagLabError(
+                f"retriever.url: the retrieval server at {self.url} stayed busy ({error}; {tries}): give "
+                "it a larger serve.max_queue, or send fewer queries at once (retriever.chunk, "
+                "retriever.connections)"
+            )
         what = "stopped answering" if self.answered else "does not answer"
-        raise RagLabError(
-            f"retriever.url: the retrieval server at {self.url} {what} ({reason}; {self.retries} retries, "
-            f"timeout {self.timeout_s:g} s): {start_hint(self.url)}"
+        return RagLabError(
+            f"retriever.url: the retrieval server at {self.url} {what} ({_reason(error)}; {tries}): "
+            f"{start_hint(self.url)}"
         )
 
 
-def _detail(error: urllib.error.HTTPError) -> str:
+class _Busy(Exception):
+    """The server's queue was full (503)."""
+
+
+class _Loop:
+    """An event loop on a daemon thread and its aiohttp session (the connection pool), both made on first use;
+    :meth:`close` (called when the client is collected, or at exit) closes the connections and the loop."""
+
+    def __init__(self, connections: int, timeout_s: float):
+        self.connections, self.timeout_s = connections, timeout_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._session = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def run(self, coroutine):
+        with self._lock:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=_run_forever, args=(self.loop,), daemon=True)
+                self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def session(self):
+        """The session (on the loop's thread). A request's clock: connecting, and each wait for the server's
+        bytes; not the wait for a free connection of the pool."""
+        import aiohttp
+
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+            connector = aiohttp.TCPConnector(limit=self.connections)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        return self._session
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self.loop = self.loop, None
+        if loop is None:
+            return
+        # (on the loop's own thread, as a collected client may be, waiting for the loop would never end)
+        if self._session is not None and threading.current_thread() is not self._thread:
+            asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(timeout=5)
+        self._session = None
+        loop.call_soon_threadsafe(loop.stop)
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_forever()
+    loop.close()
+
+
+def _reason(error: BaseException | None) -> str:
+    import aiohttp
+
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    if isinstance(error, aiohttp.ClientConnectorError) and error.os_error.errno:
+        return os.strerror(error.os_error.errno)  # "Connection refused"
+    return str(error) or type(error).__name__
+
+
+def _detail(payload: bytes) -> str:
     try:
-        return str(json.loads(error.read())["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError, OSError):
-        return str(error.reason)
+        return str(json.loads(payload)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return payload.decode(errors="replace")[:300] or "no detail"
 
 
 def check_served(client: Client, serves: Any) -> dict[str, Any]:
@@ -166,13 +282,19 @@ class RemoteRetriever:
         url: str = "http://127.0.0.1:8000",
         # the retriever config the server must serve (null: any; the run's config then does not say which)
         serves: Any = None,
-        # seconds a request may take (a batch searched on the server) before it counts as failed
+        # seconds a request may wait for the server (queued, then searched) before it counts as failed; the
+        # server drops a request still queued after it, so a retry is never searched twice
         timeout_s: Positive = 60.0,
         retries: NonNegativeInt = 2,
         # seconds before the first retry; doubled each time
         backoff_s: NonNegative = 1.0,
+        # the most queries a request carries: a larger batch goes as several requests at once
+        chunk: PositiveInt = 64,
+        # the most requests in flight at once, each on a kept-alive connection
+        connections: PositiveInt = 8,
     ):
-        self.corpus, self.client = corpus, Client(url, timeout_s, retries, backoff_s)
+        self.corpus, self.chunk = corpus, chunk
+        self.client = Client(url, timeout_s, retries, backoff_s, connections)
         self.served = check_served(self.client, serves)
         if self.served.get("corpus") != corpus.fingerprint:
             raise RagLabError(
@@ -184,27 +306,43 @@ class RemoteRetriever:
     def search(
         self, queries: Sequence[str], k: int, exclude: Sequence[Collection[str]] | None = None
     ) -> list[list[Hit]]:
-        body = {
-            "queries": list(queries),
-            "k": int(k),
-            "exclude": None if exclude is None else [sorted(skip) for skip in exclude],
-        }
-        hits = hits_from_wire(self.client.request("/v1/retrieve", body)["hits"])
-        if len(hits) != len(queries):
-            raise RagLabError(
-                f"retriever.url: the server at {self.client.url} answered {len(hits)} hit lists for "
-                f"{len(queries)} queries"
-            )
+        """The batch in requests of ``chunk`` queries, sent at once; the hits put back in order."""
+        queries, exclude = list(queries), None if exclude is None else list(exclude)
+        bodies = [
+            {
+                "queries": queries[start : start + self.chunk],
+                "k": int(k),
+                "exclude": None
+                if exclude is None
+                else [sorted(skip) for skip in exclude[start : start + self.chunk]],
+                # the server's deadline: past it, nobody waits for the answer
+                "timeout_s": self.client.timeout_s,
+            }
+            for start in range(0, len(queries), self.chunk)
+        ]
+        hits: list[list[Hit]] = []
+        for body, answer in zip(bodies, self.client.requests("/v1/retrieve", bodies), strict=True):
+            part = hits_from_wire(answer["hits"])
+            if len(part) != len(body["queries"]):
+                raise RagLabError(
+                    f"retriever.url: the server at {self.client.url} answered {len(part)} hit lists for "
+                    f"{len(body['queries'])} queries"
+                )
+            hits.extend(part)
         return hits
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """At compose time (before the runner launches anything): a server answers at ``url`` and serves
         ``serves``. The corpus is checked when the retriever is built, with the run's corpus."""
+        client = None
         try:
             client = Client(s["url"], min(float(s["timeout_s"]), 10.0), s["retries"], s["backoff_s"])
             check_served(client, s.get("serves"))
         except RagLabError as e:
             key, _, why = str(e).partition(": ")
             return [(key.removeprefix("retriever."), why)]
+        finally:
+            if client is not None:
+                client.close()
         return []
