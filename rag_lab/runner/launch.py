@@ -154,6 +154,9 @@ class Launch:
         program: str = "accelerate",
         timeout_s: PositiveInt = 1800,
         gradient_checkpointing: bool = False,
+        # the GPU the launch runs on and what its memory plan assumes (rag_lab.train.memory.settings; null: no
+        # plan, as on CPU launches)
+        memory: Any = None,
     ):
         """``timeout_s``: how long a process waits in a collective (a barrier, an all-reduce) for the others
         before its process group gives up (torch's default, 10-30 min depending on the backend, passes
@@ -165,7 +168,7 @@ class Launch:
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
         self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.gradient_checkpointing, self.memory = bool(gradient_checkpointing), memory
 
     @property
     def processes(self) -> int:
