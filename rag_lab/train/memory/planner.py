@@ -1,6 +1,7 @@
 """The memory plan of a composed run config: its launch's world of fake GPUs, its method's trainers one step
 each, the ledger (:mod:`rag_lab.train.memory`); and the check made before a GPU launch trains."""
 
+import logging
 import time
 
 from omegaconf import DictConfig, OmegaConf
@@ -13,6 +14,8 @@ from rag_lab.train.memory.ledger import Ledger
 from rag_lab.train.memory.methods import plan_of
 from rag_lab.train.memory.phases import Bench
 from rag_lab.train.memory.settings import MemorySettings
+
+log = logging.getLogger(__name__)
 
 # the packaged GGUF of generator=smollm2 quantizes this hub model (its architecture ships here)
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -34,7 +37,8 @@ def run_model(cfg: DictConfig) -> tuple[str, str]:
 
 
 def fsdp_launch(cfg: DictConfig) -> dict:
-    """The run's launch node, resolved, where it is FSDP2 (what the plan models); a one-line error elsewhere."""
+    """The run's launch node, resolved, where it is FSDP2 (what the plan models); a one-line error
+    elsewhere."""
     launch = OmegaConf.to_container(cfg.launch, resolve=True) if cfg.get("launch") else None
     config = (launch or {}).get("config") or {}
     version = (config.get("fsdp_config") or {}).get("fsdp_version")
@@ -82,9 +86,11 @@ def check(cfg: DictConfig) -> None:
     trains = getattr(locate(cfg.policy._target_), "trains", False)
     if not memory or not memory.get("check", True) or not trains or launch.config.get("use_cpu"):
         return
-    over = plan(cfg).over()
+    ledger = plan(cfg)
+    log.info("memory plan: %s", ledger.headline())
+    over = ledger.over()
     if over:
         raise ConfigError(
-            f"config 'launch.memory.gpu_memory_gib': {over} (python -m rag_lab.plan with this run's overrides "
-            "prints the ledger)"
+            f"config 'launch.memory.gpu_memory_gib': {over} (python -m rag_lab.plan with this run's "
+            "overrides prints the ledger)"
         )

@@ -1,8 +1,8 @@
 """One step of each TRL trainer rag_lab runs (TRL 1.16), on fake weights: the tensor work of the step, as TRL
 does it, without its data pipeline (which fake tensors cannot feed).
 
-- **SFT** (``SFTTrainer``: the cold starts, APEX's executor): ``micro`` rows of ``length`` tokens through TRL's
-  fused LM head (``add_fused_lm_head``: log-probabilities in tiles, never the whole logits), the loss,
+- **SFT** (``SFTTrainer``: the cold starts, APEX's executor): ``micro`` rows of ``length`` tokens through
+TRL's   fused LM head (``add_fused_lm_head``: log-probabilities in tiles, never the whole logits), the loss,
   backward, gradient clipping, AdamW (``adamw_torch_fused``, transformers' default).
 - **GRPO / DAPO** (``GRPOTrainer``: DAPO's stages, APEX's planner): the scoring passes of one micro-batch
   without gradient (the old log-probabilities, which TRL computes under vLLM's importance-sampling
@@ -27,6 +27,7 @@ from rag_lab.train.memory.measure import tracking
 from rag_lab.train.memory.phases import (
     Bench,
     Rollout,
+    beside,
     ready_optimizer,
     reference_phase,
     rollout_phase,
@@ -48,7 +49,8 @@ class Shapes:
     micro: int
     prompt: int
     completion: int
-    # GRPO: the KL term's coefficient (a reference where > 0), the old log-probabilities' pass, the temperature
+    # GRPO: the KL term's coefficient (a reference where > 0), the old log-probabilities' pass, the
+    # temperature
     beta: float = 0.0
     old_logps: bool = False
     temperature: float = 1.0
@@ -81,7 +83,8 @@ def adamw(model) -> torch.optim.Optimizer:
 
 
 def labelled(rows: int, shapes: Shapes, vocab: int) -> dict:
-    """Token ids and labels of ``rows`` sequences, the prompt's labels -100 (only the completion is scored)."""
+    """Token ids and labels of ``rows`` sequences, the prompt's labels -100 (only the completion is
+    scored)."""
     ids = tokens(rows, shapes.length, vocab)
     labels = ids.clone()
     labels[:, : shapes.prompt] = -100
@@ -121,7 +124,11 @@ def grpo(bench: Bench, config, shapes: Shapes, rollout: Rollout, name: str = "GR
     batch = labelled(shapes.micro, shapes, config.vocab_size)
     phases = []
     if reference is not None:
-        phases.append(reference_phase(name, reference, lambda: reference(**batch), model, optimizer, rollout))
+        phases.append(
+            reference_phase(
+                name, reference, lambda: reference(**batch), beside(model, optimizer, {}), rollout
+            )
+        )
     with tracking(model, optimizer) as phase:
         phases.insert(0, rollout_phase(phase, name, model, rollout, {}, frozen))
         if shapes.old_logps:  # the old log-probabilities (vLLM's importance-sampling correction)
