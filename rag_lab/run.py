@@ -62,7 +62,7 @@ def check_launch(cfg: DictConfig) -> None:
     trains = getattr(locate(cfg.policy._target_), "trains", False)
     if not cfg.launch or not (trains or is_tiny(cfg)):
         return
-    if trains:  # each GPU's memory planned where the launch names its GPU (launch.memory: launch=fsdp)
+    if trains and not is_tiny(cfg):  # each GPU's memory where the launch names its GPU (launch=fsdp)
         from rag_lab.train.memory.planner import check
 
         check(cfg)

@@ -180,6 +180,9 @@ def test_a_full_gather_on_the_gpu_exceeds_the_plan(small, ppo_plan, monkeypatch)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     clean, gpu = ppo_plan
+    largest = 4 * max(p.numel() for p in meta_model(small).parameters())  # one float32 weight, whole
+    assert clean.phases[0].lines["temporaries / all-gather"] == largest  # TRL's sync: one weight at a time
+    assert largest <= clean.phases[-1].lines["temporaries / all-gather"] < 2 * largest
     whole = StateDictOptions(full_state_dict=True, cpu_offload=False)
     monkeypatch.setattr(phases, "gather_each", lambda model: get_model_state_dict(model, options=whole))
     planted = plan(r3rag(small, f"launch.memory.gpu_memory_gib={gpu}"))
@@ -196,8 +199,8 @@ def test_a_plan_over_the_gpu_stops_the_run_in_one_line_before_anything_trains(
     from tests.conftest import cli
 
     run_dir = tmp_path / "run"
-    args = ["policy=dapo", "generator=hf", f"generator.model={small}", "launch=fsdp", "policy.cold_start=null",
-            "policy.questions_per_step=8", "+reward.search.encoder.device=cpu",
+    args = ["policy=dapo", "generator=hf", f"generator.model={small}", "launch=fsdp",
+            "policy.cold_start=null", "policy.questions_per_step=8", "+reward.search.encoder.device=cpu",
             "launch.memory.gpu_memory_gib=0.001", *SHORT, f"hydra.run.dir={run_dir}"]  # fmt: skip
     rc, out = cli("run", args, capfd, monkeypatch)
     last = out.strip().splitlines()[-1]

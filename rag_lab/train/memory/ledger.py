@@ -96,9 +96,10 @@ class Ledger:
         fits.
 
         >>> ledger = Ledger("dapo", 8, 80 * GIB, 0.1, [Phase("GRPO", "update", {"activations": 75 * GIB})])
-        >>> ledger.over()
-        'the GRPO update phase peaks at 75.00 GiB a GPU, over 72.00 GiB (90% of 80.00 GiB); its largest line:
-        activations 75.00 GiB'
+        >>> for part in ledger.over().split("; "):
+        ...     print(part)
+        the GRPO update phase peaks at 75.00 GiB a GPU, over 72.00 GiB (90% of 80.00 GiB)
+        its largest line: activations 75.00 GiB
         """
         peak = self.peak
         if peak.total <= self.bound:

@@ -1,13 +1,13 @@
 """One step of each of rag_lab's own training loops, on fake weights, with their own modules and losses.
 
 - **R3-RAG's PPO** (:mod:`rag_lab.policies.r3rag.ppo`): the actor-critic
-(:class:`~rag_lab.policies.r3rag.model.   ActorCritic`: the policy and a value head, ``critic: separate`` a
-second trunk), prepared by accelerate as one   FSDP2 model, the trained weights in float32; the frozen
-initial model prepared by accelerate as well (sharded   like the policy); the score pass of one micro-batch
-without gradient (the actor-critic's log-probabilities   and values, the initial model's logits), then one
-micro-batch of the update (eq. 7's surrogate, eq. 9's KL,   the value loss:
-:mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns   no gradient
-checkpointing on.
+  (:class:`~rag_lab.policies.r3rag.model.ActorCritic`: the policy and a value head, ``critic: separate`` a
+  second trunk), prepared by accelerate as one FSDP2 model, the trained weights in float32; the frozen initial
+  model prepared by accelerate as well (sharded like the policy); the score pass of one micro-batch without
+  gradient (the initial model's log-probabilities, then the actor-critic's and its values), then one
+  micro-batch of the update (eq. 7's surrogate, eq. 9's KL, the value loss:
+  :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns no gradient
+  checkpointing on (:data:`PPO_CHECKPOINTS`).
 - **Stop-RAG's Q-network** (:mod:`rag_lab.policies.stoprag.trainer`): the encoder and its two heads
   (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state
   of the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
@@ -38,6 +38,11 @@ from rag_lab.train.memory.phases import (
     update_phase,
 )
 
+# R3-RAG's PPO turns no gradient checkpointing on: its actor-critic runs in eval mode (no dropout), where
+# transformers does not checkpoint (rag_lab/policies/r3rag/ppo.py). True once the loop checkpoints its trunks
+# under launch.gradient_checkpointing (in train mode, dropout off).
+PPO_CHECKPOINTS = False
+
 
 @dataclass(frozen=True)
 class PPOShapes:
@@ -56,12 +61,12 @@ def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO")
     from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
     from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
 
-    lm = fake.causal_lm(config, bench.dtype, trains=True)
-    with (
-        fake.on_meta()
-    ):  # the initial model copied from the policy (ppo.initial_model), then the actor-critic
+    checkpoints = bench.checkpointing and PPO_CHECKPOINTS
+    lm = fake.causal_lm(config, bench.dtype, trains=True, checkpointing=checkpoints)
+    # the initial model copied from the policy (ppo.initial_model), then the actor-critic
+    with fake.on_meta():
         reference = copy.deepcopy(lm).requires_grad_(False).eval()
-        model = ActorCritic(lm, s.critic).eval()
+        model = ActorCritic(lm, s.critic).train(checkpoints)
     reference = initial_model(reference, bench)
     model = fake.prepare(model, bench.mesh, bench.mixed_precision)
     groups = [{"params": model.actor_parameters()}, {"params": model.critic_parameters()}]

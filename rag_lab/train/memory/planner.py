@@ -80,7 +80,8 @@ def plan(cfg: DictConfig) -> Ledger:
 def check(cfg: DictConfig) -> None:
     """Before a GPU launch trains: a plan over its bound is one line naming the phase and its largest line.
     Planned where the launch names its GPU's memory (``launch.memory``, with ``check``: launch=fsdp) and the
-    policy trains; CPU launches (cpu2, fsdp_cpu) name none."""
+    policy trains; CPU launches (cpu2, fsdp_cpu) name none. The runner leaves the embedded tiny LM out (a
+    fraction of a GiB: the plan's seconds for nothing)."""
     launch = cfg.get("launch")
     memory = launch.get("memory") if launch else None
     trains = getattr(locate(cfg.policy._target_), "trains", False)

@@ -2,7 +2,7 @@
 does it, without its data pipeline (which fake tensors cannot feed).
 
 - **SFT** (``SFTTrainer``: the cold starts, APEX's executor): ``micro`` rows of ``length`` tokens through
-TRL's   fused LM head (``add_fused_lm_head``: log-probabilities in tiles, never the whole logits), the loss,
+  TRL's fused LM head (``add_fused_lm_head``: log-probabilities in tiles, never the whole logits), the loss,
   backward, gradient clipping, AdamW (``adamw_torch_fused``, transformers' default).
 - **GRPO / DAPO** (``GRPOTrainer``: DAPO's stages, APEX's planner): the scoring passes of one micro-batch
   without gradient (the old log-probabilities, which TRL computes under vLLM's importance-sampling
