@@ -139,10 +139,8 @@ def prepare(model: nn.Module, mesh, mixed_precision: str, reshard_after_forward:
         device=DEVICE,
     )
     materialize(model)
-    logger, fsdp_utils.logger = (
-        fsdp_utils.logger,
-        logging.getLogger(fsdp_utils.__name__),
-    )  # no state to log in
+    # accelerate's logger wants an accelerator state: a plain one here, its warnings only (not the upcast's list)
+    logger, fsdp_utils.logger = fsdp_utils.logger, logging.Logger(fsdp_utils.__name__, logging.WARNING)
     try:
         model = fsdp_utils.fsdp2_prepare_model(accelerator, model)
     finally:
