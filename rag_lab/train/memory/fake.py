@@ -139,7 +139,7 @@ def prepare(model: nn.Module, mesh, mixed_precision: str, reshard_after_forward:
         device=DEVICE,
     )
     materialize(model)
-    # accelerate's logger wants an accelerator state: a plain one here, its warnings only (not the upcast's list)
+    # accelerate's logger wants an accelerator state: a plain one, its warnings only (not the upcast's list)
     logger, fsdp_utils.logger = fsdp_utils.logger, logging.Logger(fsdp_utils.__name__, logging.WARNING)
     try:
         model = fsdp_utils.fsdp2_prepare_model(accelerator, model)
