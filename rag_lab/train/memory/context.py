@@ -22,6 +22,8 @@ from rag_lab.train.memory.phases import Bench, Rollout, tokens
 from rag_lab.train.memory.settings import MemorySettings
 
 ENCODER = "rag_lab.retrievers.dense.Encoder"
+# the packaged GGUF of generator=smollm2 quantizes this hub model (its architecture ships here)
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RERANKER = "rag_lab.retrievers.rerank.CrossEncoderReranker"
 # an Encoder built from a name alone (EVO-RAG's preference encoder): its defaults
 ENCODER_DEFAULTS = {"batch_size": 64, "max_length": 256}
@@ -33,14 +35,26 @@ class Context:
     memory: MemorySettings
     world: int
     bench: Bench
-    model_name: str
-    model_key: str
     _encoders: dict = field(default_factory=dict)
+
+    def model_name(self) -> tuple[str, str]:
+        """(the run's model: a folder or a hub name, the key that names it)."""
+        gen = self.generator
+        target = str(gen.get("_target_", ""))
+        if gen.get("model"):
+            return str(gen["model"]), "generator.model"
+        if target.endswith("tiny.generator.tiny_lm"):
+            from rag_lab.train.tiny.generator import checkpoint_dir
+
+            return str(checkpoint_dir(gen.get("checkpoint"))), "generator.checkpoint"
+        if target.endswith("smollm2.smollm2"):
+            return SMOLLM2, "generator"
+        raise RagLabError(f"generator: {target or 'null'} names no model whose memory the plan can build")
 
     @functools.cached_property
     def model(self):
         """The run's model's architecture (transformers' config)."""
-        return model_config(self.model_name, self.model_key)
+        return model_config(*self.model_name())
 
     @property
     def positions(self) -> int:
@@ -93,9 +107,12 @@ class Context:
             engine = int(gen.get("gpu_memory_utilization", 0.9) * self.memory.gpu_bytes)
             note = f"the run's vLLM engine at gpu_memory_utilization {gen.get('gpu_memory_utilization')}"
             return Rollout(engine, encoders=weights, encoding=forward, notes=[note])
-        if not gen:
-            return Rollout(encoders=weights, encoding=forward)
-        lm = fake.materialize(fake.causal_lm(self.model, self.bench.dtype, trains=False))
+        try:
+            config = self.model
+        except RagLabError:  # a teacher, an API model: nothing on this GPU
+            note = f"the run's generator ({gen.get('_target_', 'none')}) holds no GPU memory"
+            return Rollout(encoders=weights, encoding=forward, notes=[note])
+        lm = fake.materialize(fake.causal_lm(config, self.bench.dtype, trains=False))
         note = "the run's HF generator, whole"
         return Rollout(fake.module_bytes(lm), encoders=weights, encoding=forward, notes=[note])
 

@@ -51,6 +51,7 @@ class Phase:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
+        self.lines = {name: size for name, size in self.lines.items() if size}  # a line holding nothing: none
         unknown = set(self.lines) - set(LINES)
         if unknown:
             raise ValueError(f"not a line of the ledger: {', '.join(sorted(unknown))}")

@@ -17,24 +17,6 @@ from rag_lab.train.memory.settings import MemorySettings
 
 log = logging.getLogger(__name__)
 
-# the packaged GGUF of generator=smollm2 quantizes this hub model (its architecture ships here)
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def run_model(cfg: DictConfig) -> tuple[str, str]:
-    """(the run's model: a folder or a hub name, the key that names it)."""
-    gen = cfg.get("generator") or {}
-    if gen.get("model"):
-        return str(gen.model), "generator.model"
-    target = str(gen.get("_target_", ""))
-    if target.endswith("tiny.generator.tiny_lm"):
-        from rag_lab.train.tiny.generator import checkpoint_dir
-
-        return str(checkpoint_dir(gen.get("checkpoint"))), "generator.checkpoint"
-    if target.endswith("smollm2.smollm2"):
-        return SMOLLM2, "generator"
-    raise RagLabError(f"generator: {target or 'null'} names no model whose memory the plan can build")
-
 
 def fsdp_launch(cfg: DictConfig) -> dict:
     """The run's launch node, resolved, where it is FSDP2 (what the plan models); a one-line error
@@ -61,7 +43,6 @@ def plan(cfg: DictConfig) -> Ledger:
     memory = MemorySettings(**{k: v for k, v in (launch.get("memory") or {}).items() if k != "_target_"})
     world = int(config.get("num_processes", 1))
     mixed = "no" if config.get("use_cpu") else str(config.get("mixed_precision") or "no")
-    name, key = run_model(cfg)
     from rag_lab.core.batches import trainers
 
     settings = trainers(cfg)[0][2]
@@ -69,9 +50,13 @@ def plan(cfg: DictConfig) -> Ledger:
     began = time.perf_counter()
     with fake.ranks(world) as mesh:
         bench = Bench(mesh, mixed, bool(launch.get("gradient_checkpointing")))
-        ctx = Context(run, memory, world, bench, name, key)
+        ctx = Context(run, memory, world, bench)
         phases = plan_of(policy)(ctx, settings)
     machines = int(config.get("num_machines", 1))
+    try:
+        name = ctx.model_name()[0]
+    except RagLabError:  # a generator that names no model (a teacher, an API model)
+        name = str(ctx.generator.get("_target_", "no generator")).rsplit(".", 1)[-1]
     title = (f"{(run.get('experiment') or {}).get('name') or policy.__name__} ({name}; {world} processes on "
              f"{machines} machine(s); planned in {time.perf_counter() - began:.1f} s)")  # fmt: skip
     return Ledger(title, world, memory.gpu_bytes, memory.headroom, phases)
