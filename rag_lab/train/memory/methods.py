@@ -36,10 +36,12 @@ def cold_start(ctx: Context, node: dict | None, name: str = "cold start (SFT)") 
         return []
     rows = ctx.share(node["batch_size"], "cold_start.batch_size")
     length = min(node["max_length"], ctx.positions)
-    return sft(ctx.bench, ctx.model, Shapes(rows, length - 1, 1), ctx.rollout(0, 0, trains=False), name)
+    return sft(ctx.bench, ctx.model, Shapes(rows, 0, length), ctx.rollout(0, 0, trains=False), name)
 
 
 def dapo(ctx: Context, s: dict) -> list[Phase]:
+    """DAPO's stages (GRPO, one update a step over the process's share of ``questions_per_step`` x
+    ``group_size`` episodes in passes of ``micro_batch``), after its cold start where it has one."""
     share = ctx.share(s["questions_per_step"], "policy.questions_per_step") * s["group_size"]
     micro = min(s.get("micro_batch") or share, share)
     completion = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"]) - ctx.memory.prompt_tokens
@@ -51,6 +53,8 @@ def dapo(ctx: Context, s: dict) -> list[Phase]:
 
 
 def evorag(ctx: Context, s: dict) -> list[Phase]:
+    """EVO-RAG's DPO + LoRA epochs: the process's share of ``batch_size`` pairs a pass, a pair a state (its
+    history, at most ``max_turns`` steps) and one action; its preference model's frozen encoder beside."""
     pairs = ctx.share(s["batch_size"], "policy.batch_size")
     state = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"])
     shapes = Shapes(pairs, min(state, ctx.positions - s["max_new_tokens"]), s["max_new_tokens"])
@@ -67,6 +71,8 @@ def evorag(ctx: Context, s: dict) -> list[Phase]:
 
 
 def r3rag(ctx: Context, s: dict) -> list[Phase]:
+    """R3-RAG's PPO: ``ppo.micro_batch`` samples a pass, a sample a step with its history (documents cut to
+    ``max_doc_chars``), after its cold start where it has one."""
     p = s["ppo"]
     doc = ctx.memory.passage_tokens
     if p.get("max_doc_chars"):
@@ -81,6 +87,8 @@ def r3rag(ctx: Context, s: dict) -> list[Phase]:
 
 
 def apex(ctx: Context, s: dict) -> list[Phase]:
+    """APEX's executor SFT (its cold start config) and planner GRPO (with its reference where ``beta`` > 0),
+    each where its switch is on."""
     phases = []
     if s.get("executor_sft") and s.get("executor"):
         phases += cold_start(ctx, s["executor"], "executor (SFT)")
