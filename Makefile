@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo claims tiny-lm test test-slow test-gpu gpu-check mutate lint format docs bench bench-peers clean \
+.PHONY: help install install-gpu demo claims tiny-lm test test-slow test-gpu gpu-check memory-plan mutate lint format docs bench bench-peers clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -87,6 +87,9 @@ format: install ## Apply ruff's fixes and formatting
 
 # make docs: README's config-group table (when README has its markers), then the site: the reference pages
 # are generated from the code by docs/hooks/reference.py; --strict: a broken link or reference fails
+memory-plan: install ## Each paper experiment's GPU memory plan (rag_lab.plan, no GPU) -> docs/how-to/gpu-memory.md (~20 min)
+	$(PY) experiments/plan_memory.py
+
 docs: install ## The docs site into site/ (mkdocs build --strict; the reference generated from the code)
 	$(PY) -m mkdocs build --strict --site-dir site
 

@@ -57,8 +57,9 @@ def data_counts(data) -> dict[str, int]:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Before the run dir is touched: what this machine lacks for the run's ``launch`` (GPUs, DeepSpeed),
-    where the policy trains."""
+    """Before the run dir is touched: a trained model too large to roll out with transformers under the launch,
+    a GPU's memory over the launch's plan (:mod:`rag_lab.train.memory`), then what this machine lacks for the
+    run's ``launch`` (GPUs, DeepSpeed), where the policy trains."""
     from rag_lab.train.lockstep import too_large_to_step
 
     trains = getattr(locate(cfg.policy._target_), "trains", False)
@@ -66,6 +67,10 @@ def check_launch(cfg: DictConfig) -> None:
         return
     for key, why in too_large_to_step(cfg, model_dir(cfg)) if trains else []:  # a config's, not the machine's
         raise ConfigError(f"config 'launch.{key}': {why}")
+    if trains and not is_tiny(cfg):  # each GPU's memory where the launch names its GPU (launch=fsdp)
+        from rag_lab.train.memory.planner import check
+
+        check(cfg)
     launch = launch_of({"launch": OmegaConf.to_container(cfg.launch, resolve=True)})
     for key, why in [*launch.check_environment(), *(single_process_trainers(cfg) if trains else [])]:
         raise ConfigError(f"config 'launch.{key}': {why}")

@@ -35,6 +35,7 @@ LAYERS = [
             "rag_lab.score",
             "rag_lab.serve",
             "rag_lab.index",
+            "rag_lab.plan",
             "rag_lab.runner.launched",
         ],
     ),

@@ -155,6 +155,9 @@ class Launch:
         timeout_s: PositiveInt = 1800,
         gradient_checkpointing: bool = False,
         hf_generate_max_params: PositiveInt = 1_000_000_000,
+        # the GPU the launch runs on and what its memory plan assumes (rag_lab.train.memory.settings; null: no
+        # plan, as on CPU launches)
+        memory: Any = None,
     ):
         """``timeout_s``: how long a process waits in a collective (a barrier, an all-reduce) for the others
         before its process group gives up (torch's default, 10-30 min depending on the backend, passes
@@ -169,7 +172,7 @@ class Launch:
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
         self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.gradient_checkpointing, self.memory = bool(gradient_checkpointing), memory
         self.hf_generate_max_params = int(hf_generate_max_params)
 
     @property

@@ -1,0 +1,170 @@
+"""One step of each of rag_lab's own training loops, on fake weights, with their own modules and losses.
+
+- **R3-RAG's PPO** (:mod:`rag_lab.policies.r3rag.ppo`): the actor-critic
+  (:class:`~rag_lab.policies.r3rag.model.ActorCritic`: the policy and a value head, ``critic: separate`` a
+  second trunk), prepared by accelerate as one FSDP2 model, the trained weights in float32; the frozen initial
+  model prepared by accelerate as well (sharded like the policy); the score pass of one micro-batch without
+  gradient (the initial model's log-probabilities, then the actor-critic's and its values), then one
+  micro-batch of the update (eq. 7's surrogate, eq. 9's KL, the value loss:
+  :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns no gradient
+  checkpointing on (:data:`PPO_CHECKPOINTS`).
+- **Stop-RAG's Q-network** (:mod:`rag_lab.policies.stoprag.trainer`): the encoder and its two heads
+  (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state
+  of the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
+  autocast, backward, AdamW (weight decay).
+
+The optimizers are ``torch.optim.AdamW`` with torch's defaults on a GPU (``foreach``).
+"""
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rag_lab.train.memory import fake
+from rag_lab.train.memory.ledger import Phase
+from rag_lab.train.memory.measure import tracking
+from rag_lab.train.memory.phases import (
+    Bench,
+    Rollout,
+    beside,
+    ready_optimizer,
+    reference_phase,
+    rollout_phase,
+    save_phase,
+    shard_bytes,
+    tokens,
+    update_phase,
+)
+
+# R3-RAG's PPO turns no gradient checkpointing on: its actor-critic runs in eval mode (no dropout), where
+# transformers does not checkpoint (rag_lab/policies/r3rag/ppo.py). True once the loop checkpoints its trunks
+# under launch.gradient_checkpointing (in train mode, dropout off).
+PPO_CHECKPOINTS = False
+
+
+@dataclass(frozen=True)
+class PPOShapes:
+    """Samples a forward pass (``ppo.micro_batch``) and a sample's tokens; the loss's settings."""
+
+    micro: int
+    length: int
+    critic: str = "shared"
+    clip: float = 0.2
+    value_clip: float | None = 0.2
+    kl_coef: float = 0.01
+    vf_coef: float = 0.5
+
+
+def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO") -> list[Phase]:
+    from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
+    from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
+
+    checkpoints = bench.checkpointing and PPO_CHECKPOINTS
+    lm = fake.causal_lm(config, bench.dtype, trains=True, checkpointing=checkpoints)
+    # the initial model copied from the policy (ppo.initial_model), then the actor-critic
+    with fake.on_meta():
+        reference = copy.deepcopy(lm).requires_grad_(False).eval()
+        model = ActorCritic(lm, s.critic).train(checkpoints)
+    reference = initial_model(reference, bench)
+    model = fake.prepare(model, bench.mesh, bench.mixed_precision)
+    groups = [{"params": model.actor_parameters()}, {"params": model.critic_parameters()}]
+    optimizer = torch.optim.AdamW(groups, lr=1e-6, foreach=True)
+    ready_optimizer(optimizer)
+    roles = shard_bytes(critic=model.critic_lm, **{"value head": model.head})
+    frozen = shard_bytes(reference=reference)
+    ids, at = tokens(s.micro, s.length, config.vocab_size), torch.full((s.micro,), s.length - 1)
+    # the score pass: the initial model's log-probs, then the actor-critic's old log-probs and values
+    initial = lambda: token_logprobs(reference(input_ids=ids).logits, ids)  # noqa: E731
+    phases = [reference_phase(name, reference, initial, beside(model, optimizer, roles), rollout)]
+    with tracking(model, optimizer) as phase:
+        phases.insert(
+            0, rollout_phase(phase, name, model, rollout, roles, frozen, generate=_generate_unsharded)
+        )
+        phase.begin()
+        with torch.no_grad():
+            phase.forward()
+            model(ids, None, at)
+        phases.append(Phase(name, "score", phase.lines(roles, rollout.outside("score") | frozen)))
+        phase.begin()
+        phase.forward()
+        logprobs, values = model(ids, None, at)
+        old, mask = torch.zeros_like(logprobs), torch.ones_like(logprobs)
+        pg, _ = policy_loss(logprobs, old, old + 1, mask, s.clip)
+        one = torch.ones(s.micro, 1)
+        vl = value_loss(values[:, None], one, one, one, s.value_clip)
+        (pg + s.kl_coef * kl_to_initial(logprobs, old, mask) + s.vf_coef * vl).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        phases.append(update_phase(phase, name, rollout, roles, frozen))
+        return phases + [save_phase(phase, name, model, rollout, roles, frozen)]
+
+
+def initial_model(reference: nn.Module, bench: Bench) -> nn.Module:
+    """PPO's frozen initial model as R3-RAG prepares it under FSDP: through accelerate, sharded like the
+    policy."""
+    return fake.prepare(reference, bench.mesh, bench.mixed_precision)
+
+
+def _generate_unsharded(model, rows: int, length: int) -> None:
+    """HF generate's prefill on the actor-critic's policy, through the actor-critic's own forward (its FSDP
+    hooks gather the weights the root unit holds: embeddings, heads), as R3-RAG generates under FSDP."""
+    model(input_ids=tokens(rows, length, model.lm.config.vocab_size), use_cache=True, logits_to_keep=1)
+
+
+class QNet(nn.Module):
+    """The modules of Stop-RAG's :class:`~rag_lab.policies.stoprag.qnet.QNetwork` (which loads its encoder's
+    weights and tokenizer itself): the encoder, its first token pooled, the two heads."""
+
+    def __init__(self, encoder: nn.Module, head_hidden: int | None, dropout: float = 0.1):
+        from rag_lab.policies.stoprag.qnet import head
+
+        super().__init__()
+        self.encoder, width = encoder, encoder.config.hidden_size
+        self.stop_head = head(width, head_hidden or width, dropout)
+        self.cont_head = head(width, head_hidden or width, dropout)
+        self._no_split_modules = list(getattr(encoder, "_no_split_modules", None) or [])
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.encoder(input_ids=input_ids).last_hidden_state[:, 0]
+        return self.stop_head(pooled)[:, 0], self.cont_head(pooled)[:, 0]
+
+
+@dataclass(frozen=True)
+class QShapes:
+    """States a process trains on in a step (its share of ``batch_size``), each with ``bootstrap`` states of
+    its trajectory scored without gradient; tokens a state."""
+
+    states: int
+    bootstrap: int
+    length: int
+    head_hidden: int | None = 4096
+    frozen_encoder: bool = False
+
+
+def qnet(bench: Bench, config, s: QShapes, rollout: Rollout, name: str = "Q-network") -> list[Phase]:
+    encoder = fake.encoder(config, torch.float32)
+    encoder.requires_grad_(not s.frozen_encoder).train(not s.frozen_encoder)
+    with fake.on_meta():
+        model = QNet(encoder, s.head_hidden).train()
+    model = fake.prepare(model, bench.mesh, bench.mixed_precision)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], weight_decay=0.01, foreach=True
+    )
+    ready_optimizer(optimizer)
+    vocab = config.vocab_size
+    with tracking(model, optimizer) as phase:
+        phase.begin()
+        with torch.no_grad():
+            phase.forward()
+            model(tokens(s.states * s.bootstrap, s.length, vocab))
+        phase.forward()
+        with torch.autocast(fake.DEVICE.type, dtype=torch.bfloat16, enabled=bench.mixed_precision != "no"):
+            stop, cont = model(tokens(s.states, s.length, vocab))
+        (stop.float() ** 2 + cont.float() ** 2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        update = update_phase(phase, name, rollout, {}, {})
+        return [update, save_phase(phase, name, model, rollout, {}, {})]

@@ -1,0 +1,30 @@
+"""``launch.memory``: the GPU a sharded launch runs on, and what its memory plan assumes where the config says
+nothing (:mod:`rag_lab.train.memory`; docs/how-to/gpu-memory.md)."""
+
+from typing import Annotated
+
+from rag_lab.core.ranges import Positive, PositiveInt, Range
+
+
+class MemorySettings:
+    def __init__(
+        self,
+        # each GPU's memory in GiB (an H100 80 GB: 80; an H200: 141)
+        gpu_memory_gib: Positive = 80.0,
+        # the share of it the plan keeps free (the CUDA context, the allocator's fragmentation): 0.1 bounds an
+        # H100's plan at 72 GiB
+        headroom: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
+        # tokens of a prompt's instructions and question, and of one retrieved passage: the lengths the config
+        # does not bound (a multi-turn sequence is the prompt, then each turn's output and passages)
+        prompt_tokens: PositiveInt = 512,
+        passage_tokens: PositiveInt = 160,
+        # plan before a GPU launch trains, and stop a plan over the bound in one line (false: skip the check;
+        # python -m rag_lab.plan still plans)
+        check: bool = True,
+    ):
+        self.gpu_memory_gib, self.headroom = float(gpu_memory_gib), float(headroom)
+        self.prompt_tokens, self.passage_tokens, self.check = int(prompt_tokens), int(passage_tokens), check
+
+    @property
+    def gpu_bytes(self) -> int:
+        return int(self.gpu_memory_gib * 2**30)
