@@ -57,9 +57,9 @@ def data_counts(data) -> dict[str, int]:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Before the run dir is touched: a trained model too large to roll out with transformers under the launch,
-    a GPU's memory over the launch's plan (:mod:`rag_lab.train.memory`), then what this machine lacks for the
-    run's ``launch`` (GPUs, DeepSpeed), where the policy trains."""
+    """Before the run dir is touched: a trained model too large to roll out with transformers under the
+    launch, a GPU's memory over the launch's plan (:mod:`rag_lab.train.memory`), then what this machine lacks
+    for the run's ``launch`` (GPUs, DeepSpeed), where the policy trains."""
     from rag_lab.train.lockstep import too_large_to_step
 
     trains = getattr(locate(cfg.policy._target_), "trains", False)
