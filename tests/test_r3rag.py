@@ -263,3 +263,54 @@ def test_under_deepspeed_ppo_names_its_micro_batch_before_prepare(tiny_lm):
     )  # fmt: skip
     build(AutoModelForCausalLM.from_pretrained(tiny_lm), PPOSettings(micro_batch=3), accelerator)
     assert (seen["train_micro_batch_size_per_gpu"], seen["train_batch_size"]) == (3, 6)
+
+
+def dropout_qwen2():
+    """A toy Qwen2 whose every dropout is on (the attention's and the LM's), so that a train-mode forward
+    differs from an eval-mode one unless PPO turns them off."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_dropout=0.5, max_position_embeddings=64,
+    )  # fmt: skip
+    lm = Qwen2ForCausalLM(config)
+    # an nn.Dropout on the embeddings' output, as models with embedding dropout have one
+    lm.model.embed_tokens.add_module("drop", torch.nn.Dropout(0.5))
+    lm.model.embed_tokens.register_forward_hook(lambda m, i, out: m.drop(out))
+    return lm
+
+
+def ppo_step(monkeypatch, checkpointing: bool) -> tuple:
+    """One PPO update (one epoch, one minibatch) of a toy actor-critic on a fixed batch, with
+    ``launch.gradient_checkpointing`` as a launched process reads it; (the model, its stats, its weights)."""
+    from rag_lab.policies.r3rag.ppo import advantages, build, make_accelerator, score, update
+    from rag_lab.train.parallel import CHECKPOINTING_ENV
+
+    monkeypatch.setenv(CHECKPOINTING_ENV, "1" if checkpointing else "0")
+    settings = PPOSettings(ppo_epochs=1, minibatches=1, micro_batch=2, critic="separate")
+    accelerator = make_accelerator()
+    model, reference, optimizer = build(dropout_qwen2(), settings, accelerator)
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21], [2, 6, 10, 14, 0, 0]])
+    attention = (ids > 0).long()
+    batch = {"input_ids": ids, "attention_mask": attention, "value_at": torch.tensor([2, 1])}
+    batch["mask"] = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]], dtype=torch.float32)
+    batch = score(model, reference, batch, settings.micro_batch)
+    samples = [type("S", (), {"episode": i, "step": 0})() for i in range(2)]
+    batch = advantages(samples, [[1.0], [0.0]], batch, settings, accelerator)
+    stats = update(model, optimizer, batch, settings, accelerator, seed=0)
+    return model, stats, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_ppo_under_gradient_checkpointing_trains_in_train_mode_without_dropout_and_updates_alike(monkeypatch):
+    """``launch.gradient_checkpointing`` (a 7B actor-critic's activations: ``python -m rag_lab.plan``): both
+    trunks checkpoint, which transformers does in train mode only, so every dropout is off there; the first
+    ratio is exactly 1 and the update equals the eval-mode one."""
+    plain, plain_stats, plain_weights = ppo_step(monkeypatch, checkpointing=False)
+    model, stats, weights = ppo_step(monkeypatch, checkpointing=True)
+    assert not plain.training and not plain.is_gradient_checkpointing
+    assert model.training and model.lm.is_gradient_checkpointing and model.critic_lm.is_gradient_checkpointing
+    assert stats["ratio"] == 1.0 and plain_stats["ratio"] == 1.0
+    for key, value in plain_weights.items():
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-6, msg=key)

@@ -38,16 +38,30 @@ class ActorCritic(nn.Module):
 
     @property
     def is_gradient_checkpointing(self) -> bool:
-        """Whether activations are recomputed in the backward pass: never in PPO's update (TRL's
-        ``unwrap_model_for_generation`` asks, to turn it off while generating)."""
-        return False
+        """Whether the trunks recompute their activations in the backward pass (TRL's
+        ``unwrap_model_for_generation`` asks, to turn it off while generating and on again after)."""
+        return any(lm.is_gradient_checkpointing for lm in self.trunks())
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """transformers' gradient checkpointing in both trunks (the policy's and a separate critic's).
+        transformers checkpoints in train mode only: PPO then trains with every dropout off
+        (:func:`no_dropout`), so that a train-mode forward is the eval-mode one."""
+        for lm in self.trunks():
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        for lm in self.trunks():
+            lm.gradient_checkpointing_disable()
+
+    def trunks(self) -> list[nn.Module]:
+        return [lm for lm in (self.lm, self.critic_lm) if lm is not None]
 
     def tie_weights(self) -> None:
         """Each LM's input and output embeddings tied again (what accelerate's FSDP2 preparation calls on the
         model it prepares after RAM-efficient loading, whose broadcast assigns each weight anew: untied, the
         output embedding would be a second weight that no optimizer steps)."""
-        for lm in (self.lm, self.critic_lm):
-            if lm is not None and hasattr(lm, "tie_weights"):
+        for lm in self.trunks():
+            if hasattr(lm, "tie_weights"):
                 lm.tie_weights()
 
     def actor_parameters(self) -> list[nn.Parameter]:
@@ -100,6 +114,19 @@ class ActorCritic(nn.Module):
             from rag_lab.train.resume import load_model
 
             self.critic_lm.load_state_dict(load_model(path / "critic", like=self.critic_lm).state_dict())
+
+
+def no_dropout(model: nn.Module) -> nn.Module:
+    """``model`` with every dropout at 0 (TRL's ``disable_dropout_in_model``) and its attention layers'
+    ``attention_dropout`` too (transformers' attention applies it in train mode), so that it computes in train
+    mode what it computes in eval mode: PPO's first ratio stays exactly 1 with gradient checkpointing on."""
+    from trl.trainer.utils import disable_dropout_in_model
+
+    disable_dropout_in_model(model)
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,9 @@ The loop, its checkpoints and its log: :mod:`.trainer`; this module is the batch
 
 Hand-written, and why: TRL 1.16 has no PPO trainer (its GRPO has no critic and no per-step samples).
 The policy trains in float32 (on a GPU too: bf16 weights would round the paper's 5e-7 steps away) and
-stays in eval mode (no dropout), as RLHF implementations do, so the first ratio is exactly 1.
+computes without dropout, as RLHF implementations do, so the first ratio is exactly 1: in eval mode, or under
+``launch.gradient_checkpointing`` in train mode with its trunks checkpointed and every dropout off
+(:func:`checkpointed`; transformers checkpoints in train mode only).
 Deviations, written down: the paper gives neither the number of PPO epochs nor the clip ε; ours are the
 common 4 and 0.2 (the embedded default takes 2 epochs, for time).
 """
@@ -53,7 +55,7 @@ from rag_lab.core.config import (
 from rag_lab.core.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
 from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
-from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, token_logprobs
+from rag_lab.policies.r3rag.model import CRITICS, ActorCritic, no_dropout, token_logprobs
 from rag_lab.train.sharded import reshard, sharded, zero3
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ def build(lm, settings: PPOSettings, accelerator):
         )
     # sharded before the critic's copy is made: at most two whole copies of the LM at once
     reference = initial_model(lm, accelerator)
-    model = ActorCritic(lm, settings.critic).eval()
+    model = checkpointed(ActorCritic(lm, settings.critic))
     optimizer = torch.optim.AdamW(
         [
             {"params": model.actor_parameters(), "lr": settings.actor_lr},
@@ -121,6 +123,20 @@ def build(lm, settings: PPOSettings, accelerator):
     )
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, reference, optimizer
+
+
+def checkpointed(model: ActorCritic) -> ActorCritic:
+    """The actor-critic in eval mode (no dropout: the first ratio is exactly 1); or, where the launch asks for
+    gradient checkpointing (``launch.gradient_checkpointing``: a 7B actor-critic's activations do not fit a
+    GPU otherwise, ``python -m rag_lab.plan``), in train mode with its trunks checkpointed and every dropout
+    off (:func:`rag_lab.policies.r3rag.model.no_dropout`), which computes the same as eval mode."""
+    from rag_lab.train.parallel import gradient_checkpointing
+
+    keys = gradient_checkpointing()
+    if not keys["gradient_checkpointing"]:
+        return model.eval()
+    model.gradient_checkpointing_enable(keys["gradient_checkpointing_kwargs"])
+    return no_dropout(model).train()
 
 
 def initial_model(lm, accelerator):

@@ -6,8 +6,8 @@
   model prepared by accelerate as well (sharded like the policy); the score pass of one micro-batch without
   gradient (the initial model's log-probabilities, then the actor-critic's and its values), then one
   micro-batch of the update (eq. 7's surrogate, eq. 9's KL, the value loss:
-  :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. The loop turns no gradient
-  checkpointing on (:data:`PPO_CHECKPOINTS`).
+  :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. Its trunks checkpoint under
+  ``launch.gradient_checkpointing`` (:data:`PPO_CHECKPOINTS`).
 - **Stop-RAG's Q-network** (:mod:`rag_lab.policies.stoprag.trainer`): the encoder and its two heads
   (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state
   of the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
@@ -38,10 +38,9 @@ from rag_lab.train.memory.phases import (
     update_phase,
 )
 
-# R3-RAG's PPO turns no gradient checkpointing on: its actor-critic runs in eval mode (no dropout), where
-# transformers does not checkpoint (rag_lab/policies/r3rag/ppo.py). True once the loop checkpoints its trunks
-# under launch.gradient_checkpointing (in train mode, dropout off).
-PPO_CHECKPOINTS = False
+# R3-RAG's PPO checkpoints both trunks under launch.gradient_checkpointing, in train mode, every dropout off
+# (rag_lab.policies.r3rag.ppo.checkpointed)
+PPO_CHECKPOINTS = True
 
 
 @dataclass(frozen=True)
