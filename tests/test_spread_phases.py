@@ -230,14 +230,35 @@ def encodings(encoder: str, out: Path) -> None:
     keep(out, "encodings", (features, passes, sum(pooled)))
 
 
+def encoded_in_one_and_two(encoder: str, out: str) -> None:
+    """:func:`encodings` in this process, then in two forked from it (a fresh interpreter on one thread: a
+    process forked after torch's threads ran can hang in the child)."""
+    import torch
+
+    torch.set_num_threads(1)
+    encodings(encoder, Path(out))
+    in_two(encodings, encoder, Path(out))
+
+
+@pytest.mark.slow
 def test_two_processes_encode_stoprags_states_as_one_bit_for_bit(tiny_encoder_dir, tmp_path):
     """The frozen encoder's states of the Q-network's training: process 0 encodes pass 0, process 1 pass 1;
     every process gets all of them, equal bit for bit to one process's, and the main process alone writes
     the cache."""
+    import os
+    import subprocess
+    import sys
+
     import torch
 
-    encodings(tiny_encoder_dir, tmp_path)
-    in_two(encodings, tiny_encoder_dir, tmp_path)
+    here = Path(__file__).parent
+    code = (
+        f"import test_spread_phases as t; t.encoded_in_one_and_two({tiny_encoder_dir!r}, {str(tmp_path)!r})"
+    )
+    env = os.environ | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+                        "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     one, zero, two = (kept(tmp_path, "encodings", n, r) for n, r in ((1, 0), (2, 0), (2, 1)))
     assert one[0].shape == (100, 3, 16) and one[1] == [256, 44]
     assert (zero[1], two[1]) == ([256], [44])
