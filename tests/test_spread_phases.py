@@ -22,7 +22,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def in_two(function, *args) -> None:
     """``function(*args)`` in each of two processes (accelerate's debug launcher: gloo over a file store)."""
-    debug_launcher(partial(function, *args), num_processes=2)
+    debug_launcher(partial(forked, function, *args), num_processes=2)
+
+
+def forked(function, *args) -> None:
+    """In a forked process: accelerate's state made anew (this process's one-process state, made by an earlier
+    test's ``TrainingArguments``, came along with the fork), then ``function(*args)``."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    function(*args)
 
 
 def keep(out: Path, name: str, value) -> None:
