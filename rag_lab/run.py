@@ -117,14 +117,18 @@ def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, ob
     a launched training job (:mod:`rag_lab.runner.launched`) build them."""
     retriever = build(cfg.retriever, corpus=data.corpus)
     env = Env(data.corpus, retriever, build(cfg.generator, data=data))
-    policy = build(cfg.policy, data=data, train_data=train_data, reward=build(cfg.reward), run_config=config)
-    return env, policy
+    return env, policy_of(cfg, config, data, train_data)
+
+
+def policy_of(cfg: DictConfig, config: dict, data, train_data):
+    """The run's policy, untrained (its ``fit`` trains it, or finds what an earlier fit published)."""
+    return build(cfg.policy, data=data, train_data=train_data, reward=build(cfg.reward), run_config=config)
 
 
 def launched_job(config: dict, run_dir: Path, part: str) -> dict:
     """What each launched process does (:mod:`rag_lab.runner.launched`): build the run's generator (``part``
-    ``generator``: the tiny LM's recipe) or fit its policy (``fit``)."""
-    return {"run_config": config, "run_dir": str(run_dir), "part": part}
+    ``generator``: the tiny LM's recipe) or fit its policy and evaluate it (``fit``)."""
+    return {"run_config": config, "run_dir": str(run_dir), "part": part, "evaluate": part == "fit"}
 
 
 def is_tiny(cfg: DictConfig) -> bool:
@@ -150,13 +154,38 @@ def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logg
     policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
 
 
-def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> None:
+def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> bool:
     """Under ``launch``, a training policy's N processes (:mod:`rag_lab.runner.launched`), run before the
     runner builds any model of its own: while they train, the runner holds no copy of the model (on a GPU, a
-    copy beside every rank's). On a Slurm job of several nodes: this node's rank and the first node."""
+    copy beside every rank's); then they evaluate, each its share of the questions, into the run dir's
+    ``records.jsonl``. On a Slurm job of several nodes: this node's rank and the first node. Whether they
+    ran (the records are then complete)."""
     launch = launch_of(config)
-    if launch is not None and getattr(locate(cfg.policy._target_), "trains", False):
-        launch.on_cluster().run_job(LAUNCHED, launched_job(config, run_dir, "fit"), run_dir / "launch")
+    if launch is None or not getattr(locate(cfg.policy._target_), "trains", False):
+        return False
+    launch.on_cluster().run_job(LAUNCHED, launched_job(config, run_dir, "fit"), run_dir / "launch")
+    return True
+
+
+def eval_examples(cfg: DictConfig, data) -> list:
+    """The questions evaluated: ``eval.split``'s first ``eval.limit``, each ``eval.samples`` times."""
+    return repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
+
+
+def judge_of(cfg: DictConfig, generator, run_dir: Path):
+    """The run's judge (``judge.generator: null`` shares the run's ``generator``), or None."""
+    if not cfg.judge:
+        return None
+    shared = {"generator": generator} if cfg.judge.generator is None else {}
+    return instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
+
+
+def evaluate_run(cfg: DictConfig, policy, env: Env, data, run_dir: Path, judge, resume: bool, ranks=None):
+    """The run's evaluation (``eval.*``) into ``<run dir>/records.jsonl``: by the runner, or under ``launch``
+    by the launched processes, each its share of the batches (``ranks``: :mod:`rag_lab.train.parallel`)."""
+    examples, path = eval_examples(cfg, data), run_dir / "records.jsonl"
+    return evaluate(policy, env, examples, path, data.scorer, judge=judge, batch_size=cfg.eval.batch_size,
+                    resume=resume, recall_at=list(cfg.eval.recall_at), ranks=ranks)  # fmt: skip
 
 
 def follows(cfg: DictConfig, run_dir: Path, data) -> bool:
@@ -219,7 +248,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     if follows(cfg, run_dir, data):
         return {}
     train_data = instantiate(cfg.train_data) if cfg.train_data else data
-    examples = repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
+    examples = eval_examples(cfg, data)
     config = rundir.prepare(run_dir, cfg, hydra_files)
     digest = config_hash(config)
     log.info("run %s (config %s)", run_dir, digest)
@@ -232,7 +261,7 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
         job = launched_job(config, run_dir, "generator")
         launch_of(config).on_cluster().run_job(LAUNCHED, job, run_dir / "launch" / "generator")
 
-    train_launched(cfg, config, run_dir)
+    launched = train_launched(cfg, config, run_dir)
     env, policy = components(cfg, config, data, train_data)
     generator = env.generator
     provenance(cfg, run_dir, digest, row, generator, len(examples))
@@ -241,21 +270,10 @@ def run(cfg: DictConfig, run_dir: Path, hydra_files: dict | None = None) -> dict
     if policy.trains:
         fit(cfg, policy, env, data, train_data, run_dir, logger)
 
-    judge = None
-    if cfg.judge:  # judge.generator: null shares the run's generator
-        shared = {"generator": generator} if cfg.judge.generator is None else {}
-        judge = instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
-    records = evaluate(
-        policy,
-        env,
-        examples,
-        run_dir / "records.jsonl",
-        data.scorer,
-        judge=judge,
-        batch_size=cfg.eval.batch_size,
-        resume=cfg.eval.resume,
-        recall_at=list(cfg.eval.recall_at),
-    )
+    # under launch the launched processes evaluated (eval.resume applied there): this evaluation reads the
+    # records they wrote
+    judge = judge_of(cfg, generator, run_dir)
+    records = evaluate_run(cfg, policy, env, data, run_dir, judge, cfg.eval.resume or launched)
     metrics = aggregate(records)
     if cfg.eval.samples > 1:
         metrics["all"] |= group_stats(records)

@@ -254,7 +254,6 @@ def killed_run(overrides: list[str], run_dir: Path, ready: str, root: Path, time
     job.wait()
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), alive
-    time.sleep(2.0)  # the killed rendezvous' port
 
 
 def cli(module: str, args: list[str], capfd, monkeypatch, cwd=None, env=None) -> tuple[int, str]:
@@ -287,6 +286,7 @@ def cli(module: str, args: list[str], capfd, monkeypatch, cwd=None, env=None) ->
 # remain, and the suite does not end waiting on one long test that started last.
 LONG_FIRST = [
     "test_data_parallel.py",
+    "test_launch_settings.py::test_every_launch_setting_reaches_the_launched_processes",
     "test_launchers.py",
     "test_tiny_world.py::test_tiny_lm_trains_once_and_runs_a_policy",
     "test_stoprag.py::test_a_killed_fit_resumes_to_the_uninterrupted_numbers",
@@ -329,3 +329,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def launch_port() -> int:
+    """A free port for a launched job's rendezvous, where a test must name one (the nodes of a Slurm job
+    meet at node 0's). A launch on one machine that names none takes a free port of its own
+    (``rag_lab.runner.launch.Launch.write_config``: accelerate's ``main_process_port: 0``), so no launched or
+    sharded test fixes a port: two test runs at once on one machine never meet on one."""
+    return free_port()

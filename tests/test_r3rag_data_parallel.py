@@ -24,7 +24,7 @@ def launch(processes: int, model: str, out: Path, fork: bool = False) -> None:
     else:
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
         command = [accelerate, "launch", "--multi_gpu", f"--num_processes={processes}", "--num_machines=1",
-                   "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=29533",
+                   "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=0",
                    str(SCRIPT)]  # fmt: skip
     extra = ["--fork", str(processes)] if fork else []
     done = subprocess.run([*command, model, str(out), *extra], env=env, capture_output=True, text=True,
@@ -75,7 +75,6 @@ def test_policy_launch_trains_ppo_as_a_two_process_job(launch, tiny_cfg, tmp_pat
         "policy.max_new_tokens=16",
         "policy.max_turns=2",
         f"launch={launch}",
-        f"+launch.config.main_process_port={29534 if launch == 'cpu2' else 29544}",
         "eval.limit=2",
         f"cache_dir={tmp_path / 'cache'}",
     )

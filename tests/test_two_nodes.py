@@ -3,7 +3,6 @@
 ``accelerate launch`` of one process, ``machine_rank`` 0 and 1, meeting at 127.0.0.1 over gloo."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,12 +17,6 @@ from rag_lab.core.config import compose
 from rag_lab.runner.launch import Launch
 
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def nodes(port: int) -> tuple[Launch, Launch]:
@@ -57,7 +50,9 @@ def both(first: Launch, second: Launch, module: str, job: dict, work: Path) -> N
         raise errors[0]
 
 
-def test_each_node_runs_accelerate_with_its_rank_and_the_first_nodes_address(tmp_path, monkeypatch):
+def test_each_node_runs_accelerate_with_its_rank_and_the_first_nodes_address(
+    launch_port, tmp_path, monkeypatch
+):
     """The commands the two nodes run, read by accelerate's own launcher: torchrun's nodes, this node's
     rank, one process a node, node 0's address and port."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
@@ -68,7 +63,7 @@ def test_each_node_runs_accelerate_with_its_rank_and_the_first_nodes_address(tmp
         subprocess, "run", lambda command, env: ran.append(command) or subprocess.CompletedProcess(command, 0)
     )
     monkeypatch.setenv("SLURM_JOB_ID", "66")
-    port = free_port()
+    port = launch_port  # named: node 1 meets node 0 there
     first, second = nodes(port)
     both(first, second, "launched_two_nodes", {"trainers": "sft"}, tmp_path / "launch")
     by_config = {command[3]: command for command in ran}
@@ -88,7 +83,7 @@ def test_each_node_runs_accelerate_with_its_rank_and_the_first_nodes_address(tmp
 
 
 @pytest.mark.slow
-def test_two_nodes_make_the_update_of_one_process(tiny_lm, tmp_path, monkeypatch):
+def test_two_nodes_make_the_update_of_one_process(launch_port, tiny_lm, tmp_path, monkeypatch):
     """The cold start's SFT (TRL's SFTTrainer, tests/data_parallel.py's ``sft``: 3 steps of a global batch
     of 4) on two nodes of one process each equals the same SFT in one process."""
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_ID": "66"}
@@ -114,7 +109,7 @@ def test_two_nodes_make_the_update_of_one_process(tiny_lm, tmp_path, monkeypatch
         "work": str(tmp_path / "w2"),
         "out": str(tmp_path / "two"),
     }
-    first, second = nodes(free_port())
+    first, second = nodes(launch_port)
     both(first, second, "launched_two_nodes", job, tmp_path / "launch")
     one, two = (torch.load(tmp_path / out / "sft.pt") for out in ("one", "two"))
     assert (one["processes"], two["processes"]) == (1, 2)

@@ -6,9 +6,9 @@ that was killed and resumed ends with exactly the metrics of an uninterrupted ru
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -19,6 +19,8 @@ from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.judge import LLMJudge
 from rag_lab.eval.metrics import ANSWER_METRICS, SCORERS, answer_recall, retrieval_pr
 from rag_lab.eval.stats import bootstrap_ci
+
+R = TypeVar("R")
 
 # Per-question fields averaged into metrics.json, in table order.
 METRIC_FIELDS = [
@@ -89,6 +91,47 @@ def score_record(
     return record
 
 
+class Ranks(Protocol):
+    """The processes that share an evaluation (:mod:`rag_lab.train.parallel` under a launch: each plays its
+    share of the batches); :class:`OneProcess` elsewhere."""
+
+    def processes(self) -> int: ...
+
+    def is_main(self) -> bool: ...
+
+    def spread(self, n: int, work: Callable[[list[int]], Sequence[R]]) -> list[R]: ...
+
+    def from_main(self, make: Callable[[], R]) -> R: ...
+
+
+class OneProcess:
+    """This process alone: it does every unit of work."""
+
+    def processes(self) -> int:
+        return 1
+
+    def is_main(self) -> bool:
+        return True
+
+    def spread(self, n: int, work: Callable[[list[int]], Sequence[R]]) -> list[R]:
+        return list(work(list(range(n))))
+
+    def from_main(self, make: Callable[[], R]) -> R:
+        return make()
+
+
+def scored_batch(
+    policy: Acting, env: Env, batch: list[QAExample], scorer: str, recall_at: Sequence[int]
+) -> list[dict[str, Any]]:
+    """One batch rolled out and scored: its records, in the batch's order."""
+    episodes = policy.rollout(env, batch)
+    if len(episodes) != len(batch):
+        name = type(policy).__name__
+        raise RuntimeError(f"{name}.rollout returned {len(episodes)} episodes for {len(batch)}")
+    pairs = zip(batch, episodes, strict=True)
+    return [score_record(ex, ep, scorer, env.corpus, recall_at) for ex, ep in pairs]
+
+
 def evaluate(
     policy: Acting,
     env: Env,
@@ -99,42 +142,48 @@ def evaluate(
     resume: bool = True,
     judge: LLMJudge | None = None,
     recall_at: Sequence[int] = (),
+    ranks: Ranks | None = None,
 ) -> list[dict]:
-    """Roll out every example not yet in ``records_path``; return all records in example order.
+    """Roll out every example not yet in ``records_path``; return all records in example order (under a
+    launch, in the main process; the others return none).
 
     With a ``judge``, each record also gets ``judge_acc`` (LLM-as-judge, DAPO paper B.4). The policy
-    acts in ``env`` with its own generator when it trained one (:func:`acting_env`).
+    acts in ``env`` with its own generator when it trained one (:func:`acting_env`). ``ranks``: the
+    processes of a launched run, which share the batches left as the main process reads ``records_path``
+    (each plays every N-th batch, N at a time; the main process judges and appends them in question order,
+    so the file is the one one process writes); every process calls it, and only the main one needs a
+    ``judge``.
     """
-    env = acting_env(policy, env)
-    if not resume:
+    env, ranks = acting_env(policy, env), ranks or OneProcess()
+    if not resume and ranks.is_main():
         records_path.unlink(missing_ok=True)
-    done = {r["id"] for r in read_records(records_path)}
+    done = ranks.from_main(lambda: {r["id"] for r in read_records(records_path)})
     # Batches are fixed by question order, not formed from what is left: a resumed run rolls out
     # every batch with the same questions as an uninterrupted one (batched generation can depend on
-    # the batch: padding, sampling streams), and writes only the records it lacks.
+    # the batch: padding, sampling streams), and writes only the records it lacks. The processes of a
+    # launched run share them on the same footing: one batch's episodes do not depend on the others.
     batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
-    writer = RecordWriter(records_path)
+    todo = [batch for batch in batches if not all(ex.id in done for ex in batch)]
+    writer, world = RecordWriter(records_path) if ranks.is_main() else None, ranks.processes()
     initial = sum(ex.id in done for ex in examples)
-    with tqdm(total=len(examples), initial=initial, desc="evaluate", unit="q") as bar:
-        for batch in batches:
-            if all(ex.id in done for ex in batch):
-                continue
-            episodes = policy.rollout(env, batch)
-            if len(episodes) != len(batch):
-                raise RuntimeError(
-                    f"{type(policy).__name__}.rollout returned {len(episodes)} episodes for {len(batch)}"
-                )
-            records = [
-                score_record(ex, ep, scorer, env.corpus, recall_at)
-                for ex, ep in zip(batch, episodes, strict=True)
-                if ex.id not in done
-            ]
-            if judge is not None:
-                verdicts = judge([r["prediction"] for r in records], [r["answers"] for r in records])
-                for record, verdict in zip(records, verdicts, strict=True):
-                    record["judge_acc"] = verdict
-            writer.write(records)
-            bar.update(len(records))
+
+    def play(units: list[int], batches: list[list[QAExample]]) -> list[list[dict[str, Any]]]:
+        return [scored_batch(policy, env, batches[u], scorer, recall_at) for u in units]
+
+    with tqdm(total=len(examples), initial=initial, desc="evaluate", unit="q", disable=writer is None) as bar:
+        for start in range(0, len(todo), world):
+            round_ = todo[start : start + world]
+            scored = ranks.spread(len(round_), lambda units, round_=round_: play(units, round_))
+            for records in scored if writer is not None else []:
+                records = [r for r in records if r["id"] not in done]
+                if judge is not None:
+                    verdicts = judge([r["prediction"] for r in records], [r["answers"] for r in records])
+                    for record, verdict in zip(records, verdicts, strict=True):
+                        record["judge_acc"] = verdict
+                writer.write(records)
+                bar.update(len(records))
+    if writer is None:
+        return []
     by_id = {r["id"]: r for r in read_records(records_path)}
     return [by_id[ex.id] for ex in examples]
 

@@ -1,13 +1,16 @@
 """Data-parallel training under accelerate: the ``launch`` config group (issue 50).
 
 ``launch=null`` (the default) trains in the runner's own process. Any other option trains the run's
-policy in N processes: the runner (one process, which evaluates and writes the run) starts
+policy in N processes: the runner (one process, which writes the run) starts
 ``accelerate launch --config_file <run dir>/launch/accelerate.yaml -m rag_lab.runner.launched <run
 dir>/launch/job.json`` (:meth:`Launch.run_job`), whose every process rebuilds the run from its resolved
 config and calls the policy's ``fit`` (each trainer takes its share of every global batch; the main
-process publishes: :mod:`rag_lab.train.parallel`); then the runner's own ``fit`` finds the published
-results and trains nothing. A policy whose trainer is not data-parallel yet is refused before anything
-trains (:func:`single_process_trainers`).
+process publishes: :mod:`rag_lab.train.parallel`), then evaluates its share of the questions (the main
+process writes ``records.jsonl``); then the runner's own ``fit`` finds the published results and trains
+nothing, and its evaluation finds the records complete. The runner builds the launch from the whole
+``launch`` node (:func:`launch_of`), so every setting reaches the processes; on one machine a launch that
+names no ``main_process_port`` takes a free one (:meth:`Launch.write_config`). A policy whose trainer is
+not data-parallel yet is refused before anything trains (:func:`single_process_trainers`).
 
 Each option is an accelerate config file, written as a config node: ``launch=cpu2`` (two CPU processes
 over gloo, what the tests run), ``launch=ddp`` (one process per GPU, bf16), ``launch=zero3`` (DeepSpeed
@@ -28,6 +31,7 @@ accelerate's (and DeepSpeed's / torch's); TRL's trainers run on them unchanged.
 """
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -192,17 +196,25 @@ class Launch:
         if nodes is None:
             return self
         n, rank, host = nodes
-        port = int(self.config.get("main_process_port") or 29500)
+        port = int(self.config.get("main_process_port") or job_port(env.get("SLURM_JOB_ID")))
         where = {"num_machines": n, "machine_rank": rank, "main_process_ip": host, "main_process_port": port}
-        return Launch(self.config | where, self.program, self.timeout_s, self.gradient_checkpointing)
+        node = copy.copy(self)  # every other setting as it is (a key added to Launch later too)
+        node.config = self.config | where
+        return node
 
     @property
     def node(self) -> int:
         return int(self.config.get("machine_rank", 0))
 
     def write_config(self, path: Path) -> Path:
+        """The accelerate config file; on one machine with no port named, ``main_process_port: 0``: accelerate
+        gives the job a free port of its own (two launched runs on one machine, a sweep's, never meet on
+        accelerate's default 29500)."""
+        config = dict(self.config)
+        if int(config.get("num_machines", 1)) <= 1 and config.get("main_process_port") is None:
+            config["main_process_port"] = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.config, sort_keys=True))
+        path.write_text(yaml.safe_dump(config, sort_keys=True))
         return path
 
     def command(self, config_file: Path, module: str, *args: str) -> list[str]:
@@ -341,8 +353,22 @@ def single_process_trainers(run) -> list[tuple[str, str]]:
 
 
 def launch_of(run_config: dict | None) -> Launch | None:
-    """The run's ``launch`` (a resolved config's node), or None: train in this process."""
+    """The run's ``launch`` (a resolved config's node), or None: train in this process. Built the one way a
+    config node is, by Hydra's ``instantiate`` of the whole node, so that every key reaches the launch (and,
+    through ``job.json``, each launched process), a key added later too."""
+    from hydra.utils import instantiate
+
     node = dict((run_config or {}).get("launch") or {})
     if not node:
         return None
-    return Launch(dict(node.get("config") or {}), node.get("program", "accelerate"))
+    return instantiate({"_target_": f"{__name__}.Launch"} | node, _convert_="all")
+
+
+def job_port(slurm_job: str | None) -> int:
+    """The port node 0 of a Slurm job on several nodes listens on, where the config names none: one of its
+    own per job (29500 + the job id's last three digits), so that two jobs sharing a node do not meet.
+
+    >>> job_port("4242"), job_port(None)
+    (29742, 29500)
+    """
+    return 29500 + int(re.sub(r"\D", "", slurm_job or "") or 0) % 1000

@@ -60,7 +60,7 @@ from rag_lab.core import cache
 from rag_lab.core.errors import RagLabError
 from rag_lab.train.demonstrations import DemoSettings, chosen_protocols, demonstrations
 from rag_lab.train.lora import lora_settings
-from rag_lab.train.parallel import main_first, processes, publish_on_main
+from rag_lab.train.parallel import processes, publish_on_main
 from rag_lab.train.resume import readable
 from rag_lab.train.sft import SFTSettings, sft
 from rag_lab.train.sharded import saveable
@@ -121,8 +121,8 @@ def cold_start(
     tokenizer_dir = Path(resolve_model(str(tokenizer))) if tokenizer else model_dir
     if chat is None:
         chat = bool(AutoTokenizer.from_pretrained(tokenizer_dir).chat_template)
-    with main_first():  # under launch: the main process samples the demonstrations, the others read them
-        demos = demonstrations(data, config, cache_dir, chat, retriever, teacher)
+    # under launch every process samples its share of the episodes and gets them all (demonstrations)
+    demos = demonstrations(data, config, cache_dir, chat, retriever, teacher)
     if not demos.pairs:
         raise RagLabError(
             f"cold start: the teacher kept no episode of {', '.join(config.protocols)}: {demos.counts}"

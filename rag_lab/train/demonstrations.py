@@ -22,7 +22,9 @@ demonstrations are exactly the prompts those policies render at inference. Two u
 
 Hand-written: TRL has no sampler of agent episodes, and the per-episode verdict needs to know which
 generate calls belong to which episode: each rollout is one question (the policies' episodes do not
-depend on their batch, so this changes no episode), and a fresh :class:`Recorder` serves it.
+depend on their batch, so this changes no episode), and a fresh :class:`Recorder` serves it. Under a launch
+the processes share the episodes (each plays every N-th: :func:`rag_lab.train.parallel.spread`) and every
+process gets the demonstrations one process samples.
 """
 
 import dataclasses
@@ -54,6 +56,7 @@ from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.prompting import ChainOfThought, Direct, StandardRAG
 from rag_lab.policies.stoprag.pipeline import IterativePipeline, LLMStop
 from rag_lab.retrievers.base import Retriever
+from rag_lab.train.parallel import from_main, is_main, main_first, spread
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +306,17 @@ def verdict(episode: Episode, named: list[tuple], example: QAExample, em) -> str
     return "kept" if em(episode.prediction, list(example.answers)) else "wrong"
 
 
+def sampled_episode(
+    policy, example: QAExample, temperature: float, seed: int, teacher, env: Env, em, chat: bool, wanted: set
+) -> tuple[str, list[tuple[str, Prompt, str]]]:
+    """One episode of ``policy`` on ``example`` at ``temperature`` and ``seed``: its verdict (:func:`verdict`)
+    and its (protocol, prompt, completion) of the ``wanted`` protocols (none: it speaks none of them)."""
+    episode, pairs = rollout_one(policy, AtTemperature(teacher, temperature, seed), env, example, chat)
+    named = [(protocol_of(prompt), prompt, text) for prompt, text in pairs]
+    spoken = [(p.name, prompt, text) for p, prompt, text in named if p is not None and p.name in wanted]
+    return (verdict(episode, named, example, em) if spoken else "silent"), spoken
+
+
 def sample_demonstrations(
     data, config: DemoSettings, retriever, chat: bool = False, teacher=None
 ) -> Demonstrations:
@@ -330,24 +344,20 @@ def sample_demonstrations(
     counts = {name: dict.fromkeys(("episodes", "kept", "wrong", "malformed", "pairs"), 0) for name in wanted}
     kept: dict[str, tuple[Prompt, str, str]] = {}
     policies = speakers(teacher, env, questions, set(wanted), config, chat)
-    for policy in tqdm(policies, desc="cold start: teacher episodes", leave=False):
-        for example in questions:
-            for temperature, seed in plan:
-                episode, pairs = rollout_one(
-                    policy, AtTemperature(teacher, temperature, seed), env, example, chat
-                )
-                named = [(protocol_of(prompt), prompt, text) for prompt, text in pairs]
-                spoken = {p.name for p, _, _ in named if p is not None and p.name in counts}
-                if not spoken:
-                    continue
-                outcome = verdict(episode, named, example, em)
-                for name in spoken:
-                    counts[name]["episodes"] += 1
-                    counts[name][outcome] += 1
-                if outcome == "kept":
-                    for p, prompt, text in named:
-                        if p.name in counts:
-                            kept.setdefault(json.dumps([prompt, text]), (prompt, text, p.name))
+    # an episode a unit, in one process's order: under launch each process plays every N-th (spread)
+    units = [(policy, example, *drawn) for policy in policies for example in questions for drawn in plan]
+
+    def play(mine: list[int]) -> list[tuple[str, list[tuple[str, Prompt, str]]]]:
+        bar = tqdm(mine, desc="cold start: teacher episodes", leave=False, disable=not is_main())
+        return [sampled_episode(*units[u], teacher, env, em, chat, set(counts)) for u in bar]
+
+    for outcome, named in spread(len(units), play):
+        for name in {name for name, _, _ in named}:
+            counts[name]["episodes"] += 1
+            counts[name][outcome] += 1
+        if outcome == "kept":
+            for name, prompt, text in named:
+                kept.setdefault(json.dumps([prompt, text]), (prompt, text, name))
     for _, _, name in kept.values():
         counts[name]["pairs"] += 1
     for name, c in counts.items():
@@ -372,7 +382,8 @@ def demonstrations(
     sampling settings, ``chat`` and this code)."""
     from rag_lab.retrievers.bm25 import BM25Retriever
 
-    sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
+    with main_first():  # under launch the main process builds the BM25 index's cache, the others load it
+        sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
     if retriever is not None or teacher is not None:
         return sample_demonstrations(data, config, sampled, chat, teacher)
     questions = question_keys(list(data.split(config.split))[: config.limit])
@@ -381,9 +392,10 @@ def demonstrations(
         cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat, code=__name__
     )
     path = where.with_name(where.name + ".json")
-    if path.exists():
-        stored = json.loads(path.read_text())
+    stored = from_main(lambda: json.loads(path.read_text()) if path.exists() else None)
+    if stored is not None:
         return Demonstrations([(p, c) for p, c in stored["pairs"]], stored["counts"])
     demos = sample_demonstrations(data, config, sampled, chat)
-    atomic_write_text(path, json.dumps({"pairs": demos.pairs, "counts": demos.counts}))
+    if is_main():  # under launch every process sampled its share and holds them all; one writes the cache
+        atomic_write_text(path, json.dumps({"pairs": demos.pairs, "counts": demos.counts}))
     return demos

@@ -4,15 +4,17 @@ A run with ``launch`` set (:mod:`rag_lab.runner.launch`) trains in N processes s
 launch`` (:mod:`rag_lab.runner.launched`: each rebuilds the run and calls the policy's ``fit``). In each
 trainer:
 
-- data every process needs but one should make (teacher demonstrations, offline rollouts, indexes):
+- data every process needs but one should make quickly (the tiny LM's recipe's caches, a BM25 index):
   :func:`main_first`, so the main process builds the cache and the others read it;
 - a global batch split into equal shares, one per process (:func:`share`), so N processes make the
   update of one (TRL's trainers take the share as ``per_device_train_batch_size``; accelerate's
   data loader hands process i every N-th share of the global batch);
 - the result published by the main process alone (:func:`publish_on_main`), the others waiting for it;
-- rollouts and evaluations (EVO-RAG's branches and dev EM, the held-out curves): :func:`spread`, so each
-  process does every N-th unit of work and every process gets all the results, in order (no process waits in
-  a collective while the main one works alone, issue 66);
+- rollouts, encodings and evaluations (EVO-RAG's branches and dev EM, the held-out curves, Stop-RAG's
+  offline data and state encodings, the cold start's demonstrations, the run's evaluation): :func:`spread`,
+  so each process does every N-th unit of work and every process gets all the results, in order (no process
+  waits in a collective while the main one works alone, issue 66); what is already done, as the main process
+  reads it: :func:`from_main`; a count of each process's share: :func:`summed`;
 - a hand-written training loop (Stop-RAG's Q-network, EVO-RAG's preference model) takes every N-th item of
   each batch and sums the gradients across the processes before its optimiser steps
   (:func:`shared_backward`), so N processes make the step of one.
@@ -203,3 +205,25 @@ def spread(
 
         done = gather_object(done)
     return [result for _, result in sorted(done, key=lambda unit: unit[0])]
+
+
+def from_main(make: Callable[[], R]) -> R:
+    """``make()`` in the main process, its result in every process (accelerate's ``broadcast_object_list``,
+    picklable): what the main process reads of a file or a cache, so that the processes agree on the work
+    left (a file another process cannot read, or one a kill cut at another line, says the same to all)."""
+    if processes() == 1:
+        return make()
+    from accelerate.utils import broadcast_object_list
+
+    box = [make() if is_main() else None]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def summed(value: int) -> int:
+    """``value`` added up over the processes (a count each process made of its own share of the work)."""
+    if processes() == 1:
+        return value
+    from accelerate.utils import gather_object
+
+    return sum(gather_object([value]))

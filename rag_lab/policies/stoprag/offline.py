@@ -31,6 +31,7 @@ from rag_lab.env.fit import fitted_prompts
 from rag_lab.env.protocols.base import ANSWER, State
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Sampling
+from rag_lab.train.parallel import from_main, is_main, processes, spread
 
 log = logging.getLogger(__name__)
 
@@ -109,41 +110,59 @@ def collect(
     """Trajectories with rewards for ``examples`` (appended to / resumed from ``path``).
 
     ``greedy_answers`` also keeps the greedy final answer of every state (for τ tuning: the
-    stopping policy's own answer at each possible stop)."""
-    metric = SCORERS["squad"][score]
-    done = {r["question_id"]: r for r in read_records(path)} if path.exists() else {}
+    stopping policy's own answer at each possible stop). Under a launch every process calls it, and they
+    share the batches left as the main process reads ``path`` (each rolls out every N-th batch, N at a time:
+    :func:`rag_lab.train.parallel.spread`); every process gets every trajectory, and the main process alone
+    appends them, in question order (the file one process writes)."""
+    done = from_main(lambda: {r["question_id"]: r for r in read_records(path)})
     every = [examples[start : start + batch_size] for start in range(0, len(examples), batch_size)]
     todo = [batch for batch in every if any(ex.id not in done for ex in batch)]
-    writer = RecordWriter(path)
-    sampling = Sampling(
-        n=samples, temperature=temperature, top_p=top_p, max_new_tokens=pipeline.sampling.max_new_tokens
-    )
-    greedy = Sampling(max_new_tokens=pipeline.sampling.max_new_tokens)
-    for batch in tqdm(todo, desc=desc, unit="batch", disable=not todo):
-        states = run_to_horizon(pipeline, env, batch)
-        flat = [s for state in states for s in prefixes(state)]
-        sampled = final_answers(pipeline, env, flat, sampling) if samples else None
-        best = final_answers(pipeline, env, flat, greedy) if greedy_answers else None
-        rows, horizon = [], pipeline.iterations
-        for i, (ex, state) in enumerate(zip(batch, states, strict=True)):
-            rewards = []
-            if sampled:  # eq. 13: the mean score of the N samples at each s_t
-                mine = sampled[i * horizon : (i + 1) * horizon]
-                rewards = [0.0] + [sum(metric(a, list(ex.answers)) for a in ans) / len(ans) for ans in mine]
-            rows.append(
-                dataclasses.asdict(
-                    Trajectory(
-                        ex.id,
-                        ex.question,
-                        [[p.contents for p in turn.passages] for turn in state.turns],
-                        rewards,
-                        [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else [],
-                    )
-                )
-            )
-        writer.write([r for r in rows if r["question_id"] not in done])
-        done.update((r["question_id"], r) for r in rows)
+    writer, world = (RecordWriter(path) if is_main() else None), processes()
+    length = pipeline.sampling.max_new_tokens
+    sampling = Sampling(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=length)
+    sampling = sampling if samples else None
+    greedy = Sampling(max_new_tokens=length) if greedy_answers else None
+
+    def rows(units: list[int], batches: list) -> list[list[dict]]:
+        return [batch_rows(pipeline, env, batches[u], sampling, greedy, score) for u in units]
+
+    bar = tqdm(total=len(todo), desc=desc, unit="batch", disable=not todo or writer is None)
+    for start in range(0, len(todo), world):
+        batches = todo[start : start + world]
+        for made in spread(len(batches), lambda units, batches=batches: rows(units, batches)):
+            if writer is not None:
+                writer.write([r for r in made if r["question_id"] not in done])
+            done.update((r["question_id"], r) for r in made)
+        bar.update(len(batches))
+    bar.close()
     return [Trajectory(**done[ex.id]) for ex in examples]
+
+
+def batch_rows(
+    pipeline,
+    env: Env,
+    batch: Sequence[QAExample],
+    sampling: Sampling | None,
+    greedy: Sampling | None,
+    score: str,
+) -> list[dict]:
+    """One batch of questions run to the horizon: a trajectory's row each, with r(s_t, STOP) from the
+    ``sampling`` answers (eq. 13; None: no rewards) and the ``greedy`` answer of every state (None: none)."""
+    metric, horizon = SCORERS["squad"][score], pipeline.iterations
+    states = run_to_horizon(pipeline, env, batch)
+    flat = [s for state in states for s in prefixes(state)]
+    sampled = final_answers(pipeline, env, flat, sampling) if sampling else None
+    best = final_answers(pipeline, env, flat, greedy) if greedy else None
+    rows = []
+    for i, (ex, state) in enumerate(zip(batch, states, strict=True)):
+        rewards = []
+        if sampled:  # eq. 13: the mean score of the N samples at each s_t
+            mine = sampled[i * horizon : (i + 1) * horizon]
+            rewards = [0.0] + [sum(metric(a, list(ex.answers)) for a in ans) / len(ans) for ans in mine]
+        passages = [[p.contents for p in turn.passages] for turn in state.turns]
+        answers = [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else []
+        rows.append(dataclasses.asdict(Trajectory(ex.id, ex.question, passages, rewards, answers)))
+    return rows
 
 
 def states_of(traj: Trajectory, upto: int) -> list[tuple[str, list[str]]]:

@@ -74,7 +74,7 @@ from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
-from rag_lab.train.parallel import is_main, main_first, processes
+from rag_lab.train.parallel import is_main, processes, summed
 from rag_lab.train.resume import load_torch
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class StopRAG:
     @staticmethod
     def global_batches(s: dict) -> dict[str, int]:
         """What the processes of a launched run split (:mod:`rag_lab.runner.launch`): the Q-network's batch of
-        states (:mod:`.trainer`); the offline rollouts run on the main process."""
+        states (:mod:`.trainer`); the offline and dev rollouts share out batches of questions (offline.py)."""
         return {"batch_size": int(s["batch_size"])}
 
     # ---------------------------------------------------------------------------------------------
@@ -208,31 +208,30 @@ class StopRAG:
         offline = self.offline_path(env, questions, out_dir)
         counting = CountingGenerator(env.generator)
         env = env.with_generator(counting)
-        with main_first():  # under launch: the main process rolls out, the others read its offline data
-            trajs = collect(
-                self.pipeline,
-                env,
-                questions,
-                offline,
-                self.samples,
-                self.temperature,
-                self.top_p,
-                self.score,
-                batch_size=self.batch_questions,
-            )
+        # under launch every process rolls out its share of the batches, and gets every trajectory (collect)
+        trajs = collect(
+            self.pipeline,
+            env,
+            questions,
+            offline,
+            self.samples,
+            self.temperature,
+            self.top_p,
+            self.score,
+            batch_size=self.batch_questions,
+        )
         self.stats["offline"] = {
             "questions": len(trajs),
-            "generator_calls": counting.calls,
-            "completions": counting.completions,
+            "generator_calls": summed(counting.calls),  # every process's calls
+            "completions": summed(counting.completions),
             "naive_calls": len(trajs) * self.pipeline.iterations * (2 + self.samples),
         }
         calls = counting.calls  # a resumed training restores stats["offline"] from its checkpoint
         # the dev questions run to the horizon once: the held-out curve while training, then τ's tuning
         dev = dev[: self.dev_limit]
-        with main_first():
-            dev_trajs = self.dev_trajectories(env, dev, out_dir)
+        dev_trajs = self.dev_trajectories(env, dev, out_dir)
         # a resumed training restores this too (the dev runs it read back from out_dir cost no call)
-        self.stats["dev"] = {"generator_calls": counting.calls - calls}
+        self.stats["dev"] = {"generator_calls": summed(counting.calls - calls)}
         horizon = self.pipeline.iterations
         heldout = (lambda qnet: heldout_at(qnet, dev_trajs, dev, horizon)) if dev_trajs else None
         encoding = cache.key({k: self.qnet_args[k] for k in ENCODING}, code="rag_lab.policies.stoprag.qnet")
@@ -325,7 +324,7 @@ class StopRAG:
     # ---------------------------------------------------------------------------------------------
     def dev_trajectories(self, env: Env, dev: list[QAExample], out_dir: Path) -> list[Trajectory]:
         """The validation questions run once to the horizon, a greedy final answer at every state (kept in
-        ``out_dir``: a second call reads them)."""
+        ``out_dir``: a second call reads them; under launch, the main process's)."""
         return collect(
             self.pipeline,
             env,

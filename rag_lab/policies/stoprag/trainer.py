@@ -15,7 +15,7 @@ every N-th state of each batch, its loss a sum over its states; the gradients ar
 processes (accelerate's ``reduce``) before the optimiser step, so N processes make the step of one (the
 heads' dropout draws differ: the same update in distribution, and exactly with ``dropout=0``). The main
 process writes the checkpoints and the log and measures the held-out curve; the frozen encoder's states are
-encoded by the main process first (:func:`~rag_lab.train.parallel.main_first`). Hand-written because
+encoded by all the processes, each a share of the passes (:func:`encoded_states`). Hand-written because
 the loss bootstraps from the network's own forward passes on states outside the batch (a DDP wrapper syncs
 one forward's gradients).
 
@@ -40,7 +40,7 @@ from rag_lab.policies.stoprag.offline import Trajectory, states_of
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.train.heldout import rng_kept
-from rag_lab.train.parallel import barrier, is_main, main_first, shared_backward
+from rag_lab.train.parallel import barrier, is_main, shared_backward, spread
 from rag_lab.train.resume import load_torch
 from rag_lab.train.sharded import (
     fsdp_launch,
@@ -111,17 +111,29 @@ def save_atomic(obj, path: Path) -> None:
 
 def encoded_states(qnet: QNetwork, inputs: list[list[tuple]], path: Path | None) -> torch.Tensor | None:
     """[N, T-1, d] the frozen encoder's pooled states ``inputs[i][t-1]``, loaded from ``path`` when it
-    is there, else encoded (256 a pass) and saved there."""
-    saved = load_torch(path, map_location=qnet.stop_head[1].weight.device) if path is not None else None
+    is there, else encoded (256 a pass) and saved there. Under a launch each process encodes every N-th pass
+    and the passes are gathered (:func:`~rag_lab.train.parallel.spread`); each pass starts from an empty memo,
+    so its encodings are a function of its states alone (an encoding differs in the last bit with the other
+    states of its forward pass): N processes encode what one does, bit for bit."""
+    device = qnet.stop_head[1].weight.device
+    saved = load_torch(path, map_location=device) if path is not None else None
     if saved is not None:
         return saved
     flat = [s for row in inputs for s in row]
     if not flat:
         return None
-    chunks = tqdm(range(0, len(flat), 256), desc="encode states", unit="batch")
-    pooled = [qnet.encode(flat[i : i + 256]) for i in chunks]
-    features = torch.cat(pooled).view(len(inputs), len(inputs[0]), -1)
-    if path is not None:
+    starts = range(0, len(flat), 256)
+
+    def passes(units: list[int]) -> list[torch.Tensor]:
+        out = []
+        for u in tqdm(units, desc="encode states", unit="batch", disable=not is_main()):
+            qnet.clear_cache()
+            out.append(qnet.encode(flat[starts[u] : starts[u] + 256]).cpu())
+        return out
+
+    features = torch.cat(spread(len(starts), passes)).to(device).view(len(inputs), len(inputs[0]), -1)
+    qnet.clear_cache()
+    if path is not None and is_main():  # every process holds them; the main one writes the cache
         save_atomic(features, path)
     return features
 
@@ -228,8 +240,7 @@ def train_qnet(
     on the start's row (step 0, no network: fixed T) and on each checkpoint's row."""
     from transformers import get_cosine_schedule_with_warmup
 
-    with main_first():  # the main process encodes the frozen encoder's states, the others read them
-        qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)
+    qnet, loss_of = policy.qnet, QLoss(policy, trajs, features_path)  # the states encoded by every process
     policy.stats["states"] = loss_of.states
     params = [p for p in qnet.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=policy.lr, weight_decay=policy.weight_decay)
