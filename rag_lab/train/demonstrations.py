@@ -23,8 +23,7 @@ demonstrations are exactly the prompts those policies render at inference. Two u
 Hand-written: TRL has no sampler of agent episodes, and the per-episode verdict needs to know which
 generate calls belong to which episode: each rollout is one question (the policies' episodes do not
 depend on their batch, so this changes no episode), and a fresh :class:`Recorder` serves it. Under a launch
-the processes share the episodes (each plays every N-th: :func:`rag_lab.train.parallel.spread`) and every
-process gets the demonstrations one process samples.
+each process plays every N-th episode (:func:`rag_lab.train.parallel.spread`) and gets them all.
 """
 
 import dataclasses

@@ -25,6 +25,12 @@ class MemorySettings:
         self.gpu_memory_gib, self.headroom = float(gpu_memory_gib), float(headroom)
         self.prompt_tokens, self.passage_tokens, self.check = int(prompt_tokens), int(passage_tokens), check
 
+    # the same settings: a launch's node composed twice compares equal
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(self) == vars(other)
+
+    __hash__ = None
+
     @property
     def gpu_bytes(self) -> int:
         return int(self.gpu_memory_gib * 2**30)
