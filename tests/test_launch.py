@@ -367,3 +367,26 @@ def test_gradient_checkpointing_is_a_launch_setting_that_reaches_trls_trainers(t
     config = sft_config(tmp_path, 1, 1, 1e-3, 0, 0)
     assert config.gradient_checkpointing and config.gradient_checkpointing_kwargs == {"use_reentrant": False}
     assert trainer_args(tmp_path, "cpu", seed=0, save_steps=1)["gradient_checkpointing"] is True
+
+
+def test_a_ranks_report_carries_its_peak_gpu_memory_where_it_used_a_gpu(tmp_path, monkeypatch):
+    """``make gpu-check`` sets each launched process's ``torch.cuda.max_memory_allocated`` beside the memory
+    plan's prediction: the rank's report carries it where CUDA was used, and nothing on a CPU."""
+    import torch
+
+    from rag_lab.runner.launch import RANKS_ENV, report_rank
+
+    monkeypatch.setenv(RANKS_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    with report_rank():
+        pass
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"state": "done"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 9 * 2**30)
+    with report_rank():
+        pass
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {
+        "state": "done",
+        "max_memory_allocated": 9 * 2**30,
+    }

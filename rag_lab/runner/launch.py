@@ -76,9 +76,9 @@ RANKS_ENV = "RAG_LAB_RANKS"
 
 @contextlib.contextmanager
 def report_rank() -> Iterator[None]:
-    """Around a launched process's work: ``<ranks>/rank<RANK>.json`` says it started, then that it is done or
-    failed (with its error's one line), so that the runner can name the rank that ended the job. Outside a
-    launched run (no ``RAG_LAB_RANKS``) it does nothing."""
+    """Around a launched process's work: ``<ranks>/rank<RANK>.json`` says it started, then that it is done
+    (with its peak GPU memory, :func:`gpu_peak`) or failed (with its error's one line), so that the runner can
+    name the rank that ended the job. Outside a launched run (no ``RAG_LAB_RANKS``) it does nothing."""
     folder = os.environ.get(RANKS_ENV)
     if not folder:
         yield
@@ -92,7 +92,17 @@ def report_rank() -> Iterator[None]:
         error = (str(e).strip().splitlines() or [type(e).__name__])[0]
         path.write_text(json.dumps({"state": "failed", "error": error}))
         raise
-    path.write_text(json.dumps({"state": "done"}))
+    path.write_text(json.dumps({"state": "done"} | gpu_peak()))
+
+
+def gpu_peak() -> dict[str, int]:
+    """This process's peak of allocated GPU memory in bytes (``torch.cuda.max_memory_allocated``: what
+    ``make gpu-check`` sets beside the memory plan's prediction), where it used a GPU; else nothing."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"max_memory_allocated": int(torch.cuda.max_memory_allocated())}
 
 
 def fate(ranks: Path, processes: int) -> str:
