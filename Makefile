@@ -65,14 +65,14 @@ test-slow: install ## The slow set: whole experiments, notebooks
 test-gpu: install ## On a GPU machine: the fast set, then SmolLM2's SFT / DPO / GRPO and the DAPO / APEX steps on CUDA in bf16
 	$(PY) -m pytest -q -m "not slow or gpu"
 
-# One OpenMP thread: mutmut forks a child per mutant, and a child forked from a process whose OpenMP pool ran
-# hangs in its first parallel torch op until the timeout, which mutmut then counts as a caught mutant.
-# make gpu-check: on a GPU machine, ~8 min: the fast suite and the gpu set, bench_rollout on CUDA, a short
-# SmolLM2 DAPO run with its held-out curve; experiments/results/gpu_check.md from its output
+# make gpu-check: on one GPU, within 8 min: the memory plan of one launch=fsdp step of SmolLM2 beside that step's
+# torch.cuda.max_memory_allocated, and one vLLM rollout with its weight sync; experiments/results/gpu_check.md
 GPU_CHECK_OUT ?= outputs/gpu_check
-gpu-check: install ## On a GPU machine: suite + gpu set, bench_rollout on CUDA, a SmolLM2 run; writes results/gpu_check.md
+gpu-check: install ## On a GPU machine (8 min): SmolLM2's FSDP step against its memory plan, a vLLM rollout and sync
 	OUT=$(GPU_CHECK_OUT) PYTHON=$(PY) bash experiments/gpu_check.sh
 
+# One OpenMP thread: mutmut forks a child per mutant, and a child forked from a process whose OpenMP pool ran
+# hangs in its first parallel torch op until the timeout, which mutmut then counts as a caught mutant.
 mutate: install ## Mutation testing (mutmut) of the modules that decide results; then `mutmut results`
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run --max-children 2
 	$(VENV)/bin/mutmut results

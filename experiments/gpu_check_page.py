@@ -1,6 +1,7 @@
 """The results page of ``make gpu-check`` (experiments/gpu_check.sh) from its output folder: the machine,
-each step's exit status and seconds, the suite's counts, bench_rollout's ratio and bound, the trained run's
-held-out curve (first and last point) and its metrics. Writes OUT/gpu_check.md (gpu_check.sh copies it to
+each step's exit status and seconds, the memory plan's prediction for SmolLM2's ``launch=fsdp`` step beside
+what the step's launched process allocated at most (``torch.cuda.max_memory_allocated``, from its rank
+report), and the vLLM rollout's checks. Writes OUT/gpu_check.md (gpu_check.sh copies it to
 experiments/results/ on a GPU machine).
 
     python experiments/gpu_check_page.py OUT
@@ -11,10 +12,56 @@ import re
 import sys
 from pathlib import Path
 
+GIB = 2**30
+
 
 def tail(path: Path, lines: int = 1) -> str:
     text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
     return "\n".join(text[-lines:]) if text else "(no output)"
+
+
+def predicted(out: Path) -> float | None:
+    """The plan's peak a GPU in GiB (its headline: "... peak 9.63 GiB a GPU in the ... phase ...")."""
+    found = re.search(r"peak ([0-9.]+) GiB a GPU", tail(out / "plan.log", 200))
+    return float(found.group(1)) if found else None
+
+
+def measured(out: Path) -> float | None:
+    """The step's launched process's ``max_memory_allocated`` in GiB (None: no GPU, or no report)."""
+    reports = sorted((out / "fsdp_step").glob("**/ranks/rank0.json"))
+    report = json.loads(reports[-1].read_text()) if reports else {}
+    peak = report.get("max_memory_allocated")
+    return peak / GIB if peak is not None else None
+
+
+def gib(value: float | None, missing: str) -> str:
+    return f"{value:.2f} GiB" if value is not None else missing
+
+
+def memory_lines(out: Path) -> list[str]:
+    plan, seen = predicted(out), measured(out)
+    head = (
+        "**The plan against the GPU** (SmolLM2, one DAPO step under `launch=fsdp`, one process; the plan "
+        "assumes every sequence at its longest, so the step should stay at or under it): predicted "
+        f"{gib(plan, '(no plan: ' + tail(out / 'plan.log') + ')')}, measured {gib(seen, '(no measurement)')}"
+    )
+    if plan is not None and seen is not None:
+        verdict = "within the plan" if seen <= plan else "OVER the plan"
+        head += f": {seen / plan:.2f} of the prediction, {verdict}"
+    lines = [head + "\n"]
+    ledger = [x for x in tail(out / "plan.log", 200).splitlines() if x.startswith("|")]
+    if ledger:
+        lines += ["The plan's ledger (GiB a GPU):\n", *ledger, ""]
+    return lines
+
+
+def vllm_lines(out: Path) -> list[str]:
+    path = out / "vllm_check.json"
+    if not path.exists():
+        return [f"**vLLM rollout and weight sync**: no result ({tail(out / 'vllm.log')})\n"]
+    checks = json.loads(path.read_text()).get("checks", {})
+    marks = ", ".join(f"{name}: {'ok' if ok else 'FAILED'}" for name, ok in checks.items())
+    return [f"**vLLM rollout and weight sync** (experiments/gpu_check_vllm.py): {marks}\n"]
 
 
 def main(out: Path) -> str:
@@ -27,28 +74,8 @@ def main(out: Path) -> str:
 
     table = "\n".join(f"| {name} | {status(rc)} | {secs} |" for name, rc, secs in steps)
     lines = [f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 5)}\n```\n",
-             f"| step | status | s |\n|---|---|---|\n{table}\n",
-             f"**Suite** (`-m \"not slow or gpu\"`): {tail(out / 'pytest.log')}\n"]  # fmt: skip
-    bench = out / "bench_rollout_cuda.md"
-    found = re.findall(r"\*\*([0-9.]+)x\*\*", bench.read_text()) if bench.exists() else []
-    if len(found) == 2:
-        lines.append(f"**bench_rollout on the GPU**: batched {found[0]}x one question at a time (bound "
-                     f"{found[1]}x; the goal: 8x); its page: bench_rollout_cuda.md\n")  # fmt: skip
-    else:
-        lines.append(f"**bench_rollout on the GPU**: no result ({tail(out / 'bench_rollout.log')})\n")
-    log = out / "dapo_run" / "checkpoints" / "train_log.jsonl"
-    curve = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    curve = [(r["step"], r["heldout/acc"]) for r in curve if "heldout/acc" in r]
-    metrics = out / "dapo_run" / "metrics.json"
-    if curve:
-        points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
-        verdict = "rises" if curve[-1][1] > curve[0][1] else "does not rise"
-        lines.append(f"**DAPO stage one** (the trained run): held-out Acc by step {points}: {verdict}\n")
-    else:
-        lines.append(f"**DAPO stage one**: no held-out curve ({tail(out / 'dapo_run.log')})\n")
-    if metrics.exists():
-        acc = json.loads(metrics.read_text())["all"].get("acc")
-        lines.append(f"test Acc after training: {acc}\n")
+             f"| step | status | s |\n|---|---|---|\n{table}\n"]  # fmt: skip
+    lines += memory_lines(out) + vllm_lines(out)
     page = "\n".join(lines)
     (out / "gpu_check.md").write_text(page)
     return page

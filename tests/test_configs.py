@@ -238,16 +238,25 @@ def test_an_override_that_a_sweep_row_also_sets_is_refused():
 
 
 def test_the_gpu_checks_run_keeps_the_whole_cold_start(repo_root):
-    """experiments/gpu_check.sh's run overrides (CPU smoke and GPU sizes) on dapo_synth give it a whole cold
-    start (dapo_synth has none; SmolLM2 needs one): an override of ``policy.cold_start.*`` there replaced
-    ``${experiment.cold_start}`` with only the keys it set, and the run died without ``split``."""
+    """experiments/gpu_check.sh's run overrides (its plan's and FSDP step's, the CPU smoke's) on dapo_synth
+    give it a whole cold start (dapo_synth has none; SmolLM2 needs one): an override of
+    ``policy.cold_start.*`` there replaced ``${experiment.cold_start}`` with only the keys it set, and the run
+    died without ``split``."""
     script = (repo_root / "experiments" / "gpu_check.sh").read_text()
-    given = shlex.split(re.search(r"COLD=\((.*?)\)\n", script, re.S).group(1))
-    blocks = re.findall(r"RUN=\((.*?)\)\n", script, re.S)
-    assert len(blocks) == 2
+    arrays = {name: shlex.split(body) for name, body in re.findall(r"(COLD|STEP)=\((.*?)\)\n", script, re.S)}
+
+    def expanded(words: list[str]) -> list[str]:
+        out = []
+        for word in words:
+            name = re.fullmatch(r"\$\{(\w+)\[@\]\}", word)
+            out += expanded(arrays[name.group(1)]) if name else [word]
+        return out
+
+    blocks = [arrays["STEP"], *(shlex.split(b) for b in re.findall(r"RUN=\((.*?)\)\n", script, re.S))]
+    assert len(blocks) == 3
     for block in blocks:
-        args = [a for word in shlex.split(block) for a in (given if word == "${COLD[@]}" else [word])]
+        args = expanded(block)
         # as the runner composes it: dapo_synth is a sweep, so its component overrides are soft (++)
-        cfg = compose(soften(["+experiment=dapo_synth", "policy.stages=[1]", *args]))
+        cfg = compose(soften(args))
         cold = OmegaConf.to_container(cfg.policy.cold_start, resolve=True)
         assert cold["split"] == "train" and cold["_target_"].endswith("ColdStartConfig"), cold
