@@ -368,6 +368,11 @@ def test_a_damaged_stage_is_named_not_loaded_and_a_damaged_checkpoint_is_skipped
     assert last_good_checkpoint(work) == str(work / "checkpoint-2")
     (work / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": ')
     assert last_good_checkpoint(work) == str(work / "checkpoint-1")
+    # a checkpoint whose save was killed before its trainer state: every file it holds reads
+    (work / "checkpoint-3").mkdir()
+    (work / "checkpoint-3" / "README.md").write_text("a model card")
+    save_file({"w": torch.ones(4)}, work / "checkpoint-3" / "model.safetensors")
+    assert last_good_checkpoint(work) == str(work / "checkpoint-1")
 
 
 def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight(

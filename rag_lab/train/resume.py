@@ -42,17 +42,25 @@ def damage(path: Path) -> str | None:
     return None
 
 
+# the file a checkpoint's writer writes last: transformers' Trainer writes a checkpoint's folder in place, its
+# trainer state after the weights, optimizer and random states (a process killed before it leaves the rest
+# half-written: found by a 2-process EVO-RAG run killed during its third save); R3-RAG's PPO renames a whole
+# folder holding state.json into place
+WRITTEN_LAST = ("trainer_state.json", "state.json")
+
+
 def last_good_checkpoint(work: Path) -> str | None:
-    """The newest ``checkpoint-N`` under ``work`` whose files all read, skipping (and naming) damaged ones."""
+    """The newest ``checkpoint-N`` under ``work`` whose files all read and whose writer finished it (its
+    :data:`WRITTEN_LAST` file is there), skipping (and naming) damaged and incomplete ones."""
     if not work.is_dir():
         return None
     found = [(re.fullmatch(r"checkpoint-(\d+)", p.name), p) for p in work.iterdir()]
     for _, checkpoint in sorted(((int(m.group(1)), p) for m, p in found if m), reverse=True):
         files = [p for p in sorted(checkpoint.iterdir()) if p.is_file()]
         problems = [(p, why) for p in files if (why := damage(p))]
-        if not problems and files:
+        if not problems and files and any((checkpoint / name).is_file() for name in WRITTEN_LAST):
             return str(checkpoint)
-        where, why = problems[0] if problems else (checkpoint, "empty")
+        where, why = problems[0] if problems else (checkpoint, "empty" if not files else "incomplete")
         log.warning("resume: %s is damaged (%s): skipping %s", where, why, checkpoint.name)
     return None
 
