@@ -294,8 +294,8 @@ def page(args, passages: int, results: dict, batches: dict, agreement: str, cont
         "coalesced into batched searches; mean / largest batch: queries a `search` call, from its queue's "
         "counters).",
         f"Search-R1: {context['peer']}",
-        f"Machine: {context['machine']}; load average {load[0]:.1f} before, {load[1]:.1f} after (a shared "
-        "machine: other jobs ran beside the bench).",
+        f"Machine: {context['machine']}; load average {load[0]:.1f} before, {load[1]:.1f} after (the "
+        "1-minute load average: after counts the bench's own servers and clients).",
         agreement,
     ]
     return "\n\n".join(lines) + "\n\n" + "\n".join(rows) + "\n"
