@@ -87,7 +87,7 @@ format: install ## Apply ruff's fixes and formatting
 
 # make docs: README's config-group table (when README has its markers), then the site: the reference pages
 # are generated from the code by docs/hooks/reference.py; --strict: a broken link or reference fails
-memory-plan: install ## Each paper experiment's GPU memory plan (rag_lab.plan, no GPU) -> docs/how-to/gpu-memory.md (~20 min)
+memory-plan: install ## Each paper experiment's GPU memory plan (rag_lab.plan, no GPU) -> docs/how-to/gpu-memory.md (~3 min)
 	$(PY) experiments/plan_memory.py
 
 docs: install ## The docs site into site/ (mkdocs build --strict; the reference generated from the code)

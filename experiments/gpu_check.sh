@@ -45,6 +45,8 @@ step() {  # step NAME DEADLINE COMMAND...: its output in NAME.log, its exit stat
 {
   date -u
   "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())'
+  # the GPU's memory as torch reports it: launch.memory.gpu_memory_gib (79.1 for an H100 80GB) should equal it
+  "$PYTHON" -c 'import torch; torch.cuda.is_available() and print("total_memory_gib", round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2))'
   nproc
   git rev-parse HEAD 2>/dev/null || true
 } >"$OUT/env.txt" 2>&1

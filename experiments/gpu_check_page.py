@@ -73,7 +73,7 @@ def main(out: Path) -> str:
         return "ok" if rc == "0" else f"exit {rc}" + (" (deadline)" if rc == "124" else "")
 
     table = "\n".join(f"| {name} | {status(rc)} | {secs} |" for name, rc, secs in steps)
-    lines = [f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 5)}\n```\n",
+    lines = [f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 6)}\n```\n",
              f"| step | status | s |\n|---|---|---|\n{table}\n"]  # fmt: skip
     lines += memory_lines(out) + vllm_lines(out)
     page = "\n".join(lines)

@@ -9,10 +9,11 @@ from rag_lab.core.ranges import Positive, PositiveInt, Range
 class MemorySettings:
     def __init__(
         self,
-        # each GPU's memory in GiB (an H100 80 GB: 80; an H200: 141)
-        gpu_memory_gib: Positive = 80.0,
+        # each GPU's memory in GiB as torch.cuda reports it (an H100 80GB: 79.1, less than its 80 decimal GB
+        # and its 81,559 MiB in nvidia-smi; an H200: 139.8)
+        gpu_memory_gib: Positive = 79.1,
         # the share of it the plan keeps free (the CUDA context, the allocator's fragmentation): 0.1 bounds an
-        # H100's plan at 72 GiB
+        # H100's plan at 71.2 GiB (76.4 GB)
         headroom: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
         # tokens of a prompt's instructions and question, and of one retrieved passage: the lengths the config
         # does not bound (a multi-turn sequence is the prompt, then each turn's output and passages)
