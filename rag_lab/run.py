@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import rag_lab.policies  # noqa: F401  (registers the demonstration policies generator=tiny's recipe rolls out)
 from rag_lab import CONF_DIR
 from rag_lab.core.cli import (
     check_below_interpolations,
@@ -30,16 +31,16 @@ from rag_lab.core.cli import (
     check_yaml_files,
     user_config_dirs,
 )
-from rag_lab.core.config import ConfigError, build, locate, validate
+from rag_lab.core.config import ConfigError, locate, validate
 from rag_lab.core.errors import one_line_errors
 from rag_lab.core.seeding import seed_everything
-from rag_lab.env import Env
-from rag_lab.eval.evaluate import aggregate, evaluate
-from rag_lab.eval.groups import group_stats, repeat
+from rag_lab.eval.evaluate import aggregate
+from rag_lab.eval.groups import group_stats
 from rag_lab.eval.provenance import check_judge, row_hash
 from rag_lab.eval.table import metrics_table
 from rag_lab.runner import rundir
 from rag_lab.runner.launch import launch_of, single_process_trainers
+from rag_lab.runner.stages import components, eval_examples, evaluate_run, fit, judge_of
 from rag_lab.runner.sweeps import code_hash, config_hash, drop_inapplicable, register, reuse, soften
 
 log = logging.getLogger("rag_lab.run")
@@ -112,19 +113,6 @@ def model_dir(cfg: DictConfig) -> str | None:
         return None
 
 
-def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, object]:
-    """The run's environment (corpus, retriever, generator) and policy, as the runner and every process of
-    a launched training job (:mod:`rag_lab.runner.launched`) build them."""
-    retriever = build(cfg.retriever, corpus=data.corpus)
-    env = Env(data.corpus, retriever, build(cfg.generator, data=data))
-    return env, policy_of(cfg, config, data, train_data)
-
-
-def policy_of(cfg: DictConfig, config: dict, data, train_data):
-    """The run's policy, untrained (its ``fit`` trains it, or finds what an earlier fit published)."""
-    return build(cfg.policy, data=data, train_data=train_data, reward=build(cfg.reward), run_config=config)
-
-
 def launched_job(config: dict, run_dir: Path, part: str) -> dict:
     """What each launched process does (:mod:`rag_lab.runner.launched`): build the run's generator (``part``
     ``generator``: the tiny LM's recipe) or fit its policy and evaluate it (``fit``)."""
@@ -146,14 +134,6 @@ def generator_trains(cfg: DictConfig, data) -> bool:
     return fitting_checkpoint(world, node.get("checkpoint"), recipe_settings(recipe_part(node))) is None
 
 
-def fit(cfg: DictConfig, policy, env: Env, data, train_data, run_dir: Path, logger=None) -> None:
-    """The policy's training on the run's training split, into ``<run dir>/checkpoints``. Under ``launch`` the
-    runner calls it after :func:`train_launched`, and the policy's ``fit`` finds the launched processes'
-    published results; the launched processes call it themselves (:mod:`rag_lab.runner.launched`)."""
-    train = train_data.split(cfg.train_split)
-    policy.fit(env, train, data.split("dev"), run_dir / "checkpoints", logger=logger)
-
-
 def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> bool:
     """Under ``launch``, a training policy's N processes (:mod:`rag_lab.runner.launched`), run before the
     runner builds any model of its own: while they train, the runner holds no copy of the model (on a GPU, a
@@ -165,27 +145,6 @@ def train_launched(cfg: DictConfig, config: dict, run_dir: Path) -> bool:
         return False
     launch.on_cluster().run_job(LAUNCHED, launched_job(config, run_dir, "fit"), run_dir / "launch")
     return True
-
-
-def eval_examples(cfg: DictConfig, data) -> list:
-    """The questions evaluated: ``eval.split``'s first ``eval.limit``, each ``eval.samples`` times."""
-    return repeat(data.split(cfg.eval.split)[: cfg.eval.limit], cfg.eval.samples)
-
-
-def judge_of(cfg: DictConfig, generator, run_dir: Path):
-    """The run's judge (``judge.generator: null`` shares the run's ``generator``), or None."""
-    if not cfg.judge:
-        return None
-    shared = {"generator": generator} if cfg.judge.generator is None else {}
-    return instantiate(cfg.judge, cache_path=str(run_dir / "judge_cache.jsonl"), **shared)
-
-
-def evaluate_run(cfg: DictConfig, policy, env: Env, data, run_dir: Path, judge, resume: bool, ranks=None):
-    """The run's evaluation (``eval.*``) into ``<run dir>/records.jsonl``: by the runner, or under ``launch``
-    by the launched processes, each its share of the batches (``ranks``: :mod:`rag_lab.train.parallel`)."""
-    examples, path = eval_examples(cfg, data), run_dir / "records.jsonl"
-    return evaluate(policy, env, examples, path, data.scorer, judge=judge, batch_size=cfg.eval.batch_size,
-                    resume=resume, recall_at=list(cfg.eval.recall_at), ranks=ranks)  # fmt: skip
 
 
 def follows(cfg: DictConfig, run_dir: Path, data) -> bool:

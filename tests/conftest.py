@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import rag_lab.policies  # noqa: F401  (registers the demonstration policies, as every command does)
 from rag_lab.core.config import compose
 
 # A world small enough for a sub-second end-to-end run.

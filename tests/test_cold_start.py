@@ -269,7 +269,9 @@ def test_config_group_and_command_line(base, tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"cold_start\.lora\.rank"):
         compose(["+cold_start=default", "+cold_start.lora.rank=8"])
 
-    cs.main(
+    from rag_lab.train.cold_start.__main__ import main
+
+    main(
         [
             *TINY_DATA,
             f"cache_dir={tmp_path}",
@@ -327,3 +329,11 @@ def test_the_world_teacher_on_questions_without_decompositions_says_why(data, re
         RagLabError, match="the world teacher follows gold decompositions, and no train question of nq"
     ):
         sample_demonstrations(other, FAST, retriever)
+
+
+def test_the_cold_start_command_runs_as_a_module(capfd, monkeypatch):
+    """``python -m rag_lab.train.cold_start`` (the package's ``__main__``, a command above the policies)."""
+    from conftest import cli
+
+    rc, out = cli("train.cold_start", ["--help"], capfd, monkeypatch)
+    assert rc == 0 and out.startswith("python -m rag_lab.train.cold_start: fine-tune the generator's model")

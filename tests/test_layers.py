@@ -1,8 +1,9 @@
 """The architecture, enforced: imports follow the layers, no import cycles, small modules and functions.
 
-The layers, lowest first (README, "Architecture"); a module may import its own layer and those below:
+The layers, lowest first (docs/concepts/architecture.md, which holds the picture and table that
+:func:`layers_block` draws from ``LAYERS``); a module may import its own layer and those below:
 
-    core → data → retrievers → generators → env → eval → rewards → policies / train
+    core → data → retrievers → generators → env → eval → rewards → train → policies
     → runner / reporting → commands
 
 Every import counts: at the top of a module, inside a function (a lazy import) and under
@@ -11,6 +12,7 @@ read), where importing ``a.b.c`` also runs the packages ``a`` and ``a.b``.
 """
 
 import ast
+import textwrap
 
 import pytest
 
@@ -24,7 +26,8 @@ LAYERS = [
     ("env", ["rag_lab.env"]),
     ("eval", ["rag_lab.eval"]),
     ("rewards", ["rag_lab.rewards"]),
-    ("policies / train", ["rag_lab.policies", "rag_lab.train", "rag_lab.checkpoints"]),
+    ("train", ["rag_lab.train", "rag_lab.checkpoints"]),
+    ("policies", ["rag_lab.policies"]),
     ("runner / reporting", ["rag_lab.runner", "rag_lab.reporting", "rag_lab.loggers"]),
     (
         "commands",
@@ -36,7 +39,9 @@ LAYERS = [
             "rag_lab.serve",
             "rag_lab.index",
             "rag_lab.plan",
-            "rag_lab.runner.launched",
+            # the two training commands inside train/ (`make tiny-lm`, `python -m rag_lab.train.cold_start`)
+            "rag_lab.train.tiny.ship",
+            "rag_lab.train.cold_start.__main__",
         ],
     ),
 ]
@@ -52,7 +57,8 @@ def layer_of(module: str) -> int:
                 best = (i, len(name))
     if best is None:
         raise AssertionError(
-            f"{module} is in no layer: add it to LAYERS (tests/test_layers.py) and the README"
+            f"{module} is in no layer: add it to LAYERS (tests/test_layers.py) and to "
+            "docs/concepts/architecture.md"
         )
     return best[0]
 
@@ -107,16 +113,14 @@ def test_no_import_cycles():
 
 
 def test_the_checks_see_an_upward_import_and_a_cycle():
-    # a generator that imports a policy, and two modules that import each other
+    # a training recipe that imports a policy, and two modules that import each other
     graph = {
-        "rag_lab.generators.x": frozenset({"rag_lab.policies.y"}),
+        "rag_lab.train.x": frozenset({"rag_lab.policies.y"}),
         "rag_lab.policies.y": frozenset(),
         "rag_lab.env.a": frozenset({"rag_lab.env.b"}),
         "rag_lab.env.b": frozenset({"rag_lab.env.a"}),
     }
-    assert upward_imports(graph) == [
-        "rag_lab.generators.x (generators) imports rag_lab.policies.y (policies / train)"
-    ]
+    assert upward_imports(graph) == ["rag_lab.train.x (train) imports rag_lab.policies.y (policies)"]
     assert cycles(graph) == [["rag_lab.env.a", "rag_lab.env.b"]]
 
 
@@ -125,6 +129,33 @@ def test_the_graph_sees_lazy_and_type_checking_imports():
     # rag_lab.run imports policies nowhere; the cold start imports the teacher lazily and under TYPE_CHECKING
     assert "rag_lab.env.teacher.generator" in graph["rag_lab.train.demonstrations"]
     assert all(m in graph for m in module_files())
+
+
+ARCHITECTURE_PAGE = PACKAGE_DIR.parent / "docs" / "concepts" / "architecture.md"
+
+
+def short(module: str) -> str:
+    return module.removeprefix("rag_lab.")
+
+
+def layers_block() -> str:
+    """The architecture page's picture of ``LAYERS`` (highest first) and its table of what each may import."""
+    width = max(len(name) for name, _ in LAYERS) + 2
+    rows = []
+    for name, modules in reversed(LAYERS):
+        lines = textwrap.wrap(" · ".join(map(short, modules)), 100 - width, break_on_hyphens=False)
+        rows.append("\n".join(f"{name if i == 0 else '':<{width}}{line}" for i, line in enumerate(lines)))
+    picture = f"\n{'':<4}│ imports ↓\n".join(rows)
+    table = ["| layer | modules | may import |", "|---|---|---|"]
+    for i, (name, modules) in enumerate(LAYERS):
+        below = ", ".join(n for n, _ in reversed(LAYERS[:i])) or "nothing else"
+        table.append(f"| {name} | {', '.join(f'`{short(m)}`' for m in modules)} | its own layer; {below} |")
+    return f"```text\n{picture}\n```\n\n" + "\n".join(table)
+
+
+def test_the_architecture_page_shows_these_layers():
+    block = layers_block()
+    assert block in ARCHITECTURE_PAGE.read_text(), f"{ARCHITECTURE_PAGE}: put this block there:\n\n{block}"
 
 
 @pytest.mark.parametrize("module", sorted(module_files()))
@@ -149,3 +180,12 @@ def test_the_top_level_holds_the_commands_only():
         assert layer_of(f"rag_lab.{name}") == len(LAYERS) - 1, f"rag_lab.{name}: not in the commands' layer"
         source = (PACKAGE_DIR / f"{name}.py").read_text()
         assert 'if __name__ == "__main__":' in source, f"rag_lab.{name}: no ``python -m rag_lab.{name}``"
+
+
+def test_every_command_is_an_entry_point():
+    """A module in the commands' layer is run, never imported by the package: ``python -m`` runs it."""
+    files, graph = module_files(), import_graph()
+    for module in LAYERS[-1][1]:
+        source = files[module].read_text()
+        assert module.endswith(".__main__") or 'if __name__ == "__main__":' in source, module
+        assert not [m for m, targets in graph.items() if module in targets], f"{module} is imported"

@@ -10,9 +10,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+import yaml
 
 from rag_lab.core.config import compose
-from rag_lab.train.memory import fake, loops, phases
+from rag_lab.core.errors import RagLabError
+from rag_lab.policies.r3rag import memory as r3rag_memory
+from rag_lab.train.memory import fake, phases
 from rag_lab.train.memory.architectures import model_config, shipped
 from rag_lab.train.memory.ledger import GIB, Ledger, Phase
 from rag_lab.train.memory.planner import plan
@@ -165,7 +168,7 @@ def test_a_reference_left_whole_on_every_gpu_exceeds_the_plan(small, ppo_plan, m
     clean, gpu = ppo_plan
     assert replace(clean, gpu_bytes=int(gpu * GIB)).over() is None
     assert clean.phases[1].name == "reference pass"
-    monkeypatch.setattr(loops, "initial_model", lambda reference, bench: fake.materialize(reference))
+    monkeypatch.setattr(r3rag_memory, "initial_model", lambda reference, bench: fake.materialize(reference))
     planted = plan(r3rag(small, f"launch.memory.gpu_memory_gib={gpu}"))
     whole = sum(p.numel() * 2 for p in meta_model(small).parameters()) + buffer_bytes(small)
     assert all(p.lines["reference"] == whole for p in planted.phases)
@@ -304,3 +307,17 @@ def test_the_gpu_checks_smollm2_step_has_its_plan():
     assert ledger.world == 1 and 0 < ledger.peak.total < ledger.bound
     names = {p.trainer for p in ledger.phases}
     assert names == {"DAPO (GRPO)"}
+
+
+def test_each_trained_policy_names_its_plan_and_one_without_is_one_line():
+    """The planner imports no policy: each trained policy class names its plan (``memory_plan``)."""
+    from rag_lab import CONF_DIR
+    from rag_lab.core.config import locate
+    from rag_lab.train.memory.methods import plan_of
+
+    targets = {yaml.safe_load(p.read_text()).get("_target_") for p in (CONF_DIR / "policy").glob("*.yaml")}
+    trained = [cls for cls in map(locate, filter(None, targets)) if getattr(cls, "trains", False)]
+    assert {cls.__name__ for cls in trained} == {"APEX", "DAPO", "EvoRAG", "R3RAG", "StopRAG"}
+    assert all(callable(plan_of(cls)) for cls in trained)
+    with pytest.raises(RagLabError, match=r"^policy: Untrained trains, and names no memory plan"):
+        plan_of(type("Untrained", (), {"trains": True}))

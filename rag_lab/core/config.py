@@ -103,7 +103,7 @@ class RunConfig:
     judge: Any = None
     # How training is launched: null (in this process) or an accelerate config (rag_lab/runner/launch.py).
     launch: Any = None
-    # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start.py).
+    # Supervised cold start on teacher demonstrations (+cold_start=default; rag_lab/train/cold_start/).
     cold_start: Any = None
     # The dataset a training policy trains on (a data config; null: the run's data), e.g. dapo_2wiki's
     # 2Wiki while it evaluates on seven datasets: ``- /data@train_data: 2wiki`` in an experiment.

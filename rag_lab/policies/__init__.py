@@ -36,6 +36,7 @@ What a method receives and keeps:
   :mod:`rag_lab.train.curves`; supervised starts through the cold start (:mod:`rag_lab.train.cold_start`).
 """
 
+from rag_lab.policies import demonstrators  # registers the teacher's demonstration policies (rag_lab.train)
 from rag_lab.policies.base import Policy
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "demonstrators"]

@@ -48,8 +48,8 @@ PACKAGES = {
     "reward": "`rewards/` — pure functions with TRL's signature; a method's policy selects its own",
     "logger": "`loggers/`",
     "judge": "`eval/judge.py` — LLM-as-judge accuracy (DAPO paper B.4 prompt) through any generator",
-    "cold_start": "`train/cold_start.py` — SFT on rejection-sampled teacher demonstrations",
-    "launch": "`core/launch.py` — training data-parallel under `accelerate launch` (an accelerate config)",
+    "cold_start": "`train/cold_start/` — SFT on rejection-sampled teacher demonstrations",
+    "launch": "`runner/launch.py` — training data-parallel under `accelerate launch` (an accelerate config)",
     "experiment": "— `# @package _global_` deltas over the defaults",
 }
 # Config folders whose yaml are not one component each: experiments (deltas over the whole config, listed

@@ -1,7 +1,7 @@
 """One process of a run's training under ``launch`` (:mod:`rag_lab.runner.launch`): ``accelerate launch -m
 rag_lab.runner.launched <run dir>/launch/job.json`` starts N of them. Each rebuilds the run from its resolved
 config (``job.json``: the config the runner wrote to the run dir, and the run dir) as the runner does
-(:func:`rag_lab.run.components`) and calls the policy's ``fit``; the trainers split each global batch
+(:mod:`rag_lab.runner.stages`) and calls the policy's ``fit``; the trainers split each global batch
 between the processes and the main process publishes (:mod:`rag_lab.train.parallel`). The main process
 fits into the run dir (``checkpoints/``: curves, a resumable trainer's checkpoints); every other process
 into ``launch/rank<i>/`` (what it writes there beside the main process is a copy, and no two processes
@@ -23,12 +23,13 @@ def main(job_file: str) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    import rag_lab.policies  # noqa: F401  (registers the demonstration policies generator=tiny's recipe uses)
     from rag_lab.core.config import build
     from rag_lab.core.errors import one_line_errors
     from rag_lab.core.loading import loading_on_purpose
     from rag_lab.core.seeding import seed_everything
-    from rag_lab.run import components, fit
     from rag_lab.runner.launch import report_rank
+    from rag_lab.runner.stages import components, fit
     from rag_lab.train.parallel import CHECKPOINTING_ENV, state
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -73,7 +74,7 @@ def evaluate_share(cfg, job: dict, data, train_data, work: Path) -> None:
 
     import torch
 
-    from rag_lab.run import components, evaluate_run, fit, judge_of
+    from rag_lab.runner.stages import components, evaluate_run, fit, judge_of
     from rag_lab.train import parallel
 
     gc.collect()

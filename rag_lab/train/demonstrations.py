@@ -1,10 +1,11 @@
 """Teacher demonstrations: the world teacher behind the real policies, as (prompt, completion) pairs.
 
 The world teacher (``rag_lab.env.teacher``: a rule-based SIMULATOR of a strong LLM, ``data=synth`` only)
-is wrapped in a :class:`Recorder` and put behind the real policies (:func:`demonstration_policies`: the
-Stop-RAG pipeline with LLM-Stop, the DAPO / EVO-RAG / R3-RAG agents, APEX's plan-execute loop, standard
-RAG, direct, IRCoT) on training questions. Every generation call it serves becomes a pair, so the
-demonstrations are exactly the prompts those policies render at inference. Two uses:
+is wrapped in a :class:`Recorder` and put behind the real policies on training questions (the ones
+:mod:`rag_lab.policies.demonstrators` registers in :mod:`rag_lab.train.demonstrators`: the Stop-RAG pipeline
+with LLM-Stop, the DAPO / EVO-RAG / R3-RAG agents, APEX's plan-execute loop, standard RAG, direct, IRCoT).
+Every generation call it serves becomes a pair, so the demonstrations are exactly the prompts those policies
+render at inference. Two uses:
 
 - the tiny LM's recipe (:func:`collect`, then :func:`sample`: pairs drawn per protocol to an equal budget
   of words, so short tasks get many examples and long traces fewer);
@@ -18,7 +19,8 @@ demonstrations are exactly the prompts those policies render at inference. Two u
   pairs, identical pairs once. ``counts`` per protocol: episodes sampled, kept, rejected as wrong,
   rejected as malformed (malformed wins when both), distinct pairs kept. Cached under
   ``cold_start/demos/`` (:mod:`rag_lab.core.cache`: the questions, the corpus, the sampling settings, the
-  code), so a second call does not sample again (about 100 s for the whole synth training split).
+  code, the demonstration policies' code), so a second call does not sample again (about 100 s for the
+  whole synth training split).
 
 Hand-written: TRL has no sampler of agent episodes, and the per-episode verdict needs to know which
 generate calls belong to which episode: each rollout is one question (the policies' episodes do not
@@ -50,11 +52,8 @@ from rag_lab.env.protocols.base import INVALID, PROTOCOLS, REFUSE, Protocol, ide
 from rag_lab.env.teacher.agent import Noise
 from rag_lab.eval.metrics import SCORERS
 from rag_lab.generators.base import Completion, Prompt, Sampling, as_text
-from rag_lab.policies.agent import Agent
-from rag_lab.policies.apex.pipeline import APEXPipeline
-from rag_lab.policies.prompting import ChainOfThought, Direct, StandardRAG
-from rag_lab.policies.stoprag.pipeline import IterativePipeline, LLMStop
 from rag_lab.retrievers.base import Retriever
+from rag_lab.train import demonstrators
 from rag_lab.train.parallel import from_main, is_main, main_first, spread
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ class DemoSettings:
     # the teacher's mistakes, each a probability per decision (null: none; the yaml sets some, for
     # rejection sampling to filter out)
     noise: Noise | None = None
-    # passages per search, and the Stop-RAG pipelines' iterations (demonstration_policies)
+    # passages per search, and the Stop-RAG pipelines' iterations (the demonstration policies')
     k: PositiveInt = 3
     iterations: PositiveInt = 6
     # seeds the teacher's samples
@@ -112,21 +111,6 @@ class Recorder:
         return out
 
 
-def demonstration_policies(k: int = 3, iterations: int = 6) -> list:
-    """One policy per protocol family, with the embedded default's sizes."""
-    return [
-        IterativePipeline(LLMStop(), iterations=iterations),  # stoprag_decide + query/intermediate/final
-        IterativePipeline(iterations=iterations),  # traces that run past the last needed fact
-        Agent("dapo", k=k, max_turns=6),
-        Agent("evorag", k=k, max_turns=10),
-        Agent("r3rag", k=k, max_turns=6),
-        APEXPipeline(k=k),
-        StandardRAG(k=k),
-        Direct(),
-        ChainOfThought(retrieve=True, k=k),
-    ]
-
-
 def collect(
     teacher,
     corpus: Corpus,
@@ -139,7 +123,8 @@ def collect(
     """protocol name -> {plain-text prompt: the teacher's completion}, from every policy's rollouts."""
     recorder = Recorder(teacher)
     env = Env(corpus, retriever, recorder)
-    for policy in tqdm(demonstration_policies(k, iterations), desc="teacher demonstrations", leave=False):
+    policies = demonstrators.registered().policies(k, iterations)
+    for policy in tqdm(policies, desc="teacher demonstrations", leave=False):
         for start in range(0, len(questions), batch_size):
             policy.rollout(env, list(questions[start : start + batch_size]))
     by_protocol: dict[str, dict[str, str]] = defaultdict(dict)
@@ -158,19 +143,26 @@ def question_keys(questions: Sequence[QAExample]) -> list:
     ]
 
 
+def collected_path(cache_dir: str | Path, kind: str, data, *settings) -> Path:
+    """Where :func:`collect`'s demonstrations on ``data``'s training split are cached:
+    ``cache_dir/<kind>/<key>.json``, keyed by the corpus, the training questions, ``settings``, this code
+    and the demonstration policies' code."""
+    questions = question_keys(data.split("train"))
+    code = demonstrators.registered().code_digest()
+    where = cache.path(cache_dir, kind, data.corpus.fingerprint, questions, *settings, code, code=__name__)
+    return where.with_name(where.name + ".json")
+
+
 def teacher_demonstrations(data, cache_dir: str | Path, k: int = 3, iterations: int = 6):
     """:func:`collect` with the world teacher and BM25 over ``data``'s training split, cached under
-    ``cache_dir/demonstrations/`` (the corpus, the training questions, ``k``, ``iterations`` and this
-    code: the teacher is deterministic). Every recipe run on one world needs the same ones: 21 s on the
+    ``cache_dir/demonstrations/`` (:func:`collected_path`, with ``k`` and ``iterations``: the teacher is
+    deterministic). Every recipe run on one world needs the same ones: 21 s on the
     full world, 11 s on the tests' tiny one, once. Returns them with the BM25 retriever."""
     from rag_lab.env.teacher.generator import TeacherGenerator
     from rag_lab.retrievers.bm25 import BM25Retriever
 
     retriever = BM25Retriever(data.corpus, cache_dir=str(cache_dir))
-    questions = question_keys(data.split("train"))
-    where = cache.path(cache_dir, "demonstrations", data.corpus.fingerprint, questions, k, iterations,
-                       code=__name__)  # fmt: skip
-    path = where.with_name(where.name + ".json")
+    path = collected_path(cache_dir, "demonstrations", data, k, iterations)
     if path.exists():
         return json.loads(path.read_text()), retriever
     by_protocol = collect(TeacherGenerator(data), data.corpus, retriever, data.split("train"), k, iterations)
@@ -186,10 +178,7 @@ def generalist_demonstrations(data, cache_dir: str | Path, k: int, iterations: i
     from rag_lab.retrievers.bm25 import BM25Retriever
 
     retriever = BM25Retriever(data.corpus, cache_dir=str(cache_dir))
-    questions = question_keys(data.split("train"))
-    where = cache.path(cache_dir, "generalist_demonstrations", data.corpus.fingerprint, questions, k,
-                       iterations, habits, code=__name__)  # fmt: skip
-    path = where.with_name(where.name + ".json")
+    path = collected_path(cache_dir, "generalist_demonstrations", data, k, iterations, habits)
     if path.exists():
         return json.loads(path.read_text()), retriever
     teacher = GeneralistTeacher(data, **habits)
@@ -278,7 +267,7 @@ def speakers(
     """The demonstration policies whose prompts use any of the ``wanted`` protocols, found by rolling
     each out on a few questions (a policy does not name the protocols its pipeline renders)."""
     chosen, spoken = [], set()
-    for policy in demonstration_policies(config.k, config.iterations):
+    for policy in demonstrators.registered().policies(config.k, config.iterations):
         prompts = [
             p for example in questions[:PROBE] for p, _ in rollout_one(policy, teacher, env, example, chat)[1]
         ]
@@ -372,25 +361,32 @@ def sample_demonstrations(
     return Demonstrations([(prompt, text) for prompt, text, _ in kept.values()], counts)
 
 
+def sampled_path(cache_dir: str | Path, data, config: DemoSettings, chat: bool) -> Path:
+    """Where :func:`demonstrations` caches the world teacher's: ``cache_dir/cold_start/demos/<key>.json``,
+    keyed by the corpus, the questions, the sampling settings, ``chat``, this code and the demonstration
+    policies' code."""
+    questions = question_keys(list(data.split(config.split))[: config.limit])
+    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(DemoSettings)}
+    code = demonstrators.registered().code_digest()
+    where = cache.path(
+        cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat, code, code=__name__
+    )
+    return where.with_name(where.name + ".json")
+
+
 def demonstrations(
     data, config: DemoSettings, cache_dir: str | Path, chat: bool = False, retriever=None, teacher=None
 ) -> Demonstrations:
     """:func:`sample_demonstrations`, searching with BM25 unless ``retriever`` is given. With the world
     teacher and BM25 (``teacher`` and ``retriever`` None: their identity is known) the result is cached
-    under ``cache_dir/cold_start/demos/`` (:func:`rag_lab.core.cache.path`: the corpus, the questions, the
-    sampling settings, ``chat`` and this code)."""
+    (:func:`sampled_path`)."""
     from rag_lab.retrievers.bm25 import BM25Retriever
 
     with main_first():  # under launch the main process builds the BM25 index's cache, the others load it
         sampled = retriever or BM25Retriever(data.corpus, cache_dir=str(cache_dir))
     if retriever is not None or teacher is not None:
         return sample_demonstrations(data, config, sampled, chat, teacher)
-    questions = question_keys(list(data.split(config.split))[: config.limit])
-    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(DemoSettings)}
-    where = cache.path(
-        cache_dir, "cold_start/demos", data.corpus.fingerprint, questions, settings, chat, code=__name__
-    )
-    path = where.with_name(where.name + ".json")
+    path = sampled_path(cache_dir, data, config, chat)
     stored = from_main(lambda: json.loads(path.read_text()) if path.exists() else None)
     if stored is not None:
         return Demonstrations([(p, c) for p, c in stored["pairs"]], stored["counts"])

@@ -56,6 +56,8 @@ PANELS = [
 
 class APEX(APEXPipeline):
     trains = True
+    # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
+    memory_plan = "rag_lab.train.memory.methods.apex"
 
     @takes(APEXPipeline)
     def __init__(

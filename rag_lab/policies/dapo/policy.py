@@ -60,6 +60,8 @@ STAGES = (1, 2, "unified")
 
 class DAPO(Agent):
     trains = True
+    # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
+    memory_plan = "rag_lab.train.memory.methods.dapo"
 
     @takes(Agent, drop=["protocol"])
     def __init__(

@@ -82,6 +82,8 @@ class PreferenceSettings:
 
 class EvoRAG(Agent):
     trains = True
+    # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
+    memory_plan = "rag_lab.train.memory.methods.evorag"
 
     @takes(Agent, drop=["protocol"])
     def __init__(

@@ -64,6 +64,8 @@ UNRELATED = ("eval", "logger", "judge", "experiment", "data", "train_data", "hyd
 
 class R3RAG(Agent):
     trains = True
+    # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
+    memory_plan = "rag_lab.policies.r3rag.memory.plan"
 
     @takes(Agent, drop=["protocol"])
     def __init__(

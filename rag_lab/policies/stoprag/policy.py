@@ -107,6 +107,8 @@ class QStopper:
 
 class StopRAG:
     trains = True
+    # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
+    memory_plan = "rag_lab.policies.stoprag.memory.plan"
 
     @takes(IterativePipeline, QNetwork, drop=["stopper"])
     def __init__(

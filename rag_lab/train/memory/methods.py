@@ -6,17 +6,18 @@ planner's ``max_new_tokens``); a multi-turn sequence is the prompt, then each tu
 and ``passage_tokens`` (R3-RAG cuts each passage to ``max_doc_chars``, about 4 characters a token), at most
 the model's positions.
 
-Each plan returns its phases; :func:`plans` maps a policy class to its plan (a trained policy without one is a
-one-line error naming this module).
+Each plan returns its phases. A trained policy class names its plan in ``memory_plan`` (:func:`plan_of`):
+the methods that train with TRL's trainers name one of this module's (:func:`dapo`, :func:`evorag`,
+:func:`apex`); R3-RAG and Stop-RAG, whose loops are their own, name theirs (``rag_lab/policies/r3rag/
+memory.py``, ``rag_lab/policies/stoprag/memory.py``), so the planner imports no policy.
 """
 
-import math
 from collections.abc import Callable
 
+from rag_lab.core.config import locate
 from rag_lab.core.errors import RagLabError
 from rag_lab.train.memory.context import Context
 from rag_lab.train.memory.ledger import Phase
-from rag_lab.train.memory.loops import PPOShapes, QShapes, ppo, qnet
 from rag_lab.train.memory.trainers import Shapes, dpo, grpo, sft
 
 CHARS_PER_TOKEN = 4
@@ -70,22 +71,6 @@ def evorag(ctx: Context, s: dict) -> list[Phase]:
     )
 
 
-def r3rag(ctx: Context, s: dict) -> list[Phase]:
-    """R3-RAG's PPO: ``ppo.micro_batch`` samples a pass, a sample a step with its history (documents cut to
-    ``max_doc_chars``), after its cold start where it has one."""
-    p = s["ppo"]
-    doc = ctx.memory.passage_tokens
-    if p.get("max_doc_chars"):
-        doc = min(doc, math.ceil(p["max_doc_chars"] / CHARS_PER_TOKEN))
-    length = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"], doc)
-    shapes = PPOShapes(
-        p["micro_batch"], length, p["critic"], p["clip"], p["value_clip"], p["kl_coef"], p["vf_coef"]
-    )
-    episodes = ctx.share(p["batch_size"], "policy.ppo.batch_size") * len(p["temperatures"])
-    rollout = ctx.rollout(episodes, length)
-    return cold_start(ctx, s.get("cold_start")) + ppo(ctx.bench, ctx.model, shapes, rollout, "R3-RAG (PPO)")
-
-
 def apex(ctx: Context, s: dict) -> list[Phase]:
     """APEX's executor SFT (its cold start config) and planner GRPO (with its reference where ``beta`` > 0),
     each where its switch is on."""
@@ -103,37 +88,13 @@ def apex(ctx: Context, s: dict) -> list[Phase]:
     return phases
 
 
-def stoprag(ctx: Context, s: dict) -> list[Phase]:
-    """The Q-network trains beside the run's generator, a black box (vLLM's engine at its
-    ``gpu_memory_utilization``, or the HF model), which the offline rollouts generated with."""
-    states = ctx.share(s["batch_size"], "policy.batch_size")
-    bootstrap = s["iterations"] - 1 if s.get("target", "qlambda") in ("qlambda", "q0") else 0
-    config = ctx.architecture(s["encoder"], "policy.encoder")
-    shapes = QShapes(
-        states, max(bootstrap, 1), s["max_length"], s.get("head_hidden"), s.get("freeze_encoder", False)
-    )
-    rollout = ctx.black_box()
-    return [Phase("offline rollouts", "rollout", rollout.outside("rollout"), list(rollout.notes))] + qnet(
-        ctx.bench, config, shapes, rollout, "Stop-RAG (Q-network)"
-    )
-
-
-def plans() -> dict[type, Callable[[Context, dict], list[Phase]]]:
-    """The plan of each trained policy class."""
-    from rag_lab.policies.apex.policy import APEX
-    from rag_lab.policies.dapo.policy import DAPO
-    from rag_lab.policies.evorag.policy import EvoRAG
-    from rag_lab.policies.r3rag.policy import R3RAG
-    from rag_lab.policies.stoprag.policy import StopRAG
-
-    return {DAPO: dapo, EvoRAG: evorag, R3RAG: r3rag, APEX: apex, StopRAG: stoprag}
-
-
 def plan_of(cls: type) -> Callable[[Context, dict], list[Phase]]:
-    for base, fn in plans().items():
-        if issubclass(cls, base):
-            return fn
-    raise RagLabError(
-        f"policy: {cls.__name__} trains, and the memory plan has no plan of its trainers "
-        "(rag_lab/train/memory/methods.py)"
-    )
+    """The plan a trained policy class names (``memory_plan``: the dotted path of a function taking the
+    context and the policy's settings); a one-line error when it names none."""
+    name = getattr(cls, "memory_plan", None)
+    if not name:
+        raise RagLabError(
+            f"policy: {cls.__name__} trains, and names no memory plan of its trainers (a class attribute "
+            "memory_plan: rag_lab/train/memory/methods.py)"
+        )
+    return locate(name)

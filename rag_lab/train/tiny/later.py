@@ -18,7 +18,8 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.env.protocols.base import PROTOCOLS, identify
 from rag_lab.env.teacher.generator import TeacherGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
-from rag_lab.train.demonstrations import generalist_demonstrations
+from rag_lab.train import demonstrators
+from rag_lab.train.demonstrations import Recorder, generalist_demonstrations
 from rag_lab.train.parallel import main_first
 from rag_lab.train.tiny.model import TinyConfig, TinySizes
 from rag_lab.train.tiny.reading import (
@@ -157,14 +158,12 @@ def continue_stage(
 
 
 def oracle_chains(data, questions) -> dict[str, str]:
-    """The world teacher's chain-of-thought over each question's gold passages (``policy=oracle_rag
-    policy.reader=cot`` behind it): {cot prompt: the next sentence}."""
+    """The world teacher's chain-of-thought over each question's gold passages (the registered gold-passage
+    reader, :mod:`rag_lab.train.demonstrators`, behind it): {cot prompt: the next sentence}."""
     from rag_lab.env import Env
-    from rag_lab.policies.oracle import OracleRAG
-    from rag_lab.train.demonstrations import Recorder
 
     recorder = Recorder(TeacherGenerator(data))
-    env, policy = Env(data.corpus, None, recorder), OracleRAG(reader="cot")
+    env, policy = Env(data.corpus, None, recorder), demonstrators.registered().gold_chains()
     for start in range(0, len(questions), 256):
         policy.rollout(env, list(questions[start : start + 256]))
     return {

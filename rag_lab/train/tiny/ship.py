@@ -2,7 +2,9 @@
 embedded world and ship the checkpoint that ``generator=tiny`` loads (``rag_lab/checkpoints/tiny_lm``):
 the model, its tokenizer, ``recipe.json`` (the settings and the world's fingerprint) and a model card.
 
-``python -m rag_lab.train.tiny.ship [overrides] [--out DIR] [--scores report.md]``.
+``python -m rag_lab.train.tiny.ship [overrides] [--out DIR] [--scores report.md]``. A command (nothing in
+the package imports it): it imports :mod:`rag_lab.policies`, whose demonstration policies the recipe's
+teacher demonstrations roll out (:mod:`rag_lab.train.demonstrators`).
 """
 
 import json
@@ -11,6 +13,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import rag_lab.policies  # noqa: F401  (registers the demonstration policies)
 from rag_lab.train.tiny.generator import (
     SHIPPED,
     before,

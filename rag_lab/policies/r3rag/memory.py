@@ -1,30 +1,29 @@
-"""One step of each of rag_lab's own training loops, on fake weights, with their own modules and losses.
+"""R3-RAG's memory plan (:mod:`rag_lab.train.memory`; :func:`plan` is :attr:`~.policy.R3RAG.memory_plan`): one
+step of its PPO on fake weights, with its own modules and losses.
 
-- **R3-RAG's PPO** (:mod:`rag_lab.policies.r3rag.ppo`): the actor-critic
-  (:class:`~rag_lab.policies.r3rag.model.ActorCritic`: the policy and a value head, ``critic: separate`` a
-  second trunk), prepared by accelerate as one FSDP2 model, the trained weights in float32; the frozen initial
-  model prepared by accelerate as well (sharded like the policy); the score pass of one micro-batch without
-  gradient (the initial model's log-probabilities, then the actor-critic's and its values), then one
-  micro-batch of the update (eq. 7's surrogate, eq. 9's KL, the value loss:
-  :mod:`~rag_lab.policies.r3rag.losses`), backward, clipping, AdamW over both. Its trunks checkpoint under
-  ``launch.gradient_checkpointing`` (:data:`PPO_CHECKPOINTS`).
-- **Stop-RAG's Q-network** (:mod:`rag_lab.policies.stoprag.trainer`): the encoder and its two heads
-  (:func:`~rag_lab.policies.stoprag.qnet.head`) prepared by accelerate; the no-gradient pass over every state
-  of the batch's trajectories (the Q(λ) targets' bootstrap), then the batch's states with gradient under bf16
-  autocast, backward, AdamW (weight decay).
-
-The optimizers are ``torch.optim.AdamW`` with torch's defaults on a GPU (``foreach``).
+The actor-critic (:class:`~.model.ActorCritic`: the policy and a value head, ``critic: separate`` a second
+trunk), prepared by accelerate as one FSDP2 model, the trained weights in float32; the frozen initial model
+prepared by accelerate as well (sharded like the policy); the score pass of one micro-batch without gradient
+(the initial model's log-probabilities, then the actor-critic's and its values), then one micro-batch of the
+update (eq. 7's surrogate, eq. 9's KL, the value loss: :mod:`.losses`), backward, clipping, AdamW over both
+(``torch.optim.AdamW`` with torch's defaults on a GPU, ``foreach``). Its trunks checkpoint under
+``launch.gradient_checkpointing`` (:data:`PPO_CHECKPOINTS`).
 """
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
+from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
 from rag_lab.train.memory import fake
+from rag_lab.train.memory.context import Context
 from rag_lab.train.memory.ledger import Phase
 from rag_lab.train.memory.measure import tracking
+from rag_lab.train.memory.methods import CHARS_PER_TOKEN, cold_start, multi_turn
 from rag_lab.train.memory.phases import (
     Bench,
     Rollout,
@@ -57,9 +56,6 @@ class PPOShapes:
 
 
 def ppo(bench: Bench, config, s: PPOShapes, rollout: Rollout, name: str = "PPO") -> list[Phase]:
-    from rag_lab.policies.r3rag.losses import kl_to_initial, policy_loss, value_loss
-    from rag_lab.policies.r3rag.model import ActorCritic, token_logprobs
-
     checkpoints = bench.checkpointing and PPO_CHECKPOINTS
     lm = fake.causal_lm(config, bench.dtype, trains=True, checkpointing=checkpoints)
     # the initial model copied from the policy (ppo.initial_model), then the actor-critic
@@ -113,57 +109,17 @@ def _generate_unsharded(model, rows: int, length: int) -> None:
     model(input_ids=tokens(rows, length, model.lm.config.vocab_size), use_cache=True, logits_to_keep=1)
 
 
-class QNet(nn.Module):
-    """The modules of Stop-RAG's :class:`~rag_lab.policies.stoprag.qnet.QNetwork` (which loads its encoder's
-    weights and tokenizer itself): the encoder, its first token pooled, the two heads."""
-
-    def __init__(self, encoder: nn.Module, head_hidden: int | None, dropout: float = 0.1):
-        from rag_lab.policies.stoprag.qnet import head
-
-        super().__init__()
-        self.encoder, width = encoder, encoder.config.hidden_size
-        self.stop_head = head(width, head_hidden or width, dropout)
-        self.cont_head = head(width, head_hidden or width, dropout)
-        self._no_split_modules = list(getattr(encoder, "_no_split_modules", None) or [])
-
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled = self.encoder(input_ids=input_ids).last_hidden_state[:, 0]
-        return self.stop_head(pooled)[:, 0], self.cont_head(pooled)[:, 0]
-
-
-@dataclass(frozen=True)
-class QShapes:
-    """States a process trains on in a step (its share of ``batch_size``), each with ``bootstrap`` states of
-    its trajectory scored without gradient; tokens a state."""
-
-    states: int
-    bootstrap: int
-    length: int
-    head_hidden: int | None = 4096
-    frozen_encoder: bool = False
-
-
-def qnet(bench: Bench, config, s: QShapes, rollout: Rollout, name: str = "Q-network") -> list[Phase]:
-    encoder = fake.encoder(config, torch.float32)
-    encoder.requires_grad_(not s.frozen_encoder).train(not s.frozen_encoder)
-    with fake.on_meta():
-        model = QNet(encoder, s.head_hidden).train()
-    model = fake.prepare(model, bench.mesh, bench.mixed_precision)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], weight_decay=0.01, foreach=True
+def plan(ctx: Context, s: dict) -> list[Phase]:
+    """R3-RAG's PPO: ``ppo.micro_batch`` samples a pass, a sample a step with its history (documents cut to
+    ``max_doc_chars``), after its cold start where it has one."""
+    p = s["ppo"]
+    doc = ctx.memory.passage_tokens
+    if p.get("max_doc_chars"):
+        doc = min(doc, math.ceil(p["max_doc_chars"] / CHARS_PER_TOKEN))
+    length = multi_turn(ctx, s["max_turns"], s["max_new_tokens"], s["k"], doc)
+    shapes = PPOShapes(
+        p["micro_batch"], length, p["critic"], p["clip"], p["value_clip"], p["kl_coef"], p["vf_coef"]
     )
-    ready_optimizer(optimizer)
-    vocab = config.vocab_size
-    with tracking(model, optimizer) as phase:
-        phase.begin()
-        with torch.no_grad():
-            phase.forward()
-            model(tokens(s.states * s.bootstrap, s.length, vocab))
-        phase.forward()
-        with torch.autocast(fake.DEVICE.type, dtype=torch.bfloat16, enabled=bench.mixed_precision != "no"):
-            stop, cont = model(tokens(s.states, s.length, vocab))
-        (stop.float() ** 2 + cont.float() ** 2).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        update = update_phase(phase, name, rollout, {}, {})
-        return [update, save_phase(phase, name, model, rollout, {}, {})]
+    episodes = ctx.share(p["batch_size"], "policy.ppo.batch_size") * len(p["temperatures"])
+    rollout = ctx.rollout(episodes, length)
+    return cold_start(ctx, s.get("cold_start")) + ppo(ctx.bench, ctx.model, shapes, rollout, "R3-RAG (PPO)")
