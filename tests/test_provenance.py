@@ -204,3 +204,26 @@ def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_s
     with pytest.raises(DataError, match=r"has no judge split: data.judge_size is 0"):
         without.split("judge")
     assert small(tmp_path / "c", 40).split("judge") == judged  # the same world, the same judge split
+
+
+class Teach:
+    """A generator without a model folder (as the world teacher): fingerprinted by its class and settings."""
+
+    def __init__(self):
+        self.k, self.table = 3, {"not": "a setting"}
+
+
+def test_the_fingerprints_and_the_row_hash_keep_their_values(tmp_path):
+    """The hex that committed claims rows and provenance.json files hold, for hand-worked inputs: sha256 of
+    exactly these bytes (the hashing goes through rag_lab.core.cache; the values must not move)."""
+    from types import SimpleNamespace
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hi")
+    # sha256(b"a.txt\x002\x00hi"): each file's path, size and bytes
+    assert lm_fingerprint(SimpleNamespace(source=str(folder))) == "m@292f7ace6699a267"
+    # sha256('["Teach", {"k": 3}]'): the class and its plain settings
+    assert lm_fingerprint(Teach()) == "Teach@0a9e29ce82c83078"
+    # sha256('{"a": 1}'): the config less the seed and what cannot change results (the logger)
+    assert row_hash(OmegaConf.create({"seed": 3, "a": 1, "logger": {"x": 1}})) == "f9d86028c6e0d64e"

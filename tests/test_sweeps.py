@@ -130,3 +130,19 @@ def test_the_same_config_run_twice_beside_itself_counts_once(tmp_path):
         (tmp_path / name / "config.yaml").write_text(json.dumps(config))
         runs.append(tmp_path / name)
     assert distinct(runs) == [runs[0], runs[2]]
+
+
+def test_the_config_hash_and_the_package_digest_keep_their_values(tmp_path, monkeypatch):
+    """The hex that reused runs' registry and provenance.json hold, for hand-worked inputs: sha256 of exactly
+    these bytes (the hashing goes through rag_lab.core.cache; the values must not move)."""
+    from rag_lab.runner import sweeps
+
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "a.py").write_text("x")
+    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"not counted")
+    # sha256(b"a.py" b"x"): each file's path and bytes, __pycache__ left out
+    digest = "eed2d11d407de357034a064a4b4223be7776544d764bd0b60ccef28559d55690"
+    assert sweeps.package_digest(tmp_path) == digest
+    monkeypatch.setattr(sweeps, "package_digest", lambda root=None: "P")
+    # sha256('{"a": 1}' "P"): the config less what cannot change results, then the package's digest
+    assert config_hash({"a": 1, "logger": {"x": 1}}) == "10af8577b9ec9552"

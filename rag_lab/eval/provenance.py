@@ -11,13 +11,13 @@ The judge split and seeds are ``make claims``' alone (:func:`check_judge`, calle
 anything). Hand-written: no library keeps a run's provenance in this form.
 """
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rag_lab.core import cache
 from rag_lab.core.config import ConfigError
 from rag_lab.core.errors import RagLabError
 from rag_lab.eval.runs import records_of, results_config
@@ -61,7 +61,7 @@ def row_hash(cfg: DictConfig) -> str:
         seedless.seed = 0
     config = results_config(OmegaConf.to_container(seedless, resolve=True))
     config.pop("seed", None)
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache.text_digest(json.dumps(config, sort_keys=True, default=str))[:16]
 
 
 def row_config_of(run: Path, provenance: dict) -> str | None:

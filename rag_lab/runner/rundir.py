@@ -18,19 +18,20 @@ would interleave their records under one label.
 
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from rag_lab.core import cache
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_json, atomic_write_text
 from rag_lab.eval.table import metrics_table, to_markdown
@@ -189,20 +190,24 @@ def lm_fingerprint(generator: Any) -> str:
     source = getattr(generator, "source", None)
     if source is not None and Path(source).is_dir():
         root = Path(source)
-        digest = hashlib.sha256()
-        for path in sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts):
-            size = path.stat().st_size
-            digest.update(f"{path.relative_to(root)}\0{size}\0".encode())
-            if size <= BIG_FILE:
-                digest.update(path.read_bytes())
-        return f"{root.name}@{digest.hexdigest()[:16]}"
+        return f"{root.name}@{cache.stream_digest(_model_files(root))[:16]}"
     settings = {
         k: v
         for k, v in sorted(getattr(generator, "__dict__", {}).items())
         if isinstance(v, (int, float, str, bool)) or dataclasses.is_dataclass(v)
     }
     blob = json.dumps([type(generator).__qualname__, settings], sort_keys=True, default=str)
-    return f"{type(generator).__name__}@{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+    return f"{type(generator).__name__}@{cache.text_digest(blob)[:16]}"
+
+
+def _model_files(root: Path) -> Iterator[bytes]:
+    """What a model folder's fingerprint reads: each file's path and size, and its bytes up to
+    :data:`BIG_FILE`."""
+    for path in sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts):
+        size = path.stat().st_size
+        yield f"{path.relative_to(root)}\0{size}\0".encode()
+        if size <= BIG_FILE:
+            yield path.read_bytes()
 
 
 def write_provenance(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:

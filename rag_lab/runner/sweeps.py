@@ -19,11 +19,10 @@ instead of running again (:func:`reuse`), unless ``eval.reuse=false``.
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import rag_lab
 from rag_lab import CONF_DIR
+from rag_lab.core import cache
 from rag_lab.core.records import atomic_write_json
 from rag_lab.eval.runs import results_config
 
@@ -103,29 +103,30 @@ def drop_inapplicable(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
 
 
 @functools.cache
-def _package_digest() -> str:
+def package_digest(root: Path = Path(rag_lab.__file__).parent) -> str:
     """The digest of every file of the ``rag_lab`` package (code, shipped checkpoint), read once per process
     (a sweep's jobs share it). Not :func:`rag_lab.core.cache.files_digest`: that one counts ``__pycache__``,
     which Python writes as modules are first imported, so the same code would hash differently."""
-    digest = hashlib.sha256()
-    root = Path(rag_lab.__file__).parent
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+
+    def chunks() -> Iterator[bytes]:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                yield str(path.relative_to(root)).encode()
+                yield path.read_bytes()
+
+    return cache.stream_digest(chunks())
 
 
 def config_hash(config: dict[str, Any]) -> str:
     """16 hex digits: the resolved config less what cannot change results (``results_config``), and the
     package's files."""
-    text = json.dumps(results_config(config), sort_keys=True) + _package_digest()
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    text = json.dumps(results_config(config), sort_keys=True) + package_digest()
+    return cache.text_digest(text)[:16]
 
 
 def code_hash() -> str:
-    """16 hex digits of :func:`_package_digest`: the package's code and shipped checkpoints."""
-    return _package_digest()[:16]
+    """16 hex digits of :func:`package_digest`: the package's code and shipped checkpoints."""
+    return package_digest()[:16]
 
 
 def _registry(cache_dir: str) -> Path:
