@@ -17,6 +17,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.env import Env
 from rag_lab.env.protocols.r3rag import R3RAGStep
 from rag_lab.generators.base import Sampling
+from rag_lab.generators.vllm import VLLMGenerator
 from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 
@@ -254,7 +255,7 @@ def test_a_tp_group_that_cannot_form_or_serve_main_only_rollouts_is_one_line(mon
         rollout_engine(FakeRun(2), None, None, False, main_only=True)
 
 
-class FakeRun:
+class FakeRun(VLLMGenerator):
     """generator=vllm's settings, nothing built."""
 
     def __init__(self, tp: int):

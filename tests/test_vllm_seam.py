@@ -110,6 +110,19 @@ def test_the_grpo_config_asks_trl_for_vllm_as_the_generator_says(fake_vllm):
         VLLMGenerator("m", train_mode="server").trl_settings()
 
 
+def test_every_method_asks_the_one_seam_whether_the_run_is_on_vllm(fake_vllm, tmp_path):
+    """generators.base.vllm_backed: the vLLM generator is, a transformers model or the teacher is not; the
+    same protocol answers for a config's class before anything is built (rag_lab.train.lockstep)."""
+    from rag_lab.env.teacher.generator import TeacherGenerator
+    from rag_lab.generators.base import VLLMBacked, vllm_backed
+    from rag_lab.generators.vllm import VLLMGenerator
+
+    engine = VLLMGenerator("m")
+    assert vllm_backed(engine) is engine
+    assert vllm_backed(HFGenerator.__new__(HFGenerator)) is None and vllm_backed(object()) is None
+    assert issubclass(VLLMGenerator, VLLMBacked) and not issubclass(TeacherGenerator, VLLMBacked)
+
+
 class Words:
     """A tokenizer of words ``w<id>``."""
 

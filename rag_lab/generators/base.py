@@ -11,7 +11,7 @@ text the ids stand for.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # A prompt is plain text or a chat (a list of {"role", "content"} messages).
 Prompt = str | list[dict[str, str]]
@@ -60,6 +60,36 @@ class Generator(Protocol):
     def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt, in prompt order, in one batched call."""
         ...
+
+
+@runtime_checkable
+class VLLMBacked(Protocol):
+    """A run's generator on a vLLM engine (generator=vllm, :class:`rag_lab.generators.vllm.VLLMGenerator`).
+    A trained method trains a transformers copy of its model, rolls out on TRL's vLLM integration and
+    evaluates on an engine of the trained weights."""
+
+    def trainable(self) -> Any:
+        """A transformers generator on the same weights and tokenizer: what the method trains."""
+        ...
+
+    def with_weights(self, path: str) -> Any:
+        """These settings on other weights (the trained model's folder): what the run evaluates with."""
+        ...
+
+    def trl_settings(self) -> dict[str, Any]:
+        """TRL's ``GRPOConfig`` keys (``use_vllm`` ...): TRL's trainer rolls out (DAPO, APEX's planner)."""
+        ...
+
+    def backend_settings(self) -> dict[str, Any]:
+        """The keys of TRL's ``VLLMGeneration``, where a loop TRL does not run builds it (R3-RAG, EVO-RAG)."""
+        ...
+
+
+def vllm_backed(generator: Any) -> VLLMBacked | None:
+    """``generator`` where it is on a vLLM engine (:class:`VLLMBacked`), else None (a method trains and rolls
+    out with the transformers model itself): the one place a method asks. Before anything is built, a
+    config's generator class is asked with ``issubclass(cls, VLLMBacked)``."""
+    return generator if isinstance(generator, VLLMBacked) else None
 
 
 def as_text(prompt: Prompt | TokenPrompt) -> Prompt:

@@ -206,6 +206,7 @@ def too_large_to_step(run, model_dir: str | None) -> list[tuple[str, str]]:
     from omegaconf import OmegaConf
 
     from rag_lab.core.config import locate, schema_for
+    from rag_lab.generators.base import VLLMBacked
     from rag_lab.train.start import ROLLS_OUT_ON_VLLM
 
     launch = OmegaConf.to_container(run.launch, resolve=True) if run.get("launch") else None
@@ -214,7 +215,8 @@ def too_large_to_step(run, model_dir: str | None) -> list[tuple[str, str]]:
     if kind is None or model_dir is None or not generator or not policy:
         return []
     method = str(policy._target_).removeprefix("rag_lab.policies.").split(".")[0]
-    if method not in ROLLS_OUT_ON_VLLM or hasattr(locate(generator._target_), "trl_settings"):
+    built = locate(generator._target_)  # a generator class, or a function that builds one (generator=tiny)
+    if method not in ROLLS_OUT_ON_VLLM or (isinstance(built, type) and issubclass(built, VLLMBacked)):
         return []  # a method that trains no LM, or the rollouts go through vLLM already
     limit = launch.get("hf_generate_max_params")
     if limit is None:  # a launch file without the key: the Launch's own default

@@ -8,6 +8,7 @@ Once the method has its own model, the run's generator lets its weights go (:fun
 from pathlib import Path
 
 from rag_lab.core.errors import RagLabError
+from rag_lab.generators.base import vllm_backed
 from rag_lab.train.cold_start import ColdStartConfig, cold_start, load
 from rag_lab.train.resume import load_model
 
@@ -23,14 +24,15 @@ def starting_model(
     """(the starting weights' directory, a generator acting with them) for ``policy=<method>`` from the run's
     generator ``base``; ``trains``: whether any stage will train (else the run's model is used as it is)."""
     run = base
-    if hasattr(base, "trainable"):  # generator=vllm: train a transformers copy (rag_lab.generators.vllm)
+    vllm = vllm_backed(base)
+    if vllm:  # generator=vllm: train a transformers copy (rag_lab.generators.vllm)
         if method not in ROLLS_OUT_ON_VLLM:
             raise RagLabError(
                 f"generator=vllm: policy={method} rolls out with transformers while it trains (the rollouts "
                 f"of {', '.join(ROLLS_OUT_ON_VLLM)} go through vLLM); set generator=hf generator.model=<the "
                 "same model>"
             )
-        base = base.trainable()
+        base = vllm.trainable()
     if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
         raise RagLabError(f"policy={method} trains a transformers model: set generator=tiny, smollm2 or hf")
     start = Path(base.model.name_or_path)

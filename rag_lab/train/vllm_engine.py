@@ -36,6 +36,7 @@ from collections.abc import Iterator
 import torch
 
 from rag_lab.core.errors import RagLabError
+from rag_lab.generators.base import vllm_backed
 from rag_lab.generators.vllm import engine_generator, rollouts_done
 from rag_lab.train.parallel import processes
 
@@ -47,9 +48,10 @@ def rollout_engine(
     (``generator=vllm``), else None (the loop generates with its transformers model). ``main_only``: the
     loop's rollouts run on the main process alone (EVO-RAG's), which a TP group's shared engine cannot serve.
     """
-    if not hasattr(run_generator, "backend_settings"):
+    vllm = vllm_backed(run_generator)
+    if vllm is None:
         return None
-    settings = run_generator.backend_settings()
+    settings = vllm.backend_settings()
     check_group(settings, processes(), main_only)
     return RolloutEngine(settings, model, tokenizer, chat, accelerator)
 

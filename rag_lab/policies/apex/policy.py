@@ -31,6 +31,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
+from rag_lab.generators.base import vllm_backed
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.policies.apex.planner import PlannerRL, train_planner
@@ -127,8 +128,9 @@ class APEX(APEXPipeline):
             self.stopper = fit_stopper(self.stoprag, self.run_config, env, train, dev, out_dir, logger)
             return
         run_generator = base
-        if hasattr(base, "trainable"):  # generator=vllm: train transformers copies, plans roll out on vLLM
-            base = base.trainable()
+        vllm = vllm_backed(base)
+        if vllm:  # generator=vllm: train transformers copies, plans roll out on vLLM
+            base = vllm.trainable()
         if not hasattr(base, "model") or not hasattr(base, "tokenizer"):
             raise RagLabError("policy=apex trains a transformers model: set generator=tiny, smollm2 or hf")
         model_dir, tokenizer_dir = Path(base.model.name_or_path), Path(base.tokenizer.name_or_path)
@@ -156,8 +158,10 @@ class APEX(APEXPipeline):
         if self.plan and self.plan_rl:
             # after the executor: the held-out curve runs the whole pipeline, with the executor it will have
             heldout = self._heldout(env.with_generator(self.generator or base), dev)
-            vllm = run_generator.trl_settings() if hasattr(run_generator, "trl_settings") else None
-            planner_dir = self._planner(base, model_dir, tokenizer_dir, train, Path(out_dir), heldout, vllm)
+            trl_vllm = vllm.trl_settings() if vllm else None
+            planner_dir = self._planner(
+                base, model_dir, tokenizer_dir, train, Path(out_dir), heldout, trl_vllm
+            )
             offset = rows[-1]["step"] if rows else 0
             rows += [
                 r | {"stage": "planner", "step": offset + r["step"]}

@@ -43,7 +43,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
-from rag_lab.generators.base import Sampling
+from rag_lab.generators.base import Sampling, vllm_backed
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.dapo.trainer import PANELS, train_stage
 from rag_lab.rewards.base import Reward, named
@@ -194,9 +194,9 @@ class DAPO(Agent):
             rows += [r | {"stage": str(stage), "step": offset + r["step"]} for r in logged]
             previous = done.name
         self.generator = generator
-        # generator=vllm: the run evaluates on a vLLM engine of the trained weights
-        if self.stages and hasattr(base, "with_weights"):
-            self.generator = base.with_weights(str(done))
+        vllm = vllm_backed(base)
+        if self.stages and vllm:  # generator=vllm: the run evaluates on an engine of the trained weights
+            self.generator = vllm.with_weights(str(done))
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "DAPO training")
 

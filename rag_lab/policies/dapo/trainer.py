@@ -18,6 +18,7 @@ from pathlib import Path
 from rag_lab.core import cache
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
+from rag_lab.generators.base import vllm_backed
 from rag_lab.generators.hf import HFGenerator
 from rag_lab.policies.dapo.rollout import OnRollouts, SearchRollouts
 from rag_lab.rewards.dapo import answer_correct, retrieval_count
@@ -80,8 +81,8 @@ def dapo_config(policy, work: Path, reward_weights: list[float], device: str, vl
 
 def vllm_settings(env: Env) -> dict:
     """TRL's vLLM keys where the run's generator is vLLM (``generator=vllm``), else none."""
-    settings = getattr(env.generator, "trl_settings", None)
-    return settings() if settings else {}
+    vllm = vllm_backed(env.generator)
+    return vllm.trl_settings() if vllm else {}
 
 
 def curve_row(rollouts: SearchRollouts):

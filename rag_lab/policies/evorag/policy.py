@@ -40,6 +40,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
+from rag_lab.generators.base import vllm_backed
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.evorag.branches import ACTIONS
 from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
@@ -217,8 +218,9 @@ class EvoRAG(Agent):
             previous, start_em = best.name, json.loads((best / "cycle.json").read_text())["dev_em"]
             chosen[str(stage)] = {"cycles": [str(p) for p in result.cycles], "chosen": str(best)}
         self.generator, self.engine = generator, None
-        if hasattr(base, "with_weights"):  # generator=vllm: evaluate on an engine of the chosen weights
-            self.generator = base.with_weights(str(best))
+        vllm = vllm_backed(base)
+        if vllm:  # generator=vllm: evaluate on an engine of the chosen weights
+            self.generator = vllm.with_weights(str(best))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")

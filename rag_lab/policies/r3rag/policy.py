@@ -37,6 +37,7 @@ from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
 from rag_lab.env import Env
+from rag_lab.generators.base import vllm_backed
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.ppo import PPOSettings
 from rag_lab.policies.r3rag.trainer import PPOTrainer, Rollout
@@ -149,8 +150,9 @@ class R3RAG(Agent):
         if not (done / "ppo.json").exists():  # in every process of a launched run (rag_lab.runner.launched)
             self.train(generator, env, questions, done, dev)
         self.generator = generator.with_model(load_model(readable(done, "r3rag PPO"), like=generator.model))
-        if hasattr(env.generator, "with_weights"):  # generator=vllm: evaluation on an engine of the weights
-            self.generator = env.generator.with_weights(str(done))
+        vllm = vllm_backed(env.generator)
+        if vllm:  # generator=vllm: evaluation on an engine of the trained weights
+            self.generator = vllm.with_weights(str(done))
         rows = list(read_records(done / "log.jsonl"))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
