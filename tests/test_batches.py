@@ -142,3 +142,15 @@ def test_a_colocated_vllm_engines_tensor_parallel_group_splits_the_training_rank
     compose(["policy=dapo", *vllm, *CPU2])  # 2 processes, one group
     compose(["policy=dapo", *vllm, "generator.train_mode=server", "generator.server_url=http://h:8000"])
     compose(["policy=standard_rag", *vllm])  # nothing trains: the engine's own TP only
+
+
+def test_ppo_settings_built_by_hand_check_the_same_relations():
+    """R3-RAG's PPO settings are checked where their dataclass is built: the same one line as at compose."""
+    from rag_lab.core.errors import RagLabError
+    from rag_lab.policies.r3rag.ppo import PPOSettings
+
+    with pytest.raises(RagLabError, match=r"^policy\.ppo\.temperatures: \[\]: one temperature or more"):
+        PPOSettings(temperatures=())
+    with pytest.raises(RagLabError, match=r"^policy\.ppo\.minibatches: 40 minibatches and as few as 32"):
+        PPOSettings(batch_size=8, minibatches=40)
+    assert PPOSettings(batch_size=8, minibatches=32).minibatches == 32

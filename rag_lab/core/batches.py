@@ -67,8 +67,10 @@ def micro_batch(s: Mapping, unit: str, processes: int = 1) -> list[tuple[str, st
     share = questions * group // processes
     if micro < share and share % micro:
         each = f" / {processes} processes" if processes > 1 else ""
-        why = (f"{micro} does not divide each process's {share} {unit} of a step (questions_per_step "
-               f"{questions} x group_size {group}{each})")  # fmt: skip
+        why = (
+            f"{micro} does not divide each process's {share} {unit} of a step (questions_per_step "
+            f"{questions} x group_size {group}{each})"
+        )
         return [("micro_batch", why)]
     return []
 
@@ -91,12 +93,14 @@ def ppo_minibatches(ppo: Mapping, processes: int = 1) -> list[tuple[str, str]]:
     if batch % processes or not temperatures:  # divides' line; the temperatures' own
         return []
     fewest = batch // processes * temperatures
-    if minibatches > fewest:
-        each = f" / {processes} processes" if processes > 1 else ""
-        why = (f"{minibatches} minibatches and as few as {fewest} samples an iteration in each process "
-               f"(ppo.batch_size {batch}{each} x {temperatures} temperatures): at most {fewest}")  # fmt: skip
-        return [("ppo.minibatches", why)]
-    return []
+    if minibatches <= fewest:
+        return []
+    each = f" / {processes} processes" if processes > 1 else ""
+    why = (
+        f"{minibatches} minibatches and as few as {fewest} samples an iteration in each process "
+        f"(ppo.batch_size {batch}{each} x {temperatures} temperatures): at most {fewest}"
+    )
+    return [("minibatches", why)]
 
 
 def colocated_engine(s: Mapping, run) -> list[tuple[str, str]]:
@@ -108,8 +112,10 @@ def colocated_engine(s: Mapping, run) -> list[tuple[str, str]]:
     trains = bool(policy) and getattr(locate(policy["_target_"]), "trains", False)
     tp, n = s.get("tensor_parallel_size", 1), processes_of(run)
     if trains and s.get("train_mode") == "colocate" and n % tp:
-        why = (f"{tp} does not divide the {n} training process(es) (launch.config.num_processes): TRL's "
-               "colocated engine takes the ranks tensor_parallel_size at a time")  # fmt: skip
+        why = (
+            f"{tp} does not divide the {n} training process(es) (launch.config.num_processes): TRL's "
+            "colocated engine takes the ranks tensor_parallel_size at a time"
+        )
         return [("tensor_parallel_size", why)]
     return []
 

@@ -88,12 +88,20 @@ class APEX(APEXPipeline):
         **pipeline: Any,
     ):
         super().__init__(**pipeline)
-        self.plan_rl, self.executor_sft, self.sepr = plan_rl, executor_sft, reward
-        self.planner_config, self.executor_config = planner or PlannerRL(), executor
-        self.teacher, self.train_data, self.cache_dir = teacher, train_data, cache_dir
-        self.run_config, self.stoprag, self.heldout = run_config, stopper, heldout or HeldOut(n=0)
-        # what fit trains: the planner and the executor (None: the run's generator)
-        self.planner: HFGenerator | None = None
+        self.plan_rl = plan_rl
+        self.executor_sft = executor_sft
+        self.sepr = reward
+        # the yaml's planner: and executor: (how each trains)
+        self.planner_settings = planner or PlannerRL()
+        self.executor_settings = executor
+        self.teacher = teacher
+        self.train_data = train_data
+        self.cache_dir = cache_dir
+        self.run_config = run_config
+        self.stoprag = stopper
+        self.heldout = heldout or HeldOut(n=0)
+        # what fit trains: the planner's LM and the executor's (None: the run's generator)
+        self.planner_lm: HFGenerator | None = None
         self.generator: HFGenerator | None = None
 
     @staticmethod
@@ -138,20 +146,20 @@ class APEX(APEXPipeline):
         if self.plan and self.plan_rl and self.sepr is None:
             raise RagLabError("reward: plan RL needs the plan reward (set reward=sepr)")
         if self.executor_sft:
-            if self.train_data is None or self.executor_config is None:
+            if self.train_data is None or self.executor_settings is None:
                 raise RagLabError("policy.executor: the executor's SFT needs its config and training data")
             path = cold_start(
                 model_dir,
                 self.train_data,
-                self.executor_config,
+                self.executor_settings,
                 self.cache_dir,
                 tokenizer=tokenizer_dir,
                 chat=base.chat,
                 teacher=self.teacher,
             )
             self.generator = load(path, batch_size=base.batch_size, seed=base.seed)
-            if self.plan and self.planner is None:
-                self.planner = run_generator  # the untrained planner plans, not the fine-tuned executor
+            if self.plan and self.planner_lm is None:
+                self.planner_lm = run_generator  # the untrained planner plans, not the fine-tuned executor
             offset = rows[-1]["step"] if rows else 0
             losses = json.loads((path / "train.json").read_text())["sft"]["losses"]
             rows += [{"stage": "executor", "step": offset + r["step"], "sft_loss": r["loss"]} for r in losses]
@@ -159,7 +167,7 @@ class APEX(APEXPipeline):
             # after the executor: the held-out curve runs the whole pipeline, with the executor it will have
             heldout = self._heldout(env.with_generator(self.generator or base), dev)
             trl_vllm = vllm.trl_settings() if vllm else None
-            planner_dir = self._planner(
+            planner_dir = self._fit_planner(
                 base, model_dir, tokenizer_dir, train, Path(out_dir), heldout, trl_vllm
             )
             offset = rows[-1]["step"] if rows else 0
@@ -181,19 +189,19 @@ class APEX(APEXPipeline):
             return None
 
         def rollout(planner, share: list[QAExample]) -> list[Episode]:
-            kept = self.planner
-            self.planner = planner  # the planner as it trains: on its trainer's vLLM engine, or its model
+            kept = self.planner_lm
+            self.planner_lm = planner  # the planner as it trains: on its trainer's vLLM engine, or its model
             try:
                 return APEXPipeline.rollout(self, env, share)
             finally:
-                self.planner = kept
+                self.planner_lm = kept
 
         scorer = getattr(self.train_data, "scorer", "squad")
         callback = HeldOutCallback(self.heldout, questions, rollout, scorer=scorer, generator=env.generator)
         callback.executor = str(getattr(env.generator.model, "name_or_path", ""))
         return callback
 
-    def _planner(
+    def _fit_planner(
         self,
         base: HFGenerator,
         model_dir: Path,
@@ -204,8 +212,8 @@ class APEX(APEXPipeline):
         vllm: dict | None = None,
     ) -> Path:
         """The planner trained by GRPO with SEPR (cached, see the module docstring), loaded as
-        ``self.planner``; its dir. ``vllm``: TRL's vLLM keys (``generator=vllm``: the plans roll out on TRL's
-        engine, which TRL syncs after every update)."""
+        ``self.planner_lm``; its dir. ``vllm``: TRL's vLLM keys (``generator=vllm``: the plans roll out on
+        TRL's engine, which TRL syncs after every update)."""
         questions = [q for q in train if q.decomposition]
         plans = [[q.id, q.question, [[s.question, s.answer] for s in q.decomposition]] for q in questions]
         root = self.cache_dir if self.run_config is not None else out_dir
@@ -216,7 +224,7 @@ class APEX(APEXPipeline):
             cache.files_digest(model_dir, tokenizer_dir),
             base.chat,
             plans,
-            self.planner_config,
+            self.planner_settings,
             reward,
             # the held-out curve in its log: its questions and the executor it ran with
             [self.heldout, [q.id for q in heldout.questions], heldout.executor] if heldout else None,
@@ -230,9 +238,9 @@ class APEX(APEXPipeline):
         else:
             fresh = HFGenerator(str(model_dir), str(tokenizer_dir), **settings)
             train_planner(
-                fresh, questions, self.sepr, self.planner_config, out, base.chat, heldout=heldout, vllm=vllm
+                fresh, questions, self.sepr, self.planner_settings, out, base.chat, heldout=heldout, vllm=vllm
             )
-        self.planner = HFGenerator(str(readable(out, "APEX planner")), str(tokenizer_dir), **settings)
+        self.planner_lm = HFGenerator(str(readable(out, "APEX planner")), str(tokenizer_dir), **settings)
         return out
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
@@ -249,4 +257,4 @@ class APEX(APEXPipeline):
     def plan_env(self, env: Env) -> Env:
         """The planner's environment: the planner (trained, or the untrained model when only the executor
         was fine-tuned) when fit set one, else the env as it is."""
-        return env if self.planner is None else env.with_generator(self.planner)
+        return env if self.planner_lm is None else env.with_generator(self.planner_lm)

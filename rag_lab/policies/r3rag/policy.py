@@ -24,15 +24,13 @@ support overlap (no LLM judge runs on 2 CPU cores).
 import json
 import logging
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from rag_lab.core import cache
-from rag_lab.core.batches import ppo_minibatches, processes_of
-from rag_lab.core.config import PositiveInt, check_ranges, takes
+from rag_lab.core.config import PositiveInt, takes
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
@@ -96,15 +94,19 @@ class R3RAG(Agent):
     ):
         rollout.setdefault("max_turns", 5)
         super().__init__("r3rag", **rollout)
-        self.ppo = ppo or PPOSettings()
-        settings = {"ppo": self.ppo.__dict__, "max_turns": self.max_turns}
-        problems = check_ranges(PPOSettings, self.ppo.__dict__, "ppo.") + self.check_settings(settings, None)
-        for key, why in problems:
-            raise RagLabError(f"policy.{key}: {why}")
-        self.reward, self.cold_start, self.train_limit = reward, cold_start, train_limit
+        self.ppo = (
+            ppo or PPOSettings()
+        )  # its settings checked where it was built (PPOSettings.check_settings)
+        self.reward = reward
+        self.cold_start = cold_start
+        self.train_limit = train_limit
         self.train_retriever = train_retriever
-        self.cache_dir, self.seed, self.train_data, self.run_config = cache_dir, seed, train_data, run_config
-        self.stoprag, self.heldout = stopper, heldout or HeldOut(n=0)
+        self.cache_dir = cache_dir
+        self.seed = seed
+        self.train_data = train_data
+        self.run_config = run_config
+        self.stoprag = stopper
+        self.heldout = heldout or HeldOut(n=0)
         self.scorer = getattr(train_data, "scorer", "squad")
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
@@ -117,16 +119,12 @@ class R3RAG(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the declarations cannot say (:mod:`rag_lab.core.config`): a temperature at least, the reward,
-        a sample in every PPO minibatch of each process (:mod:`rag_lab.core.batches`)."""
-        ppo, problems = dict(s.get("ppo") or {}), []
-        if not list(ppo.get("temperatures", [1.0])):
-            problems.append(("ppo.temperatures", "[]: one temperature or more (an episode each)"))
-        problems += ppo_minibatches(asdict(PPOSettings()) | ppo, processes_of(run))
+        """What the declarations cannot say (:mod:`rag_lab.core.config`): the reward. ``policy.ppo``'s own
+        settings are :class:`~.ppo.PPOSettings`' to check."""
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("R3RAGReward"):
-            problems.append(("reward", f"policy=r3rag needs reward=r3rag, not {target}"))
-        return problems
+            return [("reward", f"policy=r3rag needs reward=r3rag, not {target}")]
+        return []
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         self.fit_ppo(env, train, dev, out_dir, logger)
@@ -179,9 +177,17 @@ class R3RAG(Agent):
         work = done.with_name(f"{done.name}.work")
         rollout = Rollout(self.protocol, self.k, self.max_turns, self.sampling.max_new_tokens)
         trainer = PPOTrainer(
-            generator, env, self.reward, questions, self.ppo, rollout, self.seed,
-            heldout=self.heldout, heldout_questions=self.heldout.questions(dev), scorer=self.scorer,
-        )  # fmt: skip
+            generator,
+            env,
+            self.reward,
+            questions,
+            self.ppo,
+            rollout,
+            self.seed,
+            heldout=self.heldout,
+            heldout_questions=self.heldout.questions(dev),
+            scorer=self.scorer,
+        )
         if not trainer.accelerator.is_main_process:
             trainer.run(work, None)
             barrier()  # until the main process published the model
@@ -218,6 +224,13 @@ class R3RAG(Agent):
         settings = [self.ppo, self.k, self.max_turns, self.sampling.max_new_tokens, self.seed]
         reward_code = cache.code_digest("rag_lab.rewards.r3rag_judges")
         return cache.path(
-            root, "r3rag", start, content, env.corpus.fingerprint, config, settings, reward_code,
+            root,
+            "r3rag",
+            start,
+            content,
+            env.corpus.fingerprint,
+            config,
+            settings,
+            reward_code,
             code="rag_lab.policies.r3rag.trainer",
-        )  # fmt: skip
+        )

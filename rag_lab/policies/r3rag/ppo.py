@@ -38,11 +38,12 @@ common 4 and 0.2 (the embedded default takes 2 epochs, for time).
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Annotated
 
 import torch
 
+from rag_lab.core.batches import ppo_minibatches, processes_of
 from rag_lab.core.config import (
     NonNegative,
     NonNegativeInt,
@@ -51,6 +52,7 @@ from rag_lab.core.config import (
     PositiveInt,
     Probability,
     Range,
+    check_ranges,
 )
 from rag_lab.core.errors import RagLabError
 from rag_lab.policies.r3rag.gae import gae
@@ -94,6 +96,16 @@ class PPOSettings:
 
     def __post_init__(self):
         object.__setattr__(self, "temperatures", tuple(self.temperatures))
+        for key, why in [*check_ranges(PPOSettings, asdict(self)), *self.check_settings(asdict(self), None)]:
+            raise RagLabError(f"policy.ppo.{key}: {why}")
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """What the declarations cannot say (:mod:`rag_lab.core.config`): a temperature at least, and a sample
+        in every PPO minibatch of each process (:mod:`rag_lab.core.batches`)."""
+        if not list(s["temperatures"]):
+            return [("temperatures", "[]: one temperature or more (an episode each)")]
+        return ppo_minibatches(s, processes_of(run))
 
 
 def make_accelerator():
