@@ -169,7 +169,9 @@ class SeedTablesCallback(Callback):
         title: str = "",
         metrics: list[str] | None = None,
     ):
-        self.by, self.method, self.title = by, method, title
+        self.by = by
+        self.method = method
+        self.title = title
         self.tables = {k: list(v) for k, v in tables.items()}
         # the per-question record fields the bootstrap compares (default: em, f1, acc)
         self.metrics = tuple(metrics) if metrics else ANSWER_METRICS
@@ -250,9 +252,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with one_line_errors():
         print_report(
-            args.dirs, args.subset, args.columns, args.compare, args.out, args.by, tuple(args.metrics),
+            args.dirs,
+            args.subset,
+            args.columns,
+            args.compare,
+            args.out,
+            args.by,
+            tuple(args.metrics),
             args.by_type,
-        )  # fmt: skip
+        )
 
 
 def print_report(

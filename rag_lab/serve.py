@@ -114,14 +114,17 @@ class Server:
         # every process of a node may connect at once
         self.socket = socket.create_server((host, port), backlog=1024)
         self.server_address = self.socket.getsockname()
-        self.generator, self.model_name = generator, model_name
-        self.retriever, self.retriever_info = retriever, retriever_info
+        self.generator = generator
+        self.model_name = model_name
+        self.retriever = retriever
+        self.retriever_info = retriever_info
         self.coalescer = None if retriever is None else Coalescer(retriever.search, max_batch, max_queue)
         self._generation = ThreadPoolExecutor(1, thread_name_prefix="rag_lab-generate")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._runner: web.AppRunner | None = None
-        self._serving, self._done = threading.Event(), threading.Event()
+        self._serving = threading.Event()
+        self._done = threading.Event()
 
     def serve_forever(self) -> None:
         asyncio.run(self._serve())
@@ -141,7 +144,8 @@ class Server:
         self._generation.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{path:.*}", self._dispatch)
         # handler_cancellation: the handler of a client that disconnected is cancelled (its search dropped)

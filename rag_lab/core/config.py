@@ -185,7 +185,8 @@ def takes(*sources: Callable, drop: Collection[str] = ()) -> Callable:
                 if p.name != "self" and not variadic and p.name not in names:
                     params.append(p.replace(kind=p.KEYWORD_ONLY))
                     names.add(p.name)
-        fn.__signature__, fn.__takes__ = own.replace(parameters=params), sources  # (help: reporting/docs)
+        fn.__signature__ = own.replace(parameters=params)
+        fn.__takes__ = sources  # (help: reporting/docs)
         fn.__annotations__ = {k: v for k, v in hints.items() if k != "return"} | fn.__annotations__
         return fn
 

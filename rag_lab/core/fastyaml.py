@@ -28,9 +28,11 @@ def use_libyaml() -> bool:
                     continue
                 if key_node.value in seen:
                     raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key_node.value}", key_node.start_mark,
-                    )  # fmt: skip
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key_node.value}",
+                        key_node.start_mark,
+                    )
                 seen.add(key_node.value)
             return super().construct_mapping(node, deep=deep)
 

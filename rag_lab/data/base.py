@@ -75,7 +75,10 @@ class Corpus(Sequence[Passage]):
     def __init__(self, ids: list[str], titles: list[str], texts: list[str], source: str = "<memory>"):
         if not len(ids) == len(titles) == len(texts):
             raise DataError(f"{source}: ids, titles and texts differ in length")
-        self.ids, self.titles, self.texts, self.source = ids, titles, texts, source
+        self.ids = ids
+        self.titles = titles
+        self.texts = texts
+        self.source = source
         self._row = {pid: i for i, pid in enumerate(ids)}
         if len(self._row) != len(ids):
             seen: set[str] = set()

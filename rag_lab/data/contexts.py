@@ -57,11 +57,14 @@ class ContextDataset:
         sample: dict[str, int] | None = None,
         sample_seed: int = 0,
     ):
-        self.name, self.path, self.split_files = name, Path(path), dict(split_files)
+        self.name = name
+        self.path = Path(path)
+        self.split_files = dict(split_files)
         # Random disjoint subsets per split (Stop-RAG: 1000 validation and 1000 test questions both
         # drawn from the official dev file): splits that read the same file take consecutive slices
         # of one seeded shuffle of it, in split_files order.
-        self.sample, self.sample_seed = dict(sample or {}), sample_seed
+        self.sample = dict(sample or {})
+        self.sample_seed = sample_seed
         self.skip_malformed = skip_malformed
         # Per split file: malformed rows skipped, and repeated question ids dropped (skip_malformed).
         self.skipped: dict[str, int] = {}

@@ -113,8 +113,12 @@ class FlashRAGDataset:
         source: str = "https://huggingface.co/datasets/RUC-NLPIR/FlashRAG_datasets",
         make_target: str = "data-flashrag",
     ):
-        self.name, self.path, self.corpus_path = name, Path(path), Path(corpus_path)
-        self.skip_malformed, self.source, self.make_target = skip_malformed, source, make_target
+        self.name = name
+        self.path = Path(path)
+        self.corpus_path = Path(corpus_path)
+        self.skip_malformed = skip_malformed
+        self.source = source
+        self.make_target = make_target
         # Per split: malformed lines skipped, and repeated question ids dropped (data.skip_malformed=true).
         self.skipped: dict[str, int] = {}
         self.duplicates: dict[str, int] = {}

@@ -170,7 +170,8 @@ def advance(
             x.episode.stop_reason = action.kind
             continue
         else:
-            x.episode.format_failure, x.episode.stop_reason = True, "format_error"
+            x.episode.format_failure = True
+            x.episode.stop_reason = "format_error"
             step.error = step.error or f"unexpected action {action.kind!r}"
             continue
         x.state.turns.append(turn)

@@ -63,7 +63,9 @@ class LLMJudge:
     ):
         if generator is None:
             raise JudgeError("judge=llm needs a generator: set generator=<name> or judge.generator=<config>")
-        self.generator, self.n, self.temperature = generator, n, temperature
+        self.generator = generator
+        self.n = n
+        self.temperature = temperature
         self.cache_path = Path(cache_path) if cache_path else None
         self.cache: dict[str, float] = {}
         self.calls = 0

@@ -149,8 +149,11 @@ def row_labels(runs: list[Path], by: str) -> list[str]:
     overrides that vary over the sweep (not the seed) where the run's config has that key (a swept
     ``policy.lambda_end`` names Stop-RAG's rows, not the rows of policies without it)."""
     overrides = [overrides_of(r) for r in runs]
-    varying = [k for k in dict.fromkeys(k for o in overrides for k in o)
-               if k not in (by, "seed") and len({o.get(k) for o in overrides}) > 1]  # fmt: skip
+    varying = [
+        k
+        for k in dict.fromkeys(k for o in overrides for k in o)
+        if k not in (by, "seed") and len({o.get(k) for o in overrides}) > 1
+    ]
     labels = []
     for run, over in zip(runs, overrides, strict=True):
         extra = [f"{k}={over[k]}" for k in varying if k in over and applies(run, k)]

@@ -106,7 +106,8 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device) -> tuple[Dyna
         values = torch.cat([_pad_left(p.values, width) for p in parts])[back]
         for p in parts:  # each group's layer goes once merged: the cache is never held twice over
             p.keys = p.values = None
-        layer.keys, layer.values = keys, values
+        layer.keys = keys
+        layer.values = values
     mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for m in masks])[back]
     return merged, mask, torch.cat(logits)[back]
 
@@ -187,6 +188,7 @@ def _trim(mask: torch.Tensor, cache: DynamicCache) -> tuple[torch.Tensor, Dynami
     first = int(mask.any(0).long().argmax())
     if first > 0:
         for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+            layer.keys = layer.keys[..., first:, :]
+            layer.values = layer.values[..., first:, :]
         mask = mask[:, first:]
     return mask, cache

@@ -101,7 +101,9 @@ class HFGenerator:
             loaded = loaded.to(torch.bfloat16)
         self.model = loaded.to(self.device).eval()
         self.dtype = self.model.dtype  # what release() reloads it in
-        self.batch_size, self.seed, self.want_logprobs = batch_size, seed, logprobs
+        self.batch_size = batch_size
+        self.seed = seed
+        self.want_logprobs = logprobs
         # Policies render chat messages for tokenizers with a chat template, plain text otherwise.
         self.chat = bool(self.tokenizer.chat_template) if chat is None else chat
         # the most tokens the model reads (prompts are fitted to it: rag_lab.env.fit)

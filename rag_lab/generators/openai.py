@@ -56,14 +56,13 @@ class OpenAIGenerator:
                 f"generator.base_url: '{base_url}' is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)"
             )
         self.chat = chat
-        self.base_url, self.model = base_url.rstrip("/"), model
+        self.base_url = base_url.rstrip("/")
+        self.model = model
         self.api_key = os.environ.get(api_key_env, "")
-        self.concurrency, self.timeout, self.max_retries, self.backoff = (
-            concurrency,
-            timeout,
-            max_retries,
-            backoff,
-        )
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
 
     def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:

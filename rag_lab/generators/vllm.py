@@ -86,21 +86,33 @@ class VLLMGenerator:
         sleep: bool = False,
     ):
         self._vllm = _vllm()
-        self.model_name, self.tokenizer_name = model, tokenizer or model
-        self.tensor_parallel_size, self.dtype, self.max_model_len = tensor_parallel_size, dtype, max_model_len
-        self.gpu_memory_utilization, self.seed = gpu_memory_utilization, seed
-        self.want_logprobs, self.chat = logprobs, chat
-        self.train_mode, self.train_memory, self.server_url = train_mode, train_memory, server_url
+        self.model_name = model
+        self.tokenizer_name = tokenizer or model
+        self.tensor_parallel_size = tensor_parallel_size
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.seed = seed
+        self.want_logprobs = logprobs
+        self.chat = chat
+        self.train_mode = train_mode
+        self.train_memory = train_memory
+        self.server_url = server_url
         self.sleep = sleep
-        self._llm, self._tokenizer = None, None
+        self._llm = None
+        self._tokenizer = None
 
     @classmethod
     def around(cls, llm, tokenizer, chat: bool, seed: int = 0, logprobs: bool = True) -> "VLLMGenerator":
         """A generator on an engine someone else holds (TRL's colocated one, whose weights it syncs)."""
         self = cls.__new__(cls)
-        self._vllm, self._llm, self._tokenizer = _vllm(), llm, tokenizer
+        self._vllm = _vllm()
+        self._llm = llm
+        self._tokenizer = tokenizer
         self.model_name = self.tokenizer_name = getattr(tokenizer, "name_or_path", "")
-        self.seed, self.want_logprobs, self.chat = seed, logprobs, chat
+        self.seed = seed
+        self.want_logprobs = logprobs
+        self.chat = chat
         return self
 
     @property
@@ -134,7 +146,8 @@ class VLLMGenerator:
         """These settings on other weights (a trained model's folder), with this tokenizer; its engine is
         built when it first generates."""
         other = copy.copy(self)
-        other.model_name, other._llm = str(path), None
+        other.model_name = str(path)
+        other._llm = None
         return other
 
     def trainable(self):
@@ -212,7 +225,10 @@ class VLLMServerGenerator:
     strings go in vLLM's request as ``stop``, and the text is cut at the first one as the engine does."""
 
     def __init__(self, client, tokenizer, chat: bool, seed: int = 0):
-        self.client, self.tokenizer, self.chat, self.seed = client, tokenizer, chat, seed
+        self.client = client
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.seed = seed
 
     def generate(self, prompts: Sequence[Prompt | TokenPrompt], sampling: Sampling) -> list[list[Completion]]:
         stop = list(sampling.stop)
@@ -260,7 +276,10 @@ class TPGroupGenerator:
     samples); the engine's own seed, TRL's per TP group, draws."""
 
     def __init__(self, backend, tokenizer, chat: bool, seed: int = 0):
-        self.backend, self.tokenizer, self.chat, self.seed = backend, tokenizer, chat, seed
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.seed = seed
 
     @property
     def context_length(self) -> int:
@@ -291,7 +310,8 @@ class TPGroupGenerator:
             rows = [x for x in ids for _ in range(s.n)] if s == sampling else []
             pad = [self.tokenizer.eos_token_id or 0]
             b = self.backend
-            b.temperature, b.max_completion_length = s.temperature, s.max_new_tokens
+            b.temperature = s.temperature
+            b.max_completion_length = s.max_new_tokens
             b.top_p = s.top_p if s.temperature > 0 else 1.0
             b.generation_kwargs = {"stop": list(s.stop) or None, "include_stop_str_in_output": s.include_stop}
             _, out, logprobs, _ = b.generate(rows + [pad] * (width - len(rows)), None, num_generations=1)

@@ -14,8 +14,7 @@ from typing import Any
 import pandas as pd
 
 # Per-question columns of the "answers" Table (the full records stay in records.jsonl).
-ANSWER_COLUMNS = ["id", "question", "answers", "prediction", "stop_reason", "n_steps", "retrieval_count",
-                  "em", "f1", "acc"]  # fmt: skip
+ANSWER_COLUMNS = "id question answers prediction stop_reason n_steps retrieval_count em f1 acc".split()
 # Per-step columns of the "trajectories" Table: what the policy did at each step of each question.
 STEP_COLUMNS = ["id", "step", "action", "query", "retrieved_ids", "answer", "rewards", "error", "text"]
 

@@ -37,7 +37,9 @@ class Agent(Prompting):
             raise RagLabError(
                 f"policy.protocol: unknown protocol {protocol!r}; known: {', '.join(sorted(PROTOCOLS))}"
             )
-        self.protocol, self.max_turns, self.exclude_seen = PROTOCOLS[protocol](), max_turns, exclude_seen
+        self.protocol = PROTOCOLS[protocol]()
+        self.max_turns = max_turns
+        self.exclude_seen = exclude_seen
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
         return run_agent(

@@ -53,7 +53,8 @@ class OracleRAG(ChainOfThought):
         super().__init__(
             retrieve=False, max_steps=max_steps, max_new_tokens=max_new_tokens, temperature=temperature
         )
-        self.reader, self.order = reader, order
+        self.reader = reader
+        self.order = order
         if data is not None:  # the runner hands its dataset over; a caller without one checks nothing
             check_supports(data, ((run_config or {}).get("eval") or {}).get("split", "test"))
 

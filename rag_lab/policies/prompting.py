@@ -148,7 +148,8 @@ class ChainOfThought(Prompting):
         temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
-        self.retrieve_each, self.max_steps = retrieve, max_steps
+        self.retrieve_each = retrieve
+        self.max_steps = max_steps
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
         states, episodes = self.start(batch)

@@ -311,8 +311,12 @@ class CompareCallback(Callback):
         starts: dict[str, str] | None = None,
         mechanisms: Mapping[str, Mapping[str, str]] | None = None,
     ):
-        self.by, self.reference, self.title, self.ceiling = by, reference, title, ceiling
-        self.starts, self.mechanisms = dict(starts or {}), check_mechanisms(mechanisms)
+        self.by = by
+        self.reference = reference
+        self.title = title
+        self.ceiling = ceiling
+        self.starts = dict(starts or {})
+        self.mechanisms = check_mechanisms(mechanisms)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)

@@ -152,9 +152,16 @@ def place_labels(ax, points: list[tuple[float, float]], labels: list[str], fonts
         placed.append((left, bottom, left + width, bottom + height))
         leader = {"arrowstyle": "-", "color": "grey", "linewidth": 0.6} if bottom != wanted else None
         out[i] = ax.annotate(
-            labels[i], points[i], xytext=(left - px, bottom - py), textcoords="offset points", ha="left",
-            va="bottom", fontsize=fontsize, arrowprops=leader, annotation_clip=False,
-        )  # fmt: skip
+            labels[i],
+            points[i],
+            xytext=(left - px, bottom - py),
+            textcoords="offset points",
+            ha="left",
+            va="bottom",
+            fontsize=fontsize,
+            arrowprops=leader,
+            annotation_clip=False,
+        )
     return out
 
 
@@ -276,8 +283,9 @@ def _percent_panel(ax, name: str, steps, values, bounds, start: tuple[str, float
     """A held-out curve in %, its 95% band where known, the start's and the ceiling's test Acc as lines."""
     ax.plot(steps, values, marker="." if len(values) < 20 else None, label=name)
     if any(b[0] == b[0] for b in bounds):
-        ax.fill_between(steps, [b[0] for b in bounds], [b[1] for b in bounds], alpha=0.2,
-                        label="95% band (Wilson)")  # fmt: skip
+        ax.fill_between(
+            steps, [b[0] for b in bounds], [b[1] for b in bounds], alpha=0.2, label="95% band (Wilson)"
+        )
     if start is not None:
         ax.axhline(start[1], color="tab:orange", linestyle="--", label=f"start: {start[0]}, test Acc")
     if ceiling is not None:

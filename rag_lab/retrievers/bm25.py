@@ -57,7 +57,9 @@ class BM25Retriever:
         # progress bars while the corpus is tokenised and indexed
         show_progress: bool = True,
     ):
-        self.corpus, self.backend, self.show_progress = corpus, backend, show_progress
+        self.corpus = corpus
+        self.backend = backend
+        self.show_progress = show_progress
         self.tokenize = Tokenizer(stopwords=stopwords, stemmer=stemmer)
         params = {
             "k1": k1,

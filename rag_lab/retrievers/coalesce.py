@@ -84,7 +84,9 @@ class Stats:
 
 class Coalescer:
     def __init__(self, search: Search, max_batch: int = 256, max_queue: int = 8192):
-        self.search, self.max_batch, self.max_queue = search, max_batch, max_queue
+        self.search = search
+        self.max_batch = max_batch
+        self.max_queue = max_queue
         self.waiting: deque[Pending] = deque()
         self.queued = 0  # queries waiting
         self.stats = Stats()

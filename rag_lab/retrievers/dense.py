@@ -102,13 +102,12 @@ class Encoder:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device or (local_gpu() if torch.cuda.is_available() else "cpu")
         self.model = AutoModel.from_pretrained(path).to(self.device).eval()
-        self.pooling, self.normalize, self.max_length, self.batch_size = (
-            pooling,
-            normalize,
-            max_length,
-            batch_size,
-        )
-        self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+        self.pooling = pooling
+        self.normalize = normalize
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
         # What passage embeddings depend on: the key of their on-disk cache.
         self.passage_config = {
             "model": model,
@@ -182,12 +181,14 @@ class DenseRetriever:
         # or one GPU, cuda:N (one copy, on that GPU: the node's retrieval server's; a launched run keeps cpu)
         index_device: str = "cpu",
     ):
-        self.corpus, self.encoder = corpus, encoder
+        self.corpus = corpus
+        self.encoder = encoder
         # one progress bar a node: its first process's
         self.show_progress = show_progress and local_rank() == 0
         params = encoder.passage_config | {"fp16": fp16, "shard_size": shard_size}
         self.emb_dir = index_dir(cache_dir, "embeddings", corpus, params, __name__)
-        self.fp16, self.shard_size = fp16, shard_size
+        self.fp16 = fp16
+        self.shard_size = shard_size
         faiss_params = params | {"index": index_factory, "train": train_size}
         index_path = index_dir(cache_dir, "faiss", corpus, faiss_params, __name__)
         # the cached index (None: no cache), a file other programs can search (experiments/bench_serve.py)

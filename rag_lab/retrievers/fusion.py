@@ -47,7 +47,8 @@ class RRFRetriever:
         weights: Mapping[str, float] | None = None,
     ):
         self.retrievers = {name: build(corpus, spec) for name, spec in retrievers.items()}
-        self.rrf_k, self.depth = rrf_k, depth
+        self.rrf_k = rrf_k
+        self.depth = depth
         self.weights = [float((weights or {}).get(name, 1.0)) for name in self.retrievers]
 
     def search(

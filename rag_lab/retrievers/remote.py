@@ -117,7 +117,10 @@ class Client:
         backoff_s: float = 1.0,
         connections: int = 8,
     ):
-        self.url, self.timeout_s, self.retries, self.backoff_s = base_url(url), timeout_s, retries, backoff_s
+        self.url = base_url(url)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.answered = False  # whether the server ever answered: "stopped answering" rather than "none"
         self._loop = _Loop(connections, timeout_s)
         weakref.finalize(self, self._loop.close)
@@ -196,7 +199,8 @@ class _Loop:
     :meth:`close` (called when the client is collected, or at exit) closes the connections and the loop."""
 
     def __init__(self, connections: int, timeout_s: float):
-        self.connections, self.timeout_s = connections, timeout_s
+        self.connections = connections
+        self.timeout_s = timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._session = None
         self._lock = threading.Lock()
@@ -293,7 +297,8 @@ class RemoteRetriever:
         # the most requests in flight at once, each on a kept-alive connection
         connections: PositiveInt = 8,
     ):
-        self.corpus, self.chunk = corpus, chunk
+        self.corpus = corpus
+        self.chunk = chunk
         self.client = Client(url, timeout_s, retries, backoff_s, connections)
         self.served = check_served(self.client, serves)
         if self.served.get("corpus") != corpus.fingerprint:

@@ -35,7 +35,10 @@ class CrossEncoderReranker:
     ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        self.corpus, self.base, self.depth, self.batch_size = corpus, build(corpus, base), depth, batch_size
+        self.corpus = corpus
+        self.base = build(corpus, base)
+        self.depth = depth
+        self.batch_size = batch_size
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device or (local_gpu() if torch.cuda.is_available() else "cpu")

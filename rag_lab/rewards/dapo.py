@@ -43,10 +43,10 @@ SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 QUESTION_WORDS = ("what", "who", "whom", "whose", "when", "where", "which", "why", "how")
 # the paper names prepositions among what a concise query avoids
-PREPOSITIONS = ("of", "in", "on", "at", "by", "for", "with", "from", "to", "about", "into", "onto", "over",
-                "under", "between", "among", "through", "during", "before", "after", "near", "within",
-                "without", "across", "along", "around", "behind", "beyond", "against", "toward", "towards",
-                "upon")  # fmt: skip
+PREPOSITIONS = tuple(
+    "of in on at by for with from to about into onto over under between among through during before after "
+    "near within without across along around behind beyond against toward towards upon".split()
+)
 FILLERS = (
     "please",
     "tell",
@@ -152,17 +152,24 @@ class SearchReward:
         if normalization not in ("mean", "eq8"):
             raise RagLabError(f"reward.normalization: {normalization!r} is not mean or eq8")
         self.__name__ = "search"  # TRL logs a reward under its __name__: rewards/search/mean
-        self.encoder, self.normalization = encoder, normalization
+        self.encoder = encoder
+        self.normalization = normalization
         # plain attributes (not a dict): a policy's cache key reads them
-        self.max_words, self.question_words, self.fillers = max_words, tuple(question_words), tuple(fillers)
+        self.max_words = max_words
+        self.question_words = tuple(question_words)
+        self.fillers = tuple(fillers)
         self.prepositions = tuple(prepositions)
 
     def __call__(self, completions: list[Any], **_: Any) -> list[float]:
         queries = [searches(c) for c in completions]
         several = [q for qs in queries if len(qs) > 1 for q in qs]
         vectors = iter(self._vectors(several) if several else [])
-        rule = {"max_words": self.max_words, "question_words": self.question_words, "fillers": self.fillers,
-                "prepositions": self.prepositions}  # fmt: skip
+        rule = {
+            "max_words": self.max_words,
+            "question_words": self.question_words,
+            "fillers": self.fillers,
+            "prepositions": self.prepositions,
+        }
         out = []
         for qs in queries:
             n = len(qs)

@@ -29,7 +29,9 @@ PROMPT = (
 
 class EvidenceVerifier:
     def __init__(self, generator=None, max_new_tokens: int = 4, temperature: float = 0.0):
-        self.generator, self.max_new_tokens, self.temperature = generator, max_new_tokens, temperature
+        self.generator = generator
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
         self.memo: dict[tuple, bool | None] = {}
         self.calls = self.unparsed = 0
 

@@ -269,9 +269,12 @@ class R3RAGReward:
         step = ep.steps[j]
         analysis = step.text.split("\n")[0].removeprefix("The problem analysis:").strip()
         return OFFICIAL_PROMPT.format(
-            question=ex.question, history=history, analysis=analysis, query=step.query,
+            question=ex.question,
+            history=history,
+            analysis=analysis,
+            query=step.query,
             documents=documents_text(passages),
-        )  # fmt: skip
+        )
 
 
 def support(retrieved: Sequence[str], example: QAExample) -> float:

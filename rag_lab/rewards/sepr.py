@@ -159,8 +159,10 @@ class SEPR:
         for key, why in check_ranges(SEPR, settings):
             raise RagLabError(f"reward.{key}: {why}")
         self.__name__ = "sepr"  # TRL logs a reward under its __name__: rewards/sepr/mean
-        self.encoder, self.threshold = encoder, float(threshold)
-        self.placeholders, self.triples = placeholders, triples
+        self.encoder = encoder
+        self.threshold = float(threshold)
+        self.placeholders = placeholders
+        self.triples = triples
 
     def __call__(self, completions: list[Any], gold_plans: list[Sequence[str]], **_: Any) -> list[float]:
         predicted = [self._plan(c) for c in completions]

@@ -119,8 +119,10 @@ def fate(ranks: Path, processes: int) -> str:
     died = [r for r, s in sorted(reports.items()) if s.get("state") == "started"]
     if died:
         names = ", ".join(map(str, died))
-        return (f"rank {names} of {processes} died without an error (killed: a signal or the out-of-memory "
-                "killer); the other ranks were stopped")  # fmt: skip
+        return (
+            f"rank {names} of {processes} died without an error (killed: a signal or the out-of-memory "
+            "killer); the other ranks were stopped"
+        )
     failed = {r: s.get("error", "?") for r, s in sorted(reports.items()) if s.get("state") == "failed"}
     if failed:
         return "; ".join(f"rank {r} of {processes} failed: {error}" for r, error in failed.items())
@@ -185,8 +187,11 @@ class Launch:
 
         if isinstance(config, DictConfig):  # as Hydra's instantiate passes it
             config = OmegaConf.to_container(config, resolve=True)
-        self.config, self.program, self.timeout_s = dict(config), program, int(timeout_s)
-        self.gradient_checkpointing, self.memory = bool(gradient_checkpointing), memory
+        self.config = dict(config)
+        self.program = program
+        self.timeout_s = int(timeout_s)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.memory = memory
         self.hf_generate_max_params = int(hf_generate_max_params)
 
     @property
@@ -274,14 +279,19 @@ class Launch:
         machines, nodes = int(self.config.get("num_machines", 1)), slurm_nodes(env)
         if machines > 1 and (nodes is None or nodes[0] != machines):
             here = "no Slurm job on several nodes" if nodes is None else f"a Slurm job on {nodes[0]} nodes"
-            why = (f"{machines} machines, and this is {here} (hydra/launcher=slurm starts one job on "
-                   "launch.config.num_machines nodes)")  # fmt: skip
+            why = (
+                f"{machines} machines, and this is {here} (hydra/launcher=slurm starts one job on "
+                "launch.config.num_machines nodes)"
+            )
             problems.append(("config.num_machines", why))
         if kind in NEEDS_GPUS and not self.config.get("use_cpu"):
             have = torch.cuda.device_count()
             if have == 0:
-                problems.append(("config.distributed_type", f"{kind} needs GPUs and this machine has none "
-                                 "(launch=cpu2 runs data-parallel on CPU processes)"))  # fmt: skip
+                why = (
+                    f"{kind} needs GPUs and this machine has none "
+                    "(launch=cpu2 runs data-parallel on CPU processes)"
+                )
+                problems.append(("config.distributed_type", why))
             elif self.per_machine > have:
                 why = f"{self.per_machine} processes on this machine, one per GPU, and it has {have} GPU(s)"
                 problems.append(("config.num_processes", why))
@@ -356,8 +366,10 @@ def single_process_trainers(run) -> list[tuple[str, str]]:
     problems = []
     for where, cls, _ in trainers(run):
         if getattr(cls, "trains", True) and getattr(cls, "global_batches", None) is None:
-            why = (f"{where}={cls.__name__} trains in one process only (its data-parallel training is not "
-                   "built yet); launch=null trains it here")  # fmt: skip
+            why = (
+                f"{where}={cls.__name__} trains in one process only (its data-parallel training is not "
+                "built yet); launch=null trains it here"
+            )
             problems.append(("config", why))
     return problems
 

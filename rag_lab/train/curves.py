@@ -25,7 +25,9 @@ class CurveLog(TrainerCallback):
     once). Under ``launch`` the main process writes (the rows are the whole batch's: TRL gathers them)."""
 
     def __init__(self, path: Path, resumed_at: int = 0, finish: Callable[[dict], dict] | None = None):
-        self.path, self.resumed_at, self.finish = Path(path), resumed_at, finish or (lambda row: row)
+        self.path = Path(path)
+        self.resumed_at = resumed_at
+        self.finish = finish or (lambda row: row)
         if self.path.exists() and is_main():
             kept = [r for r in read_records(self.path) if r["step"] <= resumed_at]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))

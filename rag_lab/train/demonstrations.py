@@ -101,7 +101,8 @@ class Recorder:
     policies behind it render chat messages (for a chat model's demonstrations) or plain text."""
 
     def __init__(self, inner, chat: bool = False):
-        self.inner, self.chat = inner, chat
+        self.inner = inner
+        self.chat = chat
         self.pairs: list[tuple[Prompt, str]] = []
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
@@ -218,7 +219,9 @@ class AtTemperature:
     greedy; a sample of the teacher is the same rollout at another temperature and seed)."""
 
     def __init__(self, inner, temperature: float, seed: int):
-        self.inner, self.temperature, self.seed = inner, temperature, seed
+        self.inner = inner
+        self.temperature = temperature
+        self.seed = seed
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling) -> list[list[Completion]]:
         return self.inner.generate(prompts, replace(sampling, temperature=self.temperature, seed=self.seed))

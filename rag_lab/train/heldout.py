@@ -136,8 +136,13 @@ class HeldOutCallback(TrainerCallback):
         resumed_at: int = 0,
         generator: Any = None,
     ):
-        self.settings, self.questions, self.rollout, self.write = settings, list(questions), rollout, write
-        self.scorer, self.resumed_at, self.generator = scorer, resumed_at, generator
+        self.settings = settings
+        self.questions = list(questions)
+        self.rollout = rollout
+        self.write = write
+        self.scorer = scorer
+        self.resumed_at = resumed_at
+        self.generator = generator
         self.trainer: Any = None
 
     def measure(self, step: int, model: Any) -> None:
@@ -146,9 +151,12 @@ class HeldOutCallback(TrainerCallback):
         process writes the row."""
         with acting(self.trainer or model_only(model), self.generator, step) as actor:
             row = measured(
-                step, self.questions, lambda share: self.rollout(actor, share), self.scorer,
+                step,
+                self.questions,
+                lambda share: self.rollout(actor, share),
+                self.scorer,
                 finish=lambda: rollouts_done(actor),
-            )  # fmt: skip
+            )
         if row is not None:
             self.write(row)
 

@@ -55,7 +55,9 @@ class InStep:
     R3-RAG's LM inside its actor-critic)."""
 
     def __init__(self, phase: "Lockstep", root: torch.nn.Module, lm: torch.nn.Module):
-        self.phase, self.root, self.lm = phase, root, lm
+        self.phase = phase
+        self.root = root
+        self.lm = lm
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.phase.working(True)
@@ -74,7 +76,8 @@ class Lockstep:
 
     def __init__(self, generator, root: torch.nn.Module, lm: torch.nn.Module, device: torch.device):
         self.generator = generator.with_model(InStep(self, root, lm))
-        self.root, self.device = root, device
+        self.root = root
+        self.device = device
         self.pad = generator.tokenizer.pad_token_id or 0
         # this rank's forwards and dummy forwards in the phase (the tests read them)
         self.forwards = self.dummies = 0

@@ -89,7 +89,8 @@ class RolloutEngine:
             model=model, accelerator=accelerator, processing_class=tokenizer, **settings
         )
         self.generator = engine_generator(self.backend, tokenizer, chat)
-        self.sharded_backend, self.syncs = self.backend._dist, 0
+        self.sharded_backend = self.backend._dist
+        self.syncs = 0
 
     @contextlib.contextmanager
     def acting(self) -> Iterator:
@@ -125,7 +126,8 @@ def unsharded():
     from trl.distributed import DistributedBackend
 
     plain = DistributedBackend.__new__(DistributedBackend)
-    plain.zero_stage, plain.fsdp_version = 0, None
+    plain.zero_stage = 0
+    plain.fsdp_version = None
     return plain
 
 

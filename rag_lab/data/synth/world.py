@@ -157,7 +157,8 @@ class World:
 
 class _Namer:
     def __init__(self, rng: random.Random):
-        self.rng, self.taken = rng, set()
+        self.rng = rng
+        self.taken = set()
 
     @staticmethod
     def syllables_for(count: int, codas: list[str]) -> int:

@@ -78,7 +78,9 @@ class WorldTeacher:
     """Solves embedded-world questions by following their decompositions (a SIMULATOR)."""
 
     def __init__(self, k: int = 5, noise: Noise | None = None, seed: int = 0):
-        self.k, self.noise, self.seed = k, noise or Noise(), seed
+        self.k = k
+        self.noise = noise or Noise()
+        self.seed = seed
 
     def solve(self, examples: Sequence[QAExample], search: Search) -> list[TeacherTrace]:
         """One trace per example; each hop of all live examples is one batched search."""

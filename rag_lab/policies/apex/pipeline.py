@@ -37,7 +37,8 @@ class APEXPipeline(Prompting):
         temperature: NonNegative = 0.0,
     ):
         super().__init__(k, max_new_tokens, temperature)
-        self.plan, self.hops = plan, hops
+        self.plan = plan
+        self.hops = hops
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
         states, episodes = self.start(batch)

@@ -174,7 +174,8 @@ def train_planner(
     last = last_good_checkpoint(work)
     if heldout is not None:
         measured = CurveLog(work / "heldout.jsonl", resumed_at=int(last.rsplit("-", 1)[-1]) if last else 0)
-        heldout.write, heldout.resumed_at = (lambda row: measured.writer.write([row])), measured.resumed_at
+        heldout.write = lambda row: measured.writer.write([row])
+        heldout.resumed_at = measured.resumed_at
         callbacks = [*callbacks, heldout]
     trainer = GRPOTrainer(
         model=generator.model,

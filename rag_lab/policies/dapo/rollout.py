@@ -80,7 +80,9 @@ class OnRollouts:
     of TRL's decoding of the token ids, which a word-level tokenizer does not invert exactly."""
 
     def __init__(self, name: str, reward: Callable[..., list[float]], **bound: Any):
-        self.__name__, self.reward, self.bound = name, reward, bound
+        self.__name__ = name
+        self.reward = reward
+        self.bound = bound
 
     def __call__(
         self, completions: list[Any], rollouts: list[str] | None = None, **columns: Any
@@ -118,11 +120,18 @@ class SearchRollouts:
         seed: int,
         flat_by: str = "reward",
     ):
-        self.env, self.generator, self.protocol = env.with_generator(generator), generator, DAPOTagged()
+        self.env = env.with_generator(generator)
+        self.generator = generator
+        self.protocol = DAPOTagged()
         self.pool = list(questions)
         self.by_prompt = {self.key(self.first_prompt(q)): q for q in self.pool}
-        self.rewards, self.k, self.max_turns, self.sampling = list(rewards), k, max_turns, sampling
-        self.dynamic_sampling, self.max_rounds, self.seed = dynamic_sampling, max_rounds, seed
+        self.rewards = list(rewards)
+        self.k = k
+        self.max_turns = max_turns
+        self.sampling = sampling
+        self.dynamic_sampling = dynamic_sampling
+        self.max_rounds = max_rounds
+        self.seed = seed
         self.flat_by = flat_by
         # the last step's counts (the training log reads them)
         self.stats: dict[str, float] = {}

@@ -149,8 +149,10 @@ class EvoRAG(Agent):
         self.reward, self.stages, self.actions = reward, list(stages), list(actions)
         self.max_cycles, self.patience, self.min_delta = max_cycles, patience, min_delta
         self.questions_per_cycle, self.states_per_episode, self.dev_limit = (
-            questions_per_cycle, states_per_episode, dev_limit,
-        )  # fmt: skip
+            questions_per_cycle,
+            states_per_episode,
+            dev_limit,
+        )
         self.rollout_batch = rollout_batch
         self.margin, self.pairs_per_state = margin, pairs_per_state
         self.preference = preference or PreferenceSettings()
@@ -249,6 +251,13 @@ class EvoRAG(Agent):
         for unrelated in ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra"):
             config.pop(unrelated, None)
         return cache.path(
-            root, "evorag", previous, str(stage), cycle, *content, env.corpus.fingerprint, config,
+            root,
+            "evorag",
+            previous,
+            str(stage),
+            cycle,
+            *content,
+            env.corpus.fingerprint,
+            config,
             code="rag_lab.policies.evorag.curriculum",
-        )  # fmt: skip
+        )

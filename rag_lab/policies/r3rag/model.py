@@ -26,7 +26,8 @@ class ActorCritic(nn.Module):
         super().__init__()
         if critic not in CRITICS:
             raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {critic!r}")
-        self.lm, self.critic = lm, critic
+        self.lm = lm
+        self.critic = critic
         separate = critic == "separate"
         self.critic_lm = (critic_lm or copy.deepcopy(lm)) if separate else None
         self.head = nn.Linear(lm.config.hidden_size, 1)

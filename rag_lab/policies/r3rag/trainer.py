@@ -106,8 +106,12 @@ class PPOTrainer:
         from rag_lab.policies.r3rag.ppo import make_accelerator
 
         self.accelerator = accelerator or make_accelerator()
-        self.settings, self.rollout, self.seed, self.reward = settings, rollout, seed, reward
-        self.questions, self.base = list(questions), generator
+        self.settings = settings
+        self.rollout = rollout
+        self.seed = seed
+        self.reward = reward
+        self.questions = list(questions)
+        self.base = generator
         if settings.batch_size % self.accelerator.num_processes:
             raise ValueError(
                 f"policy.ppo.batch_size {settings.batch_size} is not a multiple of the "
@@ -115,7 +119,8 @@ class PPOTrainer:
             )
         self.model, self.reference, self.optimizer = build(generator.model, settings, self.accelerator)
         self.env = CutDocuments(env.corpus, env.retriever, None, max_chars=settings.max_doc_chars)
-        self.heldout, self.heldout_questions = heldout or HeldOut(n=0), list(heldout_questions)
+        self.heldout = heldout or HeldOut(n=0)
+        self.heldout_questions = list(heldout_questions)
         self.scorer = scorer
         # generator=vllm: the engine the rollouts generate on (None: the policy itself, with transformers)
         self.engine = rollout_engine(

@@ -53,7 +53,9 @@ class CountingGenerator:
     """Wraps a generator to count its batched calls and the completions it returned."""
 
     def __init__(self, generator):
-        self.inner, self.calls, self.completions = generator, 0, 0
+        self.inner = generator
+        self.calls = 0
+        self.completions = 0
         self.chat = getattr(generator, "chat", False)
         # what rag_lab.env.fit measures prompts with
         self.context_length = getattr(generator, "context_length", None)

@@ -46,7 +46,8 @@ class LLMStop:
         # the longest STOP / CONTINUE decision (greedy)
         max_new_tokens: PositiveInt = 64,
     ):
-        self.protocol, self.sampling = StopRAGDecide(), Sampling(max_new_tokens=max_new_tokens)
+        self.protocol = StopRAGDecide()
+        self.sampling = Sampling(max_new_tokens=max_new_tokens)
 
     def should_stop(self, env: Env, states: Sequence[State], episodes: Sequence[Episode]) -> list[bool]:
         asking = [i for i, s in enumerate(states) if s.turns]  # nothing to judge before the first round
@@ -76,9 +77,13 @@ class IterativePipeline:
         max_new_tokens: PositiveInt = 32,
     ):
         self.stopper = stopper or NeverStop()
-        self.iterations, self.k, self.exclude_seen = iterations, k, exclude_seen
+        self.iterations = iterations
+        self.k = k
+        self.exclude_seen = exclude_seen
         self.sampling = Sampling(max_new_tokens=max_new_tokens)
-        self.query, self.intermediate, self.final = StopRAGQuery(), StopRAGIntermediate(), StopRAGFinal()
+        self.query = StopRAGQuery()
+        self.intermediate = StopRAGIntermediate()
+        self.final = StopRAGFinal()
 
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not train")
@@ -94,7 +99,8 @@ class IterativePipeline:
             states, episodes, queries, actions, texts, hits, seen, strict=True
         ):
             step = record(ep, c, Action(SEARCH, query=q) if a.kind == SEARCH else a)
-            step.query, step.retrieved_ids = q, [h.id for h in found]
+            step.query = q
+            step.retrieved_ids = [h.id for h in found]
             ep.format_failure |= a.kind == INVALID
             ids.update(step.retrieved_ids)
             s.turns.append(Turn(Action(SEARCH, query=q), env.passages(found)))

@@ -54,7 +54,9 @@ class QNetwork(nn.Module):
         path = resolve_model(encoder)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.encoder = AutoModel.from_pretrained(path)
-        self.pooling, self.max_length, self.truncation = pooling, max_length, truncation
+        self.pooling = pooling
+        self.max_length = max_length
+        self.truncation = truncation
         self.frozen = freeze_encoder
         if freeze_encoder:
             self.encoder.requires_grad_(False).eval()

@@ -144,7 +144,9 @@ class QLoss:
     from the network itself in eval mode, against its two heads."""
 
     def __init__(self, policy, trajs: list[Trajectory], features_path: Path | None):
-        self.qnet, self.target, horizon = policy.qnet, policy.target, policy.pipeline.iterations
+        self.qnet = policy.qnet
+        self.target = policy.target
+        horizon = policy.pipeline.iterations
         self.device = policy.device
         rewards = torch.tensor([t.rewards for t in trajs], dtype=torch.float32)  # [N, T+1]
         mask = keep(rewards)

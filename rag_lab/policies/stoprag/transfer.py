@@ -22,9 +22,14 @@ from rag_lab.policies.stoprag.policy import QStopper, StopRAG
 
 
 def fit_stopper(
-    stoprag: StopRAG | None, run_config: dict | None, env: Env, train: list[QAExample], dev: list[QAExample],
-    out_dir: Path, logger=None,
-) -> QStopper | None:  # fmt: skip
+    stoprag: StopRAG | None,
+    run_config: dict | None,
+    env: Env,
+    train: list[QAExample],
+    dev: list[QAExample],
+    out_dir: Path,
+    logger=None,
+) -> QStopper | None:
     """Train ``stoprag`` (None: no stopping rule) in ``out_dir/stopper`` with the method's run config (its
     offline data's cache key: the run's generator, retriever and seed) and return its stopping rule."""
     if stoprag is None:

@@ -107,9 +107,11 @@ class Ledger:
             return None
         line, size = peak.largest()
         share = round(100 * (1 - self.headroom))
-        return (f"the {peak.trainer} {peak.name} phase peaks at {gib(peak.total)} GiB a GPU, over "
-                f"{gib(self.bound)} GiB ({share}% of {gib(self.gpu_bytes)} GiB); its largest line: {line} "
-                f"{gib(size)} GiB")  # fmt: skip
+        return (
+            f"the {peak.trainer} {peak.name} phase peaks at {gib(peak.total)} GiB a GPU, over "
+            f"{gib(self.bound)} GiB ({share}% of {gib(self.gpu_bytes)} GiB); its largest line: {line} "
+            f"{gib(size)} GiB"
+        )
 
     def columns(self) -> list[str]:
         """The lines any phase holds, in :data:`LINES` order."""
@@ -138,9 +140,11 @@ class Ledger:
     def headline(self) -> str:
         peak = self.peak
         verdict = "fits" if peak.total <= self.bound else "EXCEEDS"
-        return (f"{self.title}: {self.world} GPU(s), peak {gib(peak.total)} GiB a GPU in the {peak.trainer} "
-                f"{peak.name} phase; bound {gib(self.bound)} GiB of {gib(self.gpu_bytes)}: "
-                f"{verdict}")  # fmt: skip
+        return (
+            f"{self.title}: {self.world} GPU(s), peak {gib(peak.total)} GiB a GPU in the {peak.trainer} "
+            f"{peak.name} phase; bound {gib(self.bound)} GiB of {gib(self.gpu_bytes)}: "
+            f"{verdict}"
+        )
 
     def notes(self) -> list[str]:
         return [f"- {p.trainer} {p.name}: {note}" for p in self.phases for note in p.notes]

@@ -43,7 +43,8 @@ class Tracked:
     time), :meth:`lines` after."""
 
     def __init__(self, tracker, root: nn.Module):
-        self.tracker, self.root = tracker, root
+        self.tracker = tracker
+        self.root = root
 
     def forward(self) -> None:
         """Before a pass of the root: the tracker's per-module records cleared (its peak stays), and a record

@@ -57,8 +57,10 @@ def plan(cfg: DictConfig) -> Ledger:
         name = ctx.model_name()[0]
     except RagLabError:  # a generator that names no model (a teacher, an API model)
         name = str(ctx.generator.get("_target_", "no generator")).rsplit(".", 1)[-1]
-    title = (f"{(run.get('experiment') or {}).get('name') or policy.__name__} ({name}; {world} processes on "
-             f"{machines} machine(s); planned in {time.perf_counter() - began:.1f} s)")  # fmt: skip
+    title = (
+        f"{(run.get('experiment') or {}).get('name') or policy.__name__} ({name}; {world} processes on "
+        f"{machines} machine(s); planned in {time.perf_counter() - began:.1f} s)"
+    )
     return Ledger(title, world, memory.gpu_bytes, memory.headroom, phases)
 
 

@@ -23,8 +23,11 @@ class MemorySettings:
         # python -m rag_lab.plan still plans)
         check: bool = True,
     ):
-        self.gpu_memory_gib, self.headroom = float(gpu_memory_gib), float(headroom)
-        self.prompt_tokens, self.passage_tokens, self.check = int(prompt_tokens), int(passage_tokens), check
+        self.gpu_memory_gib = float(gpu_memory_gib)
+        self.headroom = float(headroom)
+        self.prompt_tokens = int(prompt_tokens)
+        self.passage_tokens = int(passage_tokens)
+        self.check = check
 
     # the same settings: a launch's node composed twice compares equal
     def __eq__(self, other: object) -> bool:

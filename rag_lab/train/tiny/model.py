@@ -276,8 +276,11 @@ class _ReadingBatches(torch.utils.data.Dataset):
     """Step ``i``'s reading batch (:func:`reading_batch` of items ``i * size`` to ``(i + 1) * size``)."""
 
     def __init__(self, tokenizer, items, size: int, max_length: int, entities: Collection[int]) -> None:
-        self.tokenizer, self.items, self.size = tokenizer, items, size
-        self.max_length, self.entities = max_length, entities
+        self.tokenizer = tokenizer
+        self.items = items
+        self.size = size
+        self.max_length = max_length
+        self.entities = entities
 
     def __len__(self) -> int:
         return len(self.items) // self.size
