@@ -36,8 +36,8 @@ install-gpu: install ## GPU machines: add vLLM, DeepSpeed and faiss-gpu (replace
 # its start (the same loop before training; Stop-RAG's is fixed_iter). compare_synth has every row.
 DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo_start,dapo_stage1,dapo,evorag_start,evorag,r3rag_start,r3rag,apex_start,apex
 demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
-	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
-		'+experiment/compare_synth=$(DEMO_ROWS)'
+	$(PY) -m rag_lab.run experiment=compare_synth hydra.sweep.dir=outputs/demo \
+		'experiment/compare_synth=$(DEMO_ROWS)'
 	@echo "table: outputs/demo/compare.md (.csv, .tex); plot: outputs/demo/pareto.png (.svg)"
 
 # make claims: conf/claims.yaml's claims, judged once: experiment=claims (make demo's trained rows, their starts and
@@ -45,7 +45,7 @@ demo: install ## The showcase: the main baselines and all five methods on the em
 # experiments/results/claims.md and the README's table. Hours on 2 cores; run it again after a kill and it resumes.
 CLAIMS_DIR ?= outputs/claims
 claims: install ## The papers' claims (H and M) judged once on the judge split and seeds, then experiments/results/claims.md (hours)
-	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run +experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
+	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
 	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)

@@ -26,11 +26,11 @@ COLD=(+cold_start@experiment.cold_start=default experiment.cold_start.protocols=
       'policy.cold_start=${experiment.cold_start}')
 # one DAPO step of SmolLM2 on one GPU; the plan's open lengths are the synth world's, counted with SmolLM2's
 # tokenizer (a passage at most 142 tokens, DAPO's first prompt about 250)
-STEP=(+experiment=dapo_synth "policy.stages=[1]" generator=smollm2 "${COLD[@]}" experiment.cold_start.max_steps=200
+STEP=(experiment=dapo_synth "policy.stages=[1]" generator=smollm2 "${COLD[@]}" experiment.cold_start.max_steps=200
       policy.steps=1 policy.questions_per_step=4 launch=fsdp launch.config.num_processes=1
       launch.memory.prompt_tokens=256 launch.memory.passage_tokens=142)
 if [ "${SMOKE:-0}" = 1 ]; then
-  RUN=(+experiment=dapo_synth "policy.stages=[1]" generator=tiny "${COLD[@]}" experiment.cold_start.limit=8
+  RUN=(experiment=dapo_synth "policy.stages=[1]" generator=tiny "${COLD[@]}" experiment.cold_start.limit=8
        experiment.cold_start.max_steps=2 policy.steps=1 policy.questions_per_step=2 policy.group_size=2
        policy.heldout.n=4 policy.heldout.every=1 eval.limit=4 launch=fsdp_cpu)
 else

@@ -1,4 +1,4 @@
-"""The runner: ``python -m rag_lab.run [group=option ...] [+experiment=name]``.
+"""The runner: ``python -m rag_lab.run [group=option ...] [experiment=name]``.
 
 compose (Hydra) → validate against the components' schemas → read the data → check the run dir →
 seed → build retriever, generator, reward, policy, logger → ``policy.fit`` when the policy trains →
@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rag_lab import CONF_DIR
 from rag_lab.core.cli import (
     check_below_interpolations,
+    check_experiment_overrides,
     check_row_overrides,
     check_yaml_files,
     user_config_dirs,
@@ -332,5 +333,6 @@ if __name__ == "__main__":
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with one_line_errors():
         check_yaml_files([CONF_DIR, *user_config_dirs(sys.argv[1:])])
+        check_experiment_overrides(sys.argv[1:])
         sys.argv[1:] = soften(sys.argv[1:])
         main()

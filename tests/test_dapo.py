@@ -325,7 +325,7 @@ def test_the_paper_setup_is_its_table_5():
     from rag_lab.core.config import compose
     from rag_lab.policies.dapo.trainer import dapo_config
 
-    p = compose(["+experiment=dapo_2wiki"]).policy
+    p = compose(["experiment=dapo_2wiki"]).policy
     assert (p.questions_per_step * p.group_size, p.steps * len(p.stages), p.lr, p.kl_coef, p.micro_batch) == (
         1024,
         500,

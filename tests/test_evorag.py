@@ -235,7 +235,7 @@ def test_the_paper_setup_is_its_section_3_4():
     T_max 20, the margins δ 0.2 (DPO) and Δ 0.3 (preference model), a verifier for r_ref."""
     from rag_lab.train.dpo import dpo_config
 
-    cfg = compose(["+experiment=evorag_hotpotqa"])
+    cfg = compose(["experiment=evorag_hotpotqa"])
     p = cfg.policy
     assert (p.batch_size * p.grad_accum, p.lr, p.beta, p.max_turns) == (64, 5e-6, 0.1, 20)
     assert (p.margin, p.preference.margin, cfg.reward.refusal, p.stages) == (0.2, 0.3, "verifier", [1, 2])

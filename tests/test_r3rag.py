@@ -230,9 +230,9 @@ def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monke
 
 
 def test_the_experiments_compose_and_bad_settings_are_one_line_errors(tiny_cfg):
-    cfg = compose(["+experiment=r3rag_synth"])
+    cfg = compose(["experiment=r3rag_synth"])
     assert cfg.policy._target_.endswith("R3RAG") and cfg.reward._target_.endswith("R3RAGReward")
-    paper = compose(["+experiment=r3rag_hotpotqa"])
+    paper = compose(["experiment=r3rag_hotpotqa"])
     assert paper.policy.ppo.actor_lr == 5e-7 and paper.policy.ppo.critic_lr == 9e-6
     assert paper.policy.ppo.batch_size == 64 and paper.policy.k == 5 and paper.policy.max_turns == 5
     with pytest.raises(ConfigError, match=r"'policy.ppo.critic': 'both' is not one of shared, separate"):

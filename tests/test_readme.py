@@ -186,7 +186,7 @@ def test_commands_are_read_as_the_shell_reads_them():
         ["seed=2", "policy=dapo", "data=synth"],
     ]
     # the experiment's rows first, at their first value; the command line's value of a row's key wins
-    rows = {"policy": "fixed_iter,stoprag", "+experiment/x": "a,b", "policy.stages": "[1,2],[]"}
-    assert sweep_jobs(["+experiment/x=b", "seed=1"], rows) == [
-        ["policy=fixed_iter", "+experiment/x=b", "policy.stages=[1,2]", "seed=1"]
+    rows = {"policy": "fixed_iter,stoprag", "experiment/x": "a,b", "policy.stages": "[1,2],[]"}
+    assert sweep_jobs(["experiment/x=b", "seed=1"], rows) == [
+        ["policy=fixed_iter", "experiment/x=b", "policy.stages=[1,2]", "seed=1"]
     ]

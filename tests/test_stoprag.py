@@ -345,10 +345,10 @@ def test_experiment_sweep_points_validate(name):
     swept = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml").hydra.sweeper.params.policy.split(",")
     assert swept[0] == "fixed_iter" and swept[1] == "llm_stop" and swept[2].startswith("stoprag")
     for policy in swept:
-        cfg = compose([f"+experiment={name}", f"policy={policy}"])  # composes and validates
+        cfg = compose([f"experiment={name}", f"policy={policy}"])  # composes and validates
         assert cfg.policy.iterations == 10 and cfg.policy.k == 1
     if name != "stoprag_synth":
-        paper = compose([f"+experiment={name}", "policy=stoprag_paper"])
+        paper = compose([f"experiment={name}", "policy=stoprag_paper"])
         assert paper.policy.epochs == (3 if name == "stoprag_musique" else 1)
         assert paper.policy.encoder == "microsoft/deberta-v3-large" and paper.data.sample.test == 1000
 

@@ -120,15 +120,15 @@ def experiment_page() -> str:
     out = [
         "# `experiment`\n",
         "Deltas over the default config (`# @package _global_`): run one with "
-        "`python -m rag_lab.run +experiment=<name>`; an experiment with rows runs them as a sweep "
-        "(`-m`, `+experiment/<name>=<row>,...`).\n",
+        "`python -m rag_lab.run experiment=<name>`; an experiment with rows runs them as a sweep "
+        "(`-m`, `experiment/<name>=<row>,...`).\n",
     ]
     for option in D.group_options("experiment"):
         text = (D.CONF_DIR / "experiment" / f"{option}.yaml").read_text()
         node = yaml.safe_load(text) or {}
         picks = [f"`{k}={v}`" for d in node.get("defaults", []) if isinstance(d, dict) for k, v in d.items()]
         out.append(
-            f"## `{option}`\n\n{header(text)}\n```bash\npython -m rag_lab.run +experiment={option}\n```\n"
+            f"## `{option}`\n\n{header(text)}\n```bash\npython -m rag_lab.run experiment={option}\n```\n"
         )
         out.append(f"Groups: {', '.join(picks)}.\n" if picks else "")
         out.append(
@@ -136,7 +136,7 @@ def experiment_page() -> str:
         )
         if (D.CONF_DIR / "experiment" / option).is_dir():
             rows = ", ".join(f"`{r}`" for r in D.group_options(f"experiment/{option}"))
-            out.append(f"Rows (`+experiment/{option}=<row>`): {rows}.\n")
+            out.append(f"Rows (`experiment/{option}=<row>`): {rows}.\n")
     return "\n".join(out)
 
 
