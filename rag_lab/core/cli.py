@@ -77,10 +77,10 @@ def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
 
 
 def check_experiment_overrides(argv: Sequence[str]) -> None:
-    """``experiment`` is a config group of the defaults list (``experiment: null``), and each experiment's rows
-    are one of its own (``experiment/compare_synth: null``): ``experiment=<name>`` selects, and the ``+`` of
-    releases before 0.2 (``experiment=<name>``, ``experiment/<group>=<row>``) is refused in one line naming
-    the form to write, instead of Hydra's "Multiple values for experiment"."""
+    """``experiment`` is a group of the defaults list (``experiment: null``), and an experiment's rows are a
+    group of its own defaults (``/experiment/compare_synth: null``): ``experiment=<name>`` selects one. The
+    ``+`` that 0.1.0 wrote (``+experiment=<name>``, ``+experiment/<group>=<row>``) is refused in one line
+    naming the form to write, instead of Hydra's "Multiple values for experiment"."""
     for arg in argv:
         key, eq, value = arg.partition("=")
         if eq and key.startswith("+") and not key.startswith("++"):
