@@ -1,4 +1,4 @@
-"""Multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2). ``policy=dapo``.
+"""Multi-stage-reward DAPO (OpenReview XVtORJ0AXN; docs/methods/dapo.md). ``policy=dapo``.
 
 - :mod:`.policy`: :class:`~.policy.DAPO`: the ``dapo`` agent (:mod:`rag_lab.policies.agent`), cold-started,
   then trained stage by stage;
