@@ -13,7 +13,9 @@ stage 1's weights. ``stages`` [1, 2] is the paper; [2] is its "w/o stage one", [
 policy (``generator``), which evaluation acts with.
 
 - Optional first: the cold start (:func:`rag_lab.train.cold_start.cold_start`, SFT on rejection-sampled
-  teacher demonstrations of the ``dapo`` protocol), the embedded default's starting point.
+  teacher demonstrations of the ``dapo`` protocol), on in ``conf/policy/dapo.yaml``; ``make demo``,
+  ``dapo_synth`` and ``dapo_2wiki`` start from the model itself, as the paper does
+  (docs/methods/dapo.md#starting-point).
 - Each stage is cached (``cache_dir/dapo/<key>``, :mod:`rag_lab.core.cache`: the starting weights, the stage,
   the training questions, the corpus, the run's resolved config but for ``policy.stages``, and the code),
   so a sweep over ``stages`` trains stage 1 once; a killed stage resumes from its last Trainer checkpoint,
