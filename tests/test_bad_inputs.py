@@ -192,6 +192,9 @@ class Case:
     extra: list[str] = field(default_factory=list)
 
 
+# 0.1.0 selected an experiment with a + (+group=option), refused since in one line naming the form to write
+PLUS = "+"
+
 # fmt: off
 CASES = [
     # ---- run: config keys, groups and values --------------------------------------------------
@@ -371,11 +374,11 @@ CASES = [
     Case("compare row unknown", "run", ["experiment=compare_synth", "experiment/compare_synth=nope",
          "hydra.sweep.dir={tmp}/sw"], 1, r"Could not find 'experiment/compare_synth/nope' \(options: apex",
          run_dir="none"),
-    Case("experiment with a +", "run", ["+experiment=stoprag_synth"], 1,
+    Case("experiment with a +", "run", [f"{PLUS}experiment=stoprag_synth"], 1,
          r"override '\+experiment=stoprag_synth': write experiment=stoprag_synth \(no '\+'", run_dir="none"),
-    Case("experiment row with a +", "run", ["experiment=compare_synth", "+experiment/compare_synth=dapo"], 1,
-         r"override '\+experiment/compare_synth=dapo': write experiment/compare_synth=dapo", run_dir="none"),
-    Case("plan experiment with a +", "plan", ["+experiment=dapo_2wiki"], 1,
+    Case("experiment row with a +", "run", ["experiment=compare_synth", f"{PLUS}experiment/compare_synth=dapo"],
+         1, r"override '\+experiment/compare_synth=dapo': write experiment/compare_synth=dapo", run_dir="none"),
+    Case("plan experiment with a +", "plan", [f"{PLUS}experiment=dapo_2wiki"], 1,
          r"override '\+experiment=dapo_2wiki': write experiment=dapo_2wiki", run_dir="none"),
     # ---- compare ----------------------------------------------------------------------------------
     Case("compare missing dir", "reporting.compare", ["{tmp}/nope"], 1, r"nope does not exist"),
