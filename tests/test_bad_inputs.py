@@ -376,8 +376,8 @@ CASES = [
          run_dir="none"),
     Case("experiment with a +", "run", [f"{PLUS}experiment=stoprag_synth"], 1,
          r"override '\+experiment=stoprag_synth': write experiment=stoprag_synth \(no '\+'", run_dir="none"),
-    Case("experiment row with a +", "run", ["experiment=compare_synth", f"{PLUS}experiment/compare_synth=dapo"],
-         1, r"override '\+experiment/compare_synth=dapo': write experiment/compare_synth=dapo", run_dir="none"),
+    Case("row with a +", "run", ["experiment=compare_synth", f"{PLUS}experiment/compare_synth=dapo"],
+         1, r"'\+experiment/compare_synth=dapo': write experiment/compare_synth=dapo", run_dir="none"),
     Case("plan experiment with a +", "plan", [f"{PLUS}experiment=dapo_2wiki"], 1,
          r"override '\+experiment=dapo_2wiki': write experiment=dapo_2wiki", run_dir="none"),
     # ---- compare ----------------------------------------------------------------------------------
