@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 sys.path.insert(0, str(ROOT / "experiments"))
 import benchlib  # noqa: E402
+import gpu_check_page  # noqa: E402
 
 
 def _first_table(text: str) -> list[str]:
@@ -45,6 +46,25 @@ def test_a_bench_page_written_twice_leads_with_the_second_run(tmp_path, monkeypa
     assert history.index(entry.format(2, 2)) < history.index(entry.format(1, 1))
     assert history.startswith(f"\n{pages.HISTORY_LEAD}\n\n") and page.count("## History") == 1
     assert "# bench_x\n\nrun 3" in capsys.readouterr().out
+
+
+def test_the_gpu_check_page_leads_with_the_latest_run(tmp_path):
+    """make gpu-check's page (experiments/gpu_check_page.py --into): the latest run's step table first, the
+    stamp naming the GPU torch saw under it, the run before under History."""
+    out, page = tmp_path / "out", tmp_path / "gpu_check.md"
+    out.mkdir()
+    (out / "env.txt").write_text(
+        "Mon Dec  7 04:30:00 UTC 2026\ntorch 2.13.0 cuda NVIDIA H100 80GB HBM3\n16\n"
+    )
+    for seconds in (58, 61):
+        (out / "steps.tsv").write_text(f"plan\t0\t{seconds}\nfsdp_step\t124\t240\n")
+        gpu_check_page.main(out, page)
+    current, history = page.read_text().split(f"\n{pages.HISTORY}\n")
+    assert _first_table(current) == ["| step | status | s |", "|---|---|---|", "| plan | ok | 61 |",
+                                     "| fsdp_step | exit 124 (deadline) | 240 |"]  # fmt: skip
+    found = pages.stamp_of(current)
+    assert found.machine.endswith(", NVIDIA H100 80GB HBM3") and found.command == "`make gpu-check`"
+    assert "| plan | ok | 58 |" in history and "| plan | ok | 61 |" not in history
 
 
 def test_history_entries_go_two_levels_down_code_blocks_kept_and_named_sections_dropped():
