@@ -125,7 +125,8 @@ def test_the_reading_names_each_claim_whose_tests_part_from_its_verdict(tmp_path
     ]  # fmt: skip
     text = reading(judge(claims, _runs(tmp_path)))
     assert text.startswith("## Reading the claims table\n\nOne line a test;")
-    assert " Here: P (H): retrieval_count holds, acc (margin +60) reversed, so reversed.\n" in text
+    flat = " ".join(text.split())  # the paragraph is wrapped at 110 characters
+    assert " Here: P (H): retrieval_count holds, acc (margin +60) reversed, so reversed. **A trained" in flat
     assert "Q (M)" not in text  # its one test's verdict is its claim's
     assert " Here:" not in reading(judge(claims[1:], _runs(tmp_path / "again")))
 

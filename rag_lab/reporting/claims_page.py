@@ -6,9 +6,11 @@ reading in place and keep the notes. Hand-written: a page layout, which no libra
 """
 
 import re
+import textwrap
 
 import pandas as pd
 
+from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT
 from rag_lab.reporting import pages
 
 BEGIN, END = "<!-- claims: begin (python -m rag_lab.claims) -->", "<!-- claims: end -->"
@@ -39,9 +41,9 @@ several: that test went the claimed way and another did not, and a claim holds o
 
 DEMO = """**A trained row that rises in `make demo` and is "not shown" here** is two measurements, not a
 contradiction. `make demo` (`compare_synth.md`) is one seed on the test split, the split the settings were
-probed on: a probe. A claim is judged once, on seeds 100-102 and the judge split (questions no probe, demo or
-test ran), on the metric its paper reports; an effect of a point or two that the demo's interval puts above
-0 can have an interval here that reaches 0. The verdict is the judgement's."""
+probed on: a probe. A claim is judged once, on seeds {seeds} and the {split} split (questions no probe, demo
+or test ran), on the metric its paper reports; an effect of a point or two that the demo's interval puts
+above 0 can have an interval here that reaches 0. The verdict is the judgement's."""
 
 
 def reading(table: pd.DataFrame) -> str:
@@ -52,8 +54,13 @@ def reading(table: pd.DataFrame) -> str:
         if (lines["verdict"] != lines["claim verdict"]).any():
             tests = ", ".join(f"{m} {v}" for m, v in zip(lines["metric"], lines["verdict"], strict=True))
             mixed.append(f"{paper} ({kind}): {tests}, so {lines['claim verdict'].iloc[0]}")
-    where = f" Here: {'; '.join(mixed)}." if mixed else ""
-    return f"## {READING}\n\n{COLUMNS}{where}\n\n{DEMO}\n"
+    last = COLUMNS.rsplit("\n\n", 1)
+    if mixed:  # the paragraph on mixed verdicts, with this table's cases, wrapped as the page's prose is
+        last[1] = textwrap.fill(
+            f"{last[1]} Here: {'; '.join(mixed)}.".replace("\n", " "), 110, break_on_hyphens=False
+        )
+    demo = DEMO.format(seeds=f"{JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}", split=JUDGE_SPLIT)
+    return f"## {READING}\n\n{last[0]}\n\n{last[1]}\n\n{demo}\n"
 
 
 def stamp(table: pd.DataFrame, machine: str) -> pages.Stamp:
