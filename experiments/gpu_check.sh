@@ -8,7 +8,8 @@
 #   (3) vllm       one rollout on TRL's colocated vLLM engine, one update, TRL's weight sync, the engine's
 #                  weights against the model's (experiments/gpu_check_vllm.py), where vLLM imports
 # (The gpu test set, SmolLM2's trainers on CUDA in bf16, is `make test-gpu`: minutes of its own.)
-# Then experiments/gpu_check_page.py writes the results page (experiments/results/gpu_check.md) from $OUT.
+# Then experiments/gpu_check_page.py writes the results page (experiments/results/gpu_check.md) from $OUT, this
+# run's table first and the page's earlier run under its History.
 #
 #   OUT=/tmp/gpu make gpu-check              # on a GPU machine with the project installed (make install-gpu)
 #   OUT=$OUT PYTHON=python3 bash experiments/gpu_check.sh   # the lent device machine: wheels on PYTHONPATH
@@ -58,5 +59,7 @@ if "$PYTHON" -c "import vllm" >/dev/null 2>&1 && [ "${SMOKE:-0}" != 1 ]; then
 else
   printf 'vllm\tskipped (no vLLM)\t0\n' >>"$OUT/steps.tsv"
 fi
-"$PYTHON" experiments/gpu_check_page.py "$OUT"
-[ "${SMOKE:-0}" = 1 ] || cp "$OUT/gpu_check.md" experiments/results/gpu_check.md
+# the results page leads with this run; the run it held before moves under its History (not for the smoke)
+INTO=(--into experiments/results/gpu_check.md)
+[ "${SMOKE:-0}" = 1 ] && INTO=()
+"$PYTHON" experiments/gpu_check_page.py "$OUT" ${INTO[@]+"${INTO[@]}"}
