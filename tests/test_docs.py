@@ -1,6 +1,7 @@
 """The docs: every config key has help text (rag_lab/reporting/docs.py defines it), and the site builds with
 ``--strict`` (a broken link, a missing page, a results page not linked from results.md fail it)."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,8 @@ def test_reference_lists_a_key_with_its_range(group):
     keys = {k.name: k for k in docs.option_keys(group, "stoprag" if group == "policy" else "bm25")}
     assert group != "policy" or (keys["top_p"].valid == "in (0, 1]" and keys["k"].default == 1)
     assert group != "retriever" or keys["k1"].default == 1.5
+
+
+def test_make_docs_names_materials_end_of_life():
+    done = subprocess.run(["make", "-n", "docs"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "Material for MkDocs reaches end of life on 2027-05-05; its successor is Zensical" in done.stdout
