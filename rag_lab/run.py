@@ -315,7 +315,7 @@ def compose_job(hc, overrides: list[str]) -> DictConfig:
     return hydra.compose("config", overrides=[*overrides, *searchpath])
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     # What Hydra writes into .hydra/ by default; rundir.prepare writes it once the run dir checks out.

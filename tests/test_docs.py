@@ -1,6 +1,7 @@
 """The docs: every config key has help text (rag_lab/reporting/docs.py defines it), and the site builds with
 ``--strict`` (a broken link, a missing page, a results page not linked from results.md fail it)."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,8 @@ def test_a_logged_key_missing_from_its_page_is_named():
     dapo = (ROOT / "docs" / "methods" / "dapo.md").read_text()
     named = [{"rewards/search/mean": 0.0, "rewards/a/b/mean": 0.0}]
     assert undocumented_metrics("dapo", named, dapo) == ["rewards/a/b/mean"]
+
+
+def test_make_docs_names_materials_end_of_life():
+    done = subprocess.run(["make", "-n", "docs"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "Material for MkDocs reaches end of life on 2027-05-05; its successor is Zensical" in done.stdout

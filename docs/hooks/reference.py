@@ -209,14 +209,16 @@ def make_targets() -> str:
 def cli_page() -> str:
     out = [
         "# Commands\n",
-        "Every command of the package (a module run with `python -m`), with its `--help`, then the "
-        "Makefile's targets. Generated from the code at each build.\n",
+        "Every command of the package (a module run with `python -m`; `rag-lab <command>` runs the top "
+        "level's), with its `--help`, then the Makefile's targets. Generated from the code at each build.\n",
     ]
     for path in _main_modules():
         name = _module(path)
         doc = _docstring(path)
         text = _help(path)
-        out.append(f"## `python -m {name}`\n\n{_escape(doc.split(chr(10) * 2)[0])}\n")
+        # the package's own __main__ is the console script (pyproject.toml's [project.scripts])
+        heading = "`rag-lab` (`python -m rag_lab`)" if name.endswith(".__main__") else f"`python -m {name}`"
+        out.append(f"## {heading}\n\n{_escape(doc.split(chr(10) * 2)[0])}\n")
         out.append(f"```text\n{text.rstrip()}\n```\n" if text else "(internal: started by another command)\n")
     out += ["## Makefile targets\n", "`make help` lists them too.\n", make_targets()]
     return "\n".join(out)
