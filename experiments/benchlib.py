@@ -1,13 +1,15 @@
 """What every benchmark script shares: peak memory, the model's forward time, writing its result page.
 
-No rag_lab imports: ``experiments/peers/flashrag_side.py`` uses it from FlashRAG's environment."""
+No rag_lab imports at the top: ``experiments/peers/flashrag_side.py`` uses it from FlashRAG's environment."""
 
-import os
 import resource
+import shlex
+import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
 
 
 def peak_rss_mb() -> float:
@@ -26,13 +28,27 @@ def shipped_lm() -> str:
     return f"generator=tiny (rag_lab/checkpoints/{SHIPPED.name}, trained at commit {card.get('commit')})"
 
 
+def command() -> str:
+    """The command line that ran this bench, as a reader types it from the repository's root."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else Path(script.name)
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
+
+
 def publish(name: str, body: str, lm: str) -> None:
-    """Print the result and write it to experiments/results/<name>.md under a header with the core count
-    and ``lm``, the LM it was measured with (:func:`shipped_lm`, or e.g. "none (retrieval only)")."""
-    text = f"# {name} ({os.cpu_count()} cores)\n\nLM: {lm}\n\n{body.rstrip()}\n"
-    print(text)
+    """Print the result and write experiments/results/<name>.md: ``body`` with, under its first table, the
+    stamp (commit, date, machine, :func:`command`) and ``lm``, the LM it was measured with
+    (:func:`shipped_lm`, or e.g. "none (retrieval only)"); the section the page held moves under its
+    History (:func:`rag_lab.reporting.pages.publish`), so each run's table leads the page."""
+    from rag_lab.reporting import pages
+
+    stamp = pages.here(command(), ROOT)
+    section = f"# {name}\n\n" + pages.after_first_table(body, f"{stamp.line()}\n\nLM: {lm}")
+    print(section)
+    path = RESULTS / f"{name}.md"
+    old = path.read_text() if path.exists() else None
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.md").write_text(text)
+    path.write_text(pages.publish(old, section))
 
 
 class ForwardClock:

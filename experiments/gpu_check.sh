@@ -8,7 +8,8 @@
 #   (3) vllm       one rollout on TRL's colocated vLLM engine, one update, TRL's weight sync, the engine's
 #                  weights against the model's (experiments/gpu_check_vllm.py), where vLLM imports
 # (The gpu test set, SmolLM2's trainers on CUDA in bf16, is `make test-gpu`: minutes of its own.)
-# Then experiments/gpu_check_page.py writes the results page (experiments/results/gpu_check.md) from $OUT.
+# Then experiments/gpu_check_page.py writes the results page (experiments/results/gpu_check.md) from $OUT, this
+# run's table first and the page's earlier run under its History.
 #
 #   OUT=/tmp/gpu make gpu-check              # on a GPU machine with the project installed (make install-gpu)
 #   OUT=$OUT PYTHON=python3 bash experiments/gpu_check.sh   # the lent device machine: wheels on PYTHONPATH
@@ -26,11 +27,11 @@ COLD=(+cold_start@experiment.cold_start=default experiment.cold_start.protocols=
       'policy.cold_start=${experiment.cold_start}')
 # one DAPO step of SmolLM2 on one GPU; the plan's open lengths are the synth world's, counted with SmolLM2's
 # tokenizer (a passage at most 142 tokens, DAPO's first prompt about 250)
-STEP=(+experiment=dapo_synth "policy.stages=[1]" generator=smollm2 "${COLD[@]}" experiment.cold_start.max_steps=200
+STEP=(experiment=dapo_synth "policy.stages=[1]" generator=smollm2 "${COLD[@]}" experiment.cold_start.max_steps=200
       policy.steps=1 policy.questions_per_step=4 launch=fsdp launch.config.num_processes=1
       launch.memory.prompt_tokens=256 launch.memory.passage_tokens=142)
 if [ "${SMOKE:-0}" = 1 ]; then
-  RUN=(+experiment=dapo_synth "policy.stages=[1]" generator=tiny "${COLD[@]}" experiment.cold_start.limit=8
+  RUN=(experiment=dapo_synth "policy.stages=[1]" generator=tiny "${COLD[@]}" experiment.cold_start.limit=8
        experiment.cold_start.max_steps=2 policy.steps=1 policy.questions_per_step=2 policy.group_size=2
        policy.heldout.n=4 policy.heldout.every=1 eval.limit=4 launch=fsdp_cpu)
 else
@@ -58,5 +59,7 @@ if "$PYTHON" -c "import vllm" >/dev/null 2>&1 && [ "${SMOKE:-0}" != 1 ]; then
 else
   printf 'vllm\tskipped (no vLLM)\t0\n' >>"$OUT/steps.tsv"
 fi
-"$PYTHON" experiments/gpu_check_page.py "$OUT"
-[ "${SMOKE:-0}" = 1 ] || cp "$OUT/gpu_check.md" experiments/results/gpu_check.md
+# the results page leads with this run; the run it held before moves under its History (not for the smoke)
+INTO=(--into experiments/results/gpu_check.md)
+[ "${SMOKE:-0}" = 1 ] && INTO=()
+"$PYTHON" experiments/gpu_check_page.py "$OUT" ${INTO[@]+"${INTO[@]}"}

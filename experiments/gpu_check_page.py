@@ -1,16 +1,23 @@
 """The results page of ``make gpu-check`` (experiments/gpu_check.sh) from its output folder: the machine,
 each step's exit status and seconds, the memory plan's prediction for SmolLM2's ``launch=fsdp`` step beside
 what the step's launched process allocated at most (``torch.cuda.max_memory_allocated``, from its rank
-report), and the vLLM rollout's checks. Writes OUT/gpu_check.md (gpu_check.sh copies it to
-experiments/results/ on a GPU machine).
+report), and the vLLM rollout's checks, the stamp (commit, date, machine, ``make gpu-check``) under its
+step table. Writes OUT/gpu_check.md and, with ``--into``, that results page with this run leading and the
+run it held before under its History (rag_lab/reporting/pages.py; gpu_check.sh writes
+experiments/results/gpu_check.md so on a GPU machine).
 
-    python experiments/gpu_check_page.py OUT
+    python experiments/gpu_check_page.py OUT [--into experiments/results/gpu_check.md]
 """
 
 import json
 import re
 import sys
+import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # rag_lab's stdlib-only page layout, where the package is not installed
+from rag_lab.reporting import pages  # noqa: E402
 
 GIB = 2**30
 
@@ -64,7 +71,17 @@ def vllm_lines(out: Path) -> list[str]:
     return [f"**vLLM rollout and weight sync** (experiments/gpu_check_vllm.py): {marks}\n"]
 
 
-def main(out: Path) -> str:
+def stamp(out: Path) -> pages.Stamp:
+    """This run's stamp: the checkout's commit, today, the machine with the GPU torch named (env.txt)."""
+    env = tail(out / "env.txt", 6).splitlines()
+    gpu = next(
+        (line.split(" cuda ", 1)[1] for line in env if line.startswith("torch ") and " cuda " in line), ""
+    )
+    machine = pages.machine() + (f", {gpu}" if gpu not in ("", "False") else ", no GPU")
+    return pages.Stamp(pages.commit(ROOT), time.strftime("%Y-%m-%d"), machine, "`make gpu-check`")
+
+
+def main(out: Path, into: Path | None = None) -> str:
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines() if line.strip()]
 
     def status(rc: str) -> str:
@@ -74,12 +91,15 @@ def main(out: Path) -> str:
 
     table = "\n".join(f"| {name} | {status(rc)} | {secs} |" for name, rc, secs in steps)
     lines = [f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 6)}\n```\n",
-             f"| step | status | s |\n|---|---|---|\n{table}\n"]  # fmt: skip
+             f"| step | status | s |\n|---|---|---|\n{table}\n", f"{stamp(out).line()}\n"]  # fmt: skip
     lines += memory_lines(out) + vllm_lines(out)
     page = "\n".join(lines)
     (out / "gpu_check.md").write_text(page)
+    if into is not None:
+        into.write_text(pages.publish(into.read_text() if into.exists() else None, page))
     return page
 
 
 if __name__ == "__main__":
-    print(main(Path(sys.argv[1])))
+    into = Path(sys.argv[3]) if sys.argv[2:3] == ["--into"] else None
+    print(main(Path(sys.argv[1]), into))

@@ -1,6 +1,6 @@
 """Each paper experiment's GPU memory plan, written into docs/how-to/gpu-memory.md (`make memory-plan`).
 
-Runs ``python -m rag_lab.plan +experiment=<name> launch=fsdp ... --markdown`` for each of the five paper
+Runs ``python -m rag_lab.plan experiment=<name> launch=fsdp ... --markdown`` for each of the five paper
 experiments (the command's own output, pasted between the page's markers), on the GPUs its config names: one
 node of 8, R3-RAG's paper run on two (the README's cluster example). The experiments roll out on vLLM
 (``generator=vllm``, as issue 72 makes them; an ``hf`` generator's ``batch_size`` dropped). About 5 minutes an
@@ -33,10 +33,10 @@ def overrides(name: str) -> list[str]:
     """The command line's overrides: the experiment under launch=fsdp, rolling out on vLLM."""
     from rag_lab.core.config import compose
 
-    cfg = compose([f"+experiment={name}"])
+    cfg = compose([f"experiment={name}"])
     vllm = [] if "train_memory" in (cfg.generator or {}) else ["generator=vllm"]
     drop = ["~generator.batch_size"] if vllm and "batch_size" in cfg.generator else []
-    return [f"+experiment={name}", "launch=fsdp", *vllm, *drop, *EXPERIMENTS[name]]
+    return [f"experiment={name}", "launch=fsdp", *vllm, *drop, *EXPERIMENTS[name]]
 
 
 def planned(name: str) -> tuple[str, str, float]:

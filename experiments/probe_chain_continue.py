@@ -8,7 +8,7 @@ seventh session's chain, from the shipped default (experiments/results/tiny_lm.m
     python experiments/probe_chain_continue.py 2000 --out /tmp/probe/c2            # 23 min, 1 thread
     python experiments/probe_chain_continue.py 4000 --base /tmp/probe/c2 --out /tmp/probe/c6   # 28 min
     python experiments/probe_chain_continue.py 4000 --base /tmp/probe/c6 --out /tmp/probe/c10
-    python -m rag_lab.run +experiment=tiny_lm generator.checkpoint=/tmp/probe/c6 generator.chain_steps=4000
+    python -m rag_lab.run experiment=tiny_lm generator.checkpoint=/tmp/probe/c6 generator.chain_steps=4000
 
 Every stage draws its items from the same seeded stream, so a continuation first replays the batches of the
 stage before it (renamed alike) and then draws new ones. The card ``--out`` gets records only the last

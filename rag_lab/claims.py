@@ -41,6 +41,8 @@ from rag_lab.eval.paired import bootstrap_rows, groups_by
 from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
 from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
+from rag_lab.reporting import pages
+from rag_lab.reporting.claims_page import BEGIN, END, claims_page, reading, stamp
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
@@ -48,7 +50,6 @@ SIGNS = (">", "<")
 KINDS = {"H": "headline", "M": "mechanism"}
 # what every line records of its runs (provenance.json), and what --keep needs to keep a line
 PROVENANCE = ("commit", "code", "config A", "config B", "lm", "split", "seeds")
-BEGIN, END = "<!-- claims: begin (python -m rag_lab.claims) -->", "<!-- claims: end -->"
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,9 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
                     f"{s}: {scale * float(d):+.2f}" for s, d in zip(seeds, deltas, strict=True)
                 )
                 prov_a, prov_b = found[a[0]], found[b[0]]
+                starts = sorted(s for x in a + b if (s := found[x].get("started")))
                 row |= {
+                    "started": f"{starts[0]} {starts[-1]}" if starts else None,
                     "commit": prov_a.get("commit"),
                     "code": prov_a.get("code"),
                     "config A": prov_a.get("row_config"),
@@ -350,9 +353,12 @@ def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
 def write_claims(
     dirs: list[Path], out: Path, spec: Path = SPEC, readme: Path | None = None, keep: Path | None = None
 ) -> str:
-    """claims.md (the generated block replaced, the text around it kept) and claims.csv; the block, which
-    also replaces ``readme``'s (between the same markers) when given. ``keep``: an earlier claims.csv whose
-    lines stand for the claims that have no runs here."""
+    """claims.md and claims.csv; the block, which also replaces ``readme``'s (between the same markers)
+    when given. The page leads with the block, its stamp (the runs' commit and dates, this machine:
+    ``make claims`` judges and writes on one) and "Reading the claims table"; the runs of another commit
+    than the page's move its judgement under History, the same runs replace it in place
+    (:func:`rag_lab.reporting.claims_page.claims_page`). ``keep``: an earlier claims.csv whose lines stand
+    for the claims that have no runs here."""
     runs = find_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
@@ -360,16 +366,8 @@ def write_claims(
     if keep is not None:
         table = kept(table, keep)
     block = render(table)
-    old = (
-        out.read_text()
-        if out.exists()
-        else f"# The papers' claims on the embedded default\n\n{BEGIN}\n{END}\n"
-    )
-    if BEGIN in old and END in old:
-        text = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) + 1 :]
-    else:
-        text = old.rstrip("\n") + "\n\n" + block
-    atomic_write_text(out, text)
+    old = out.read_text() if out.exists() else None
+    atomic_write_text(out, claims_page(old, block, stamp(table, pages.machine()), reading(table)))
     atomic_write_text(out.with_suffix(".csv"), table.to_csv(index=False))
     if readme is not None:
         page = readme.read_text()

@@ -1,9 +1,9 @@
 """Each GPU's memory for a run, planned without a GPU: ``python -m rag_lab.plan <the run's overrides>``.
 
-    python -m rag_lab.plan +experiment=dapo_2wiki launch=fsdp generator=vllm
-    python -m rag_lab.plan +experiment=r3rag_hotpotqa launch=fsdp launch.config.num_machines=2 \\
+    python -m rag_lab.plan experiment=dapo_2wiki launch=fsdp generator=vllm
+    python -m rag_lab.plan experiment=r3rag_hotpotqa launch=fsdp launch.config.num_machines=2 \\
         launch.config.num_processes=16
-    python -m rag_lab.plan generator=smollm2 +experiment=dapo_synth launch=fsdp launch.config.num_processes=1
+    python -m rag_lab.plan generator=smollm2 experiment=dapo_synth launch=fsdp launch.config.num_processes=1
     python -m rag_lab.plan ... --markdown          # the ledger as a markdown table
 
 Composes the run's config as ``python -m rag_lab.run`` does (the same overrides, the same one-line errors),

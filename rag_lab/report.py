@@ -207,7 +207,7 @@ examples:
   python -m rag_lab.report outputs/a outputs/b --subset type=compositional --compare --out ab.csv
   python -m rag_lab.report multirun/dapo_synth --by policy.stages --compare '[1]' '[]'
   python -m rag_lab.report multirun/dapo_ablation multirun/dapo_synth \
-      --compare +experiment/dapo_ablation=no_search 'policy.stages=[1]' --metrics acc retrieval_count
+      --compare experiment/dapo_ablation=no_search 'policy.stages=[1]' --metrics acc retrieval_count
 
 columns (per-question means over the subset, except N):
 """

@@ -1,4 +1,4 @@
-"""The runner: ``python -m rag_lab.run [group=option ...] [+experiment=name]``.
+"""The runner: ``python -m rag_lab.run [group=option ...] [experiment=name]``.
 
 compose (Hydra) → validate against the components' schemas → read the data → check the run dir →
 seed → build retriever, generator, reward, policy, logger → ``policy.fit`` when the policy trains →
@@ -27,6 +27,7 @@ import rag_lab.policies  # noqa: F401  (registers the demonstration policies gen
 from rag_lab import CONF_DIR
 from rag_lab.core.cli import (
     check_below_interpolations,
+    check_experiment_overrides,
     check_row_overrides,
     check_yaml_files,
     user_config_dirs,
@@ -273,7 +274,7 @@ def compose_job(hc, overrides: list[str]) -> DictConfig:
     return hydra.compose("config", overrides=[*overrides, *searchpath])
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     # What Hydra writes into .hydra/ by default; rundir.prepare writes it once the run dir checks out.
@@ -291,5 +292,6 @@ if __name__ == "__main__":
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with one_line_errors():
         check_yaml_files([CONF_DIR, *user_config_dirs(sys.argv[1:])])
+        check_experiment_overrides(sys.argv[1:])
         sys.argv[1:] = soften(sys.argv[1:])
         main()

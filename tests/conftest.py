@@ -3,6 +3,7 @@
 import contextlib
 import logging
 import os
+import re
 import runpy
 import sys
 import threading
@@ -339,3 +340,33 @@ def launch_port() -> int:
     (``rag_lab.runner.launch.Launch.write_config``: accelerate's ``main_process_port: 0``), so no launched or
     sharded test fixes a port: two test runs at once on one machine never meet on one."""
     return free_port()
+
+
+METHOD_PAGES = Path(__file__).resolve().parents[1] / "docs" / "methods"
+
+
+def logged_metrics(page: str) -> list[str]:
+    """The keys that a method page's "Logged metrics" section documents: the backquoted names in the first
+    cell of each row of its tables (``<name>`` stands for one path segment: ``rewards/<name>/mean``)."""
+    section = (
+        page.split("\n## Logged metrics\n", 1)[-1].split("\n## ", 1)[0]
+        if "\n## Logged metrics\n" in page
+        else ""
+    )
+    keys = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if line.startswith("|") and len(cells) > 2 and not set(cells[1].strip()) <= set("-: "):
+            keys += re.findall(r"`([^`]+)`", cells[1])
+    return keys
+
+
+def undocumented_metrics(method: str, rows: list[dict], page: str | None = None) -> list[str]:
+    """The keys of ``rows`` (a training log: ``train_log.jsonl``'s rows, what the logger gets) that the
+    "Logged metrics" section of ``docs/methods/<method>.md`` (or ``page``, its text) does not document."""
+    text = page if page is not None else (METHOD_PAGES / f"{method}.md").read_text()
+    patterns = [
+        re.compile("[^/]+".join(map(re.escape, re.split(r"<[^>]+>", k))) + "$") for k in logged_metrics(text)
+    ]
+    keys = sorted({k for row in rows for k in row})
+    return [k for k in keys if not any(p.match(k) for p in patterns)]

@@ -11,6 +11,8 @@ from rag_lab.generators.base import Completion
 from rag_lab.policies.apex.pipeline import APEXPipeline
 from rag_lab.retrievers.base import Hit, filter_hits
 
+from conftest import undocumented_metrics
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -120,7 +122,8 @@ def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp
     tuned = Scripted("ANSWER: Ada Stone", "ANSWER: Paris", "ANSWER: Paris\nCONFIDENCE: 0.9")
     monkeypatch.setattr(apex, "cold_start", lambda *args, **kwargs: tmp_path / "sft")
     monkeypatch.setattr(apex, "load", lambda path, **kwargs: tuned)
-    monkeypatch.setattr(apex, "write_curves", lambda *args, **kwargs: None)
+    curves = []  # the rows the policy logs (write_curves: train_log.jsonl, the logger, curves.png)
+    monkeypatch.setattr(apex, "write_curves", lambda rows, *args, **kwargs: curves.append(rows))
     policy = apex.APEX(plan=True, plan_rl=False, executor_sft=True, executor=object(), train_data=object())
     env = Env(corpus, Listed([p.id for p in list(corpus)[:5]]), base)
     policy.fit(env, [], [], Path(tmp_path / "run"))
@@ -132,3 +135,5 @@ def test_with_only_the_executor_fine_tuned_the_untrained_model_plans(corpus, tmp
     assert policy.generator is tuned and env.generator is base
     assert len(base.prompts) == 1 and not base.replies
     assert len(tuned.prompts) == 3 and ep.prediction == "Paris"
+    assert curves[0] == [{"stage": "executor", "step": 1, "sft_loss": 2.0}]
+    assert not undocumented_metrics("apex", curves[0])  # on docs/methods/apex.md

@@ -18,7 +18,7 @@ from rag_lab.policies.apex.planner import PlannerRL, plan_steps, train_planner
 from rag_lab.rewards.sepr import gold_plan
 from rag_lab.train.heldout import HeldOut, HeldOutCallback
 
-from conftest import untrained_tiny_lm
+from conftest import undocumented_metrics, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -155,6 +155,7 @@ def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base,
     rows = [json.loads(line) for line in (tmp_path / "p" / "log.jsonl").read_text().splitlines() if line]
     assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert not undocumented_metrics("apex", rows)  # every logged key is on docs/methods/apex.md
     assert seen[0] != seen[-1]  # the plans changed as the planner trained
     final = HFGenerator(str(tmp_path / "p"), str(base / "tokenizer"), chat=False, dtype="float32")
     assert seen[-1] == [

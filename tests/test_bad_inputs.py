@@ -132,7 +132,7 @@ def compare_sweep(tmp: Path, cut: str | None = None, killed: str | None = None) 
     for job, row in enumerate(("fixed_iter", "dapo_start", "dapo")):
         d = tmp / "sweep" / str(job)
         (d / ".hydra").mkdir(parents=True)
-        (d / ".hydra" / "overrides.yaml").write_text(f"- +experiment/compare_synth={row}\n- seed=0\n")
+        (d / ".hydra" / "overrides.yaml").write_text(f"- experiment/compare_synth={row}\n- seed=0\n")
         records = [{"id": f"q{i}", "em": float(i % 2), "f1": 0.5, "acc": float(i % 2), "retrieval_count": 2}
                    for i in range(4)]  # fmt: skip
         write_jsonl(d / "records.jsonl", records)
@@ -191,6 +191,9 @@ class Case:
     run_dir: str = "finished"
     extra: list[str] = field(default_factory=list)
 
+
+# 0.1.0 selected an experiment with a + (+group=option), refused since in one line naming the form to write
+PLUS = "+"
 
 # fmt: off
 CASES = [
@@ -368,16 +371,22 @@ CASES = [
     Case("joblib with no jobs", "run", ["hydra.mode=MULTIRUN", "hydra/launcher=joblib", "seed=0,1",
          "hydra.launcher.n_jobs=0", "hydra.sweep.dir={tmp}/sw"], 1, r"hydra\.launcher: n_jobs == 0",
          run_dir="none"),
-    Case("compare row unknown", "run", ["+experiment=compare_synth", "+experiment/compare_synth=nope",
+    Case("compare row unknown", "run", ["experiment=compare_synth", "experiment/compare_synth=nope",
          "hydra.sweep.dir={tmp}/sw"], 1, r"Could not find 'experiment/compare_synth/nope' \(options: apex",
          run_dir="none"),
+    Case("experiment with a +", "run", [f"{PLUS}experiment=stoprag_synth"], 1,
+         r"override '\+experiment=stoprag_synth': write experiment=stoprag_synth \(no '\+'", run_dir="none"),
+    Case("row with a +", "run", ["experiment=compare_synth", f"{PLUS}experiment/compare_synth=dapo"],
+         1, r"'\+experiment/compare_synth=dapo': write experiment/compare_synth=dapo", run_dir="none"),
+    Case("plan experiment with a +", "plan", [f"{PLUS}experiment=dapo_2wiki"], 1,
+         r"override '\+experiment=dapo_2wiki': write experiment=dapo_2wiki", run_dir="none"),
     # ---- compare ----------------------------------------------------------------------------------
     Case("compare missing dir", "reporting.compare", ["{tmp}/nope"], 1, r"nope does not exist"),
     Case("compare no runs", "reporting.compare", ["{tmp}"], 1, r"no run \(a directory with metrics\.json\)"),
     Case("compare start malformed", "reporting.compare", ["{tmp}/sweep", "--start", "dapo"], 1,
          r"--start dapo: expected ROW=START", compare_sweep),
     Case("compare start unknown", "reporting.compare", ["{tmp}/sweep", "--start", "dapo=dapo_strat"], 1,
-         r"--start dapo_strat: no such row \(the rows by \+experiment/compare_synth: fixed_iter, dapo_start",
+         r"--start dapo_strat: no such row \(the rows by experiment/compare_synth: fixed_iter, dapo_start",
          compare_sweep),
     Case("compare reference unknown", "reporting.compare", ["{tmp}/sweep", "--reference", "fixed"], 1,
          r"--reference fixed: no such row", compare_sweep),
@@ -454,7 +463,7 @@ CASES = [
          r"--compare needs two runs", two_runs),
     Case("report --by-type unknown column", "report", ["{tmp}/runs", "--by-type", "Nope"], 1,
          r"no column Nope \(have: ", two_runs),
-    Case("report --compare records cut short", "report", ["{tmp}/sweep", "--by", "+experiment/compare_synth",
+    Case("report --compare records cut short", "report", ["{tmp}/sweep", "--by", "experiment/compare_synth",
          "--compare", "dapo", "fixed_iter"], 1,
          r"records\.jsonl: cut short", lambda t: compare_sweep(t, cut="dapo")),
     Case("report unknown subset", "report", ["{tmp}/runs", "--subset", "type=z"], 1, r"type=z", two_runs),
@@ -516,7 +525,7 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
     from rag_lab.core.cli import check_below_interpolations
     from rag_lab.core.config import compose
 
-    args = ["+experiment=r3rag_ablation", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
+    args = ["experiment=r3rag_ablation", "policy.cold_start.max_steps=3", f"hydra.sweep.dir={tmp_path}"]
     rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)
     assert rc == 1
     assert out.splitlines()[-1] == (
@@ -527,11 +536,11 @@ def test_a_sweeps_override_below_an_interpolated_node_is_refused(repo_root, tmp_
     assert not list(tmp_path.rglob("records.jsonl"))
     # what the error says to set, soft overrides beside it and a group placed with a package pass
     check_below_interpolations(
-        ["+experiment=r3rag_ablation", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
+        ["experiment=r3rag_ablation", "++policy.lr=3e-4", "experiment.cold_start.max_steps=3"], compose
     )
     check_below_interpolations(
         [
-            "+experiment=stoprag_synth",
+            "experiment=stoprag_synth",
             "+cold_start@experiment.cold_start=r3rag_cs",
             "experiment.cold_start.limit=4",
         ],

@@ -12,6 +12,7 @@ from rag_lab import CONF_DIR
 from rag_lab.claims import BEGIN, END, Check, Claim, judge, read_spec, write_claims
 from rag_lab.core.errors import RagLabError
 from rag_lab.eval.stats import paired_bootstrap
+from rag_lab.reporting.claims_page import TITLE
 
 JUDGE = {"split": "judge", "seeds": [100, 101, 102]}
 
@@ -96,8 +97,12 @@ def test_a_non_inferiority_margin_and_a_mixed_claim(runs):
     assert list(judge([strict], runs_)["claim verdict"]) == ["not shown", "not shown"]
 
 
-def test_the_table_replaces_only_its_block(runs, tmp_path):
-    root, _, _ = runs
+def test_a_new_judgement_leads_the_page_and_the_last_one_moves_under_history(runs, tmp_path):
+    """claims.md opens with the latest judgement's table, then its stamp (its runs' commit and dates) and
+    the reading; the same runs written again replace them in place, the notes written by hand kept; runs
+    of another commit lead the page, and the judgement they replace, its notes with it, moves under
+    History without its markers."""
+    root, base, better = runs
     spec = tmp_path / "claims.yaml"
     spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [
         {"paper": "Stop-RAG", "kind": "H", "claim": "c", "experiment": "stop", "by": "policy",
@@ -105,15 +110,34 @@ def test_the_table_replaces_only_its_block(runs, tmp_path):
         {"paper": "Stop-RAG", "kind": "M", "claim": "m", "experiment": "stop", "by": "policy",
          "rows": ["fixed_iter", "stoprag"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
     out = tmp_path / "claims.md"
-    out.write_text(f"# Claims\n\nintro\n\n{BEGIN}\nSTALE\n{END}\n\n## Why\n\nnotes by hand\n")
-    write_claims([root], out, spec)
-    text = out.read_text()
-    assert text.startswith("# Claims\n\nintro\n\n" + BEGIN) and text.endswith("## Why\n\nnotes by hand\n")
-    assert "STALE" not in text and "| Stop-RAG " in text and "Claims: 1 holds, 1 reversed." in text
-    assert "Headlines (H) that hold: 1 of 1 (Stop-RAG). Mechanisms (M) that hold: 0 of 1." in text
+    first = write_claims([root], out, spec)
+    assert out.read_text().startswith(f"{TITLE}\n\n{first}\n**Judged** at commit `c0ffee` on an unrecorded")
+    assert "Claims: 1 holds, 1 reversed." in first and "## History" not in out.read_text()
     # the line shows the difference and its CI, as the csv has them
     row = pd.read_csv(tmp_path / "claims.csv").iloc[0]
-    assert f"{row.delta:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]" in text
+    assert f"{row.delta:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]" in first
+    out.write_text(out.read_text() + "\n## Why\n\nnotes by hand\n")
+    noted = out.read_text()
+    write_claims([root], out, spec)
+    assert out.read_text() == noted
+    later = tmp_path / "later"
+    for seed in (0, 1):  # other runs: another commit, the stopper no better than fixed T
+        for row_name in ("stoprag", "fixed_iter"):
+            make_run(later, "stop", "policy", row_name, seed, {"acc": base.tolist()},
+                     {"commit": "beef", "started": f"2026-12-0{seed + 1}T10:00:00"})  # fmt: skip
+    second = write_claims([later], out, spec)
+    text = out.read_text()
+    current, history = text.split("\n## History\n")
+    assert current.startswith(
+        f"{TITLE}\n\n{second}\n**Judged** at commit `beef` on 2026-12-01 to 2026-12-02 · "
+    )
+    assert current.count("## Reading the claims table") == 1 and "notes by hand" not in current
+    assert "Claims: 2 not shown." in current and text.count(BEGIN) == text.count(END) == 1
+    assert history.count("\n### Judged at commit c0ffee on an unrecorded date\n") == 1
+    assert "Reading the claims table" not in history and "\n#### Why\n\nnotes by hand" in history
+    assert all(line in history for line in first.splitlines()[1:-1])  # the first table, its markers aside
+    write_claims([later], out, spec)
+    assert out.read_text() == text
 
 
 def test_keep_takes_only_the_claims_without_runs_from_the_earlier_table(runs, tmp_path):

@@ -1,7 +1,7 @@
 """The claims table's bookkeeping (rag_lab/claims.py), pinned where `make mutate` found it loose: the verdict
 on each side of a margin, raw units for a metric that is not a percentage, the rendered line and sentence,
-the spec's defaults and its one-line errors, --keep across two earlier tables, and the block replaced in
-claims.md and the README with nothing around it moved."""
+the spec's defaults and its one-line errors, --keep across two earlier tables, the block replaced in the
+README with nothing around it moved, and the reading section naming the claims whose tests disagree."""
 
 import math
 
@@ -25,6 +25,8 @@ from rag_lab.claims import (
     write_claims,
 )
 from rag_lab.core.errors import RagLabError
+from rag_lab.reporting.claims_page import TITLE, reading
+from rag_lab.reporting.pages import HISTORY_LEAD
 
 
 def test_verdicts_on_both_sides_of_a_margin():
@@ -115,6 +117,20 @@ def test_the_rendered_lines_and_sentence(tmp_path):
     assert provenance[1][:4] == ["Q", "M", "a − b", "frozen"] and provenance[1][4:-1] == [""] * 7
 
 
+def test_the_reading_names_each_claim_whose_tests_part_from_its_verdict(tmp_path):
+    claims = [
+        Claim("P", "fewer", "e", "policy", ("a", "b"),
+              (Check("retrieval_count", "<"), Check("acc", ">", 60.0))),
+        Claim("Q", "one row", "f", "policy", ("a", "b"), (Check("acc", ">"),), kind="M"),
+    ]  # fmt: skip
+    text = reading(judge(claims, _runs(tmp_path)))
+    assert text.startswith("## Reading the claims table\n\nOne line a test;")
+    flat = " ".join(text.split())  # the paragraph is wrapped at 110 characters
+    assert " Here: P (H): retrieval_count holds, acc (margin +60) reversed, so reversed. **A trained" in flat
+    assert "Q (M)" not in text  # its one test's verdict is its claim's
+    assert " Here:" not in reading(judge(claims[1:], _runs(tmp_path / "again")))
+
+
 def test_the_spec_defaults_and_its_one_line_errors(tmp_path):
     spec = tmp_path / "claims.yaml"
     entry = {"paper": "P", "kind": "H", "claim": "c", "experiment": "e", "by": "b", "rows": ["a", "b"],
@@ -185,7 +201,7 @@ def test_keep_across_two_earlier_tables_in_the_specs_order(tmp_path):
         kept(table, tmp_path / "absent.csv")
 
 
-def test_the_block_goes_in_place_or_after_the_page_and_into_the_readme(tmp_path):
+def test_a_page_before_stamps_goes_under_history_and_the_block_into_the_readme(tmp_path):
     root = tmp_path / "runs"
     _runs(root)
     spec = tmp_path / "claims.yaml"
@@ -196,14 +212,18 @@ def test_the_block_goes_in_place_or_after_the_page_and_into_the_readme(tmp_path)
     readme.write_text(f"# Tool\n\n{BEGIN}\nOLD\n{END}\n## Next\n")
     out.write_text(f"# Claims\n{BEGIN}\nOLD\n{END}\n## Why\n")
     block = write_claims([root], out, spec, readme=readme)
-    assert out.read_text() == f"# Claims\n{block}## Why\n"
     assert readme.read_text() == f"# Tool\n\n{block}## Next\n"
     assert list(pd.read_csv(tmp_path / "claims.csv").columns[:3]) == ["paper", "kind", "claim"]
-    # a page with one marker or none: the block goes after it
-    for tail in ("half  \n\n", "half X\n"):  # the page's own last line kept as it is
-        out.write_text(f"# Claims\n\n{BEGIN}\n{tail}")
+    # a page without a stamp is not this judgement: it goes under History whole, its markers aside
+    for before, kept_lines in ((f"# Claims\n{BEGIN}\nOLD\n{END}\n## Why\n", "OLD\n#### Why"),
+                               (f"# Claims\n\n{BEGIN}\nhalf X\n", "half X")):  # fmt: skip
+        out.write_text(before)
         write_claims([root], out, spec)
-        assert out.read_text() == f"# Claims\n\n{BEGIN}\n{tail.rstrip(chr(10))}\n\n{block}"
+        current = f"{TITLE}\n\n{block}\n**Judged** at commit `c0ffee` on an unrecorded date · "
+        assert out.read_text().startswith(current) and out.read_text().count(BEGIN) == 1
+        assert out.read_text().endswith(
+            f"## History\n\n{HISTORY_LEAD}\n\n### The page before stamps\n\n{kept_lines}\n"
+        )
     readme.write_text(f"# Tool\n{END}\n")
     with pytest.raises(RagLabError, match=r"^\S*README.md: no claims block"):
         write_claims([root], out, spec, readme=readme)

@@ -191,7 +191,7 @@ def test_the_shipped_cold_start_fits_make_demo():
     from rag_lab.core.cache import files_digest
     from rag_lab.train.tiny.generator import SHIPPED
 
-    cfg = compose(["+experiment=compare_synth", "seed=0"])
+    cfg = compose(["experiment=compare_synth", "seed=0"])
     settings = cache_plain(instantiate(cfg.experiment.cold_start))
     cards = [json.loads(p.read_text()) for p in sorted(cs.SHIPPED.glob(f"*/{cs.SHIP_CARD}"))]
     fits = [c for c in cards if cache_plain(c["settings"]) == settings]

@@ -20,7 +20,7 @@ from rag_lab.reporting.plots import pareto_front
 
 from conftest import cli
 
-BY = "+experiment/compare_synth"
+BY = "experiment/compare_synth"
 
 
 def make_run(root, name, row, seed, accs, rc, extra=None):
@@ -260,7 +260,7 @@ def test_make_demos_callback_has_a_mechanism_for_each_trained_row():
     from rag_lab.core.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", ["+experiment=compare_synth"], return_hydra_config=True)
+        cfg = compose("config", ["experiment=compare_synth"], return_hydra_config=True)
     callback = instantiate(cfg.hydra.callbacks.compare)
     assert set(callback.mechanisms) == {"stoprag", "dapo", "evorag", "r3rag", "apex"}
     assert set(callback.starts) == set(callback.mechanisms) | {"dapo_stage1"}

@@ -95,12 +95,12 @@ def check_remote(tiny_cfg) -> None:
 
 @pytest.mark.parametrize("name", group_options("experiment"))
 def test_experiments_compose(name):
-    cfg = compose([f"+experiment={name}"])
+    cfg = compose([f"experiment={name}"])
     assert cfg.experiment.name == name
 
 
 def swept_rows() -> list[tuple[str, str]]:
-    """(experiment, row) for every experiment that sweeps rows of its own (``+experiment/<group>: a,b``)."""
+    """(experiment, row) for every experiment that sweeps rows of its own (``experiment/<group>: a,b``)."""
     import yaml
 
     from rag_lab import CONF_DIR
@@ -110,7 +110,7 @@ def swept_rows() -> list[tuple[str, str]]:
         text = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
         params = (((text.get("hydra") or {}).get("sweeper") or {}).get("params")) or {}
         for key, values in params.items():
-            if key.startswith("+experiment/"):
+            if key.startswith("experiment/"):
                 pairs += [(name, f"{key}={row.strip()}") for row in str(values).split(",")]
     # compare_musique sweeps compare_synth's rows (its defaults include that experiment)
     pairs += [("compare_musique", row) for exp, row in list(pairs) if exp == "compare_synth"]
@@ -125,7 +125,7 @@ def test_every_row_of_a_row_sweep_composes_and_validates(name, row):
 
     from rag_lab import CONF_DIR
 
-    cfg = compose([row, f"+experiment={name}"])  # compose validates
+    cfg = compose([row, f"experiment={name}"])  # compose validates
     assert cfg.experiment.name == name
     group, option = row.removeprefix("+").split("=")
     given = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}
@@ -225,16 +225,16 @@ def test_cli_unknown_key_is_hydras_one_message(repo_root, tmp_path, capfd, monke
 
 
 def test_an_override_that_a_sweep_row_also_sets_is_refused():
-    """`+experiment=dapo_ablation policy.stages=[1]` would run stage one in every row, the rows labelled
+    """`experiment=dapo_ablation policy.stages=[1]` would run stage one in every row, the rows labelled
     "no stage one" and "no stage two" included: the job's overrides are checked against its row."""
     from rag_lab.core.cli import check_row_overrides
 
-    with pytest.raises(ConfigError, match=r"'policy.stages=\[1\]' sets policy.stages, .* row '\+experiment/"):
-        check_row_overrides(["+experiment/dapo_ablation=no_stage_one", "policy.stages=[1]", "seed=0"])
-    check_row_overrides(["+experiment/dapo_ablation=no_stage_one", "policy.steps=3", "seed=0"])
-    check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.answer.beta=0.5"])
+    with pytest.raises(ConfigError, match=r"'policy.stages=\[1\]' sets policy.stages, .* row 'experiment/"):
+        check_row_overrides(["experiment/dapo_ablation=no_stage_one", "policy.stages=[1]", "seed=0"])
+    check_row_overrides(["experiment/dapo_ablation=no_stage_one", "policy.steps=3", "seed=0"])
+    check_row_overrides(["experiment/dapo_ablation=no_search", "reward.answer.beta=0.5"])
     with pytest.raises(ConfigError, match="reward.search"):
-        check_row_overrides(["+experiment/dapo_ablation=no_search", "reward.search=null"])
+        check_row_overrides(["experiment/dapo_ablation=no_search", "reward.search=null"])
 
 
 def test_the_gpu_checks_run_keeps_the_whole_cold_start(repo_root):

@@ -22,7 +22,7 @@ from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.dapo import format_reward
 from rag_lab.train.heldout import HeldOut
 
-from conftest import Killed, kill_at, untrained_tiny_lm
+from conftest import Killed, kill_at, undocumented_metrics, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -325,7 +325,7 @@ def test_the_paper_setup_is_its_table_5():
     from rag_lab.core.config import compose
     from rag_lab.policies.dapo.trainer import dapo_config
 
-    p = compose(["+experiment=dapo_2wiki"]).policy
+    p = compose(["experiment=dapo_2wiki"]).policy
     assert (p.questions_per_step * p.group_size, p.steps * len(p.stages), p.lr, p.kl_coef, p.micro_batch) == (
         1024,
         500,
@@ -398,6 +398,7 @@ def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
     rows = read_records(tmp_path / "b" / "train_log.jsonl")
     assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    assert not undocumented_metrics("dapo", rows)  # every logged key is on docs/methods/dapo.md
     assert [s for s, _ in texts] == [0, 1, 2] and texts[0][1] != texts[2][1]
     env = env_for(data, base)  # the toy LM that searches first, around the start's and the trained weights
     start = trained.rollout(env, dev)

@@ -90,7 +90,7 @@ def test_a_method_trains_sharded_under_launch_fsdp_cpu(experiment, tiny_cfg, tmp
     from rag_lab.run import run
 
     launch = ["launch=fsdp_cpu"]  # a free port of its own (rag_lab.runner.launch.Launch.write_config)
-    cfg = tiny_cfg(f"+experiment={experiment}", "hydra.mode=RUN", *LAUNCHED[experiment], *launch,
+    cfg = tiny_cfg(f"experiment={experiment}", "hydra.mode=RUN", *LAUNCHED[experiment], *launch,
                    "eval.limit=2", f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
     metrics = run(cfg, tmp_path / "run")
     assert metrics["all"]["n"] == 2
@@ -108,7 +108,7 @@ def test_a_method_trains_under_launch_cpu2(experiment, tiny_cfg, tmp_path):
     from rag_lab.run import run
 
     launch = ["launch=cpu2"]
-    cfg = tiny_cfg(f"+experiment={experiment}", "hydra.mode=RUN", *LAUNCHED[experiment], *launch,
+    cfg = tiny_cfg(f"experiment={experiment}", "hydra.mode=RUN", *LAUNCHED[experiment], *launch,
                    "eval.limit=2", f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
     metrics = run(cfg, tmp_path / "run")
     assert metrics["all"]["n"] == 2
@@ -141,7 +141,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_numbers(tiny_cfg,
     from conftest import TINY_DATA, TINY_LM, killed_run
 
     overrides = [*TINY_DATA, *TINY_LM, "generator.reading_steps=4", "generator.tune_steps=2",
-                 "+experiment=dapo_synth", "hydra.mode=RUN", *LAUNCHED["dapo_synth"], "policy.stages=[1]",
+                 "experiment=dapo_synth", "hydra.mode=RUN", *LAUNCHED["dapo_synth"], "policy.stages=[1]",
                  "policy.steps=8", "policy.save_steps=1", "policy.heldout.n=2", "eval.limit=2",
                  "launch=cpu2"]  # fmt: skip
     straight = run(tiny_cfg(*overrides, f"cache_dir={tmp_path / 'a'}"), tmp_path / "run_a")

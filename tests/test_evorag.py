@@ -27,7 +27,7 @@ from rag_lab.rewards.evorag import EvoRAGReward
 from rag_lab.train.lora import LoRA
 from rag_lab.train.resume import load_model
 
-from conftest import Killed, kill_at, untrained_tiny_lm
+from conftest import Killed, kill_at, undocumented_metrics, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -171,9 +171,9 @@ def test_a_killed_cycle_resumes_to_the_uninterrupted_numbers(data, base, tmp_pat
     chosen = json.loads((tmp_path / "b" / "evorag.json").read_text())["1"]["chosen"]
     assert Path(chosen).name in {p.name for p in b} and (tmp_path / "b" / "curves.png").exists()
     # the held-out curve: the start's dev EM at step 0, then each cycle's at its last step
-    curve = [
-        (r["step"], r["dev_em"]) for r in read_records(tmp_path / "b" / "train_log.jsonl") if "dev_em" in r
-    ]
+    logged = read_records(tmp_path / "b" / "train_log.jsonl")
+    assert not undocumented_metrics("evorag", logged)  # every logged key is on docs/methods/evorag.md
+    curve = [(r["step"], r["dev_em"]) for r in logged if "dev_em" in r]
     start = json.loads(next((killed / "evorag").glob("*.json")).read_text())["dev_em"]
     assert curve[0] == (0, start) and [em for _, em in curve[1:]] == [s["dev_em"] for s in summaries]
 
@@ -235,7 +235,7 @@ def test_the_paper_setup_is_its_section_3_4():
     T_max 20, the margins δ 0.2 (DPO) and Δ 0.3 (preference model), a verifier for r_ref."""
     from rag_lab.train.dpo import dpo_config
 
-    cfg = compose(["+experiment=evorag_hotpotqa"])
+    cfg = compose(["experiment=evorag_hotpotqa"])
     p = cfg.policy
     assert (p.batch_size * p.grad_accum, p.lr, p.beta, p.max_turns) == (64, 5e-6, 0.1, 20)
     assert (p.margin, p.preference.margin, cfg.reward.refusal, p.stages) == (0.2, 0.3, "verifier", [1, 2])

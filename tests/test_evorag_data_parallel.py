@@ -94,7 +94,7 @@ def test_a_killed_two_process_evorag_run_resumes_to_the_uninterrupted_numbers(ti
     from conftest import TINY_DATA, TINY_LM, killed_run
 
     overrides = [*TINY_DATA, *TINY_LM, "generator.reading_steps=4", "generator.tune_steps=2",
-                 "+experiment=evorag_synth", "hydra.mode=RUN", *LAUNCHED["evorag_synth"], "policy.stages=[1]",
+                 "experiment=evorag_synth", "hydra.mode=RUN", *LAUNCHED["evorag_synth"], "policy.stages=[1]",
                  "policy.questions_per_cycle=4", "policy.rollout_batch=2", "policy.dpo_epochs=3",
                  "policy.save_steps=1", "eval.limit=2", "launch=cpu2"]  # fmt: skip
     straight = run(tiny_cfg(*overrides, f"cache_dir={tmp_path / 'a'}"), tmp_path / "run_a")

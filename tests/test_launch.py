@@ -19,7 +19,7 @@ PAPER_EXPERIMENTS = ["dapo_2wiki", "evorag_hotpotqa", "r3rag_hotpotqa", "apex_mu
 @pytest.mark.parametrize("launch", ["zero3", "fsdp"])
 @pytest.mark.parametrize("experiment", PAPER_EXPERIMENTS)
 def test_the_big_model_configs_compose_for_every_paper_experiment(experiment, launch, tmp_path):
-    cfg = compose([f"+experiment={experiment}", f"launch={launch}"])
+    cfg = compose([f"experiment={experiment}", f"launch={launch}"])
     built = instantiate(cfg.launch)
     gpus = 4 if experiment == "compare_musique" else 8  # its DAPO and APEX rows: 4 questions a step
     assert isinstance(built, Launch) and built.processes == gpus
@@ -38,9 +38,9 @@ def test_the_big_model_configs_compose_for_every_paper_experiment(experiment, la
 def test_each_paper_experiment_names_zero3_and_each_of_its_rows_divides(experiment):
     rows = [""]
     if experiment == "compare_musique":  # every trained row of the sweep, with the experiment's launch
-        rows = [f"+experiment/compare_synth={r}" for r in ("stoprag", "dapo", "evorag", "r3rag", "apex")]
+        rows = [f"experiment/compare_synth={r}" for r in ("stoprag", "dapo", "evorag", "r3rag", "apex")]
     for row in rows:
-        cfg = compose([f"+experiment={experiment}"] + ([row] if row else []))
+        cfg = compose([f"experiment={experiment}"] + ([row] if row else []))
         assert cfg.launch.config.distributed_type == "DEEPSPEED", (experiment, row)
         assert cfg.launch.config.deepspeed_config.zero_stage == 3
 

@@ -302,7 +302,7 @@ def test_each_paper_experiment_fits_an_h100(name):
 def test_the_gpu_checks_smollm2_step_has_its_plan():
     """make gpu-check's one launch=fsdp step of SmolLM2 on one GPU (experiments/gpu_check.sh's fsdp_step):
     the plan it compares with torch.cuda.max_memory_allocated."""
-    ledger = plan(compose(["+experiment=dapo_synth", "generator=smollm2", "policy.steps=1", "launch=fsdp",
+    ledger = plan(compose(["experiment=dapo_synth", "generator=smollm2", "policy.steps=1", "launch=fsdp",
                            "launch.config.num_processes=1", "policy.questions_per_step=4"]))  # fmt: skip
     assert ledger.world == 1 and 0 < ledger.peak.total < ledger.bound
     names = {p.trainer for p in ledger.phases}

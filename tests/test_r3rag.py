@@ -3,6 +3,7 @@ documents); two iterations move the actor and the value head with finite losses;
 weights of an uninterrupted one; the policy caches its result; the configs compose and bad settings are one
 line."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from rag_lab.retrievers.bm25 import BM25Retriever
 from rag_lab.rewards.r3rag_judges import R3RAGReward
 from rag_lab.train.heldout import HeldOut
 
-from conftest import Killed, untrained_tiny_lm
+from conftest import Killed, undocumented_metrics, untrained_tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # two iterations of 2 questions x 1 temperature; rewards neither normalised nor whitened, so that an untrained
@@ -184,6 +185,7 @@ def test_the_heldout_curve_measures_the_policy_as_it_trains_and_survives_a_kill(
     start = greedy(t, dev)
     rows = t.run(tmp_path / "m", tmp_path / "m_out")
     assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]
+    assert not undocumented_metrics("r3rag", rows)
     assert [s for s, _ in texts] == [0, 1, 2] and texts[0][1] == start and texts[2][1] == greedy(t, dev)
     assert texts[0][1] != texts[2][1]
     for key, value in weights(plain).items():
@@ -215,6 +217,8 @@ def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monke
     first = policy()
     first.fit(env, data.split("train"), data.split("dev"), tmp_path / "run1")
     assert (tmp_path / "run1" / "curves.png").exists() and (tmp_path / "run1" / "train_log.jsonl").exists()
+    logged = [json.loads(line) for line in (tmp_path / "run1" / "train_log.jsonl").read_text().splitlines()]
+    assert not undocumented_metrics("r3rag", logged)  # every logged key is on docs/methods/r3rag.md
 
     def no_training(*args, **kwargs):
         raise AssertionError("PPO ran again instead of reusing the cache")
@@ -230,9 +234,9 @@ def test_the_policy_caches_ppo_and_writes_its_curves(data, base, tmp_path, monke
 
 
 def test_the_experiments_compose_and_bad_settings_are_one_line_errors(tiny_cfg):
-    cfg = compose(["+experiment=r3rag_synth"])
+    cfg = compose(["experiment=r3rag_synth"])
     assert cfg.policy._target_.endswith("R3RAG") and cfg.reward._target_.endswith("R3RAGReward")
-    paper = compose(["+experiment=r3rag_hotpotqa"])
+    paper = compose(["experiment=r3rag_hotpotqa"])
     assert paper.policy.ppo.actor_lr == 5e-7 and paper.policy.ppo.critic_lr == 9e-6
     assert paper.policy.ppo.batch_size == 64 and paper.policy.k == 5 and paper.policy.max_turns == 5
     with pytest.raises(ConfigError, match=r"'policy.ppo.critic': 'both' is not one of shared, separate"):

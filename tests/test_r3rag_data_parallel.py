@@ -64,7 +64,7 @@ def test_policy_launch_trains_ppo_as_a_two_process_job(launch, tiny_cfg, tmp_pat
     from rag_lab.run import run
 
     cfg = tiny_cfg(
-        "+experiment=r3rag_synth",
+        "experiment=r3rag_synth",
         "hydra.mode=RUN",
         "policy.cold_start.max_steps=2",
         "policy.cold_start.batch_size=2",

@@ -26,6 +26,7 @@ import hydra.utils
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
 from omegaconf import open_dict
 
 from rag_lab import CONF_DIR
@@ -140,6 +141,12 @@ def check(command: list[str], capfd, monkeypatch) -> None:
         return
     if program == "make":
         return check_make(command[1:])
+    if program == "rag-lab":  # the console script: rag-lab <command> ... is python -m rag_lab.<command> ...
+        from rag_lab.__main__ import COMMANDS
+
+        if command[1:2] and command[1] in COMMANDS:
+            return check(["python", "-m", f"rag_lab.{command[1]}", *command[2:]], capfd, monkeypatch)
+        return check_command("rag_lab.__main__", command[1:], capfd, monkeypatch)
     if re.fullmatch(r"python3?(\.\d+)?", program) and command[1:2] == ["-m"] and len(command) > 2:
         module, args = command[2], command[3:]
         if module == "rag_lab.run":
@@ -186,7 +193,16 @@ def test_commands_are_read_as_the_shell_reads_them():
         ["seed=2", "policy=dapo", "data=synth"],
     ]
     # the experiment's rows first, at their first value; the command line's value of a row's key wins
-    rows = {"policy": "fixed_iter,stoprag", "+experiment/x": "a,b", "policy.stages": "[1,2],[]"}
-    assert sweep_jobs(["+experiment/x=b", "seed=1"], rows) == [
-        ["policy=fixed_iter", "+experiment/x=b", "policy.stages=[1,2]", "seed=1"]
+    rows = {"policy": "fixed_iter,stoprag", "experiment/x": "a,b", "policy.stages": "[1,2],[]"}
+    assert sweep_jobs(["experiment/x=b", "seed=1"], rows) == [
+        ["policy=fixed_iter", "experiment/x=b", "policy.stages=[1,2]", "seed=1"]
     ]
+
+
+def test_a_rag_lab_line_is_checked_as_its_command(capfd, monkeypatch):
+    check(["rag-lab", "--help"], capfd, monkeypatch)
+    check([".venv/bin/rag-lab", "score", "predictions=p.jsonl"], capfd, monkeypatch)  # up to its first build
+    with pytest.raises(ValueError, match="^error: rag-lab: unknown command 'evaluate'"):
+        check(["rag-lab", "evaluate"], capfd, monkeypatch)
+    with pytest.raises(MissingConfigException, match="'policy/nope'"):  # checked as the runner's line
+        check(["rag-lab", "run", "policy=nope"], capfd, monkeypatch)

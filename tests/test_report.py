@@ -41,7 +41,7 @@ def demo_sweep(sweep: Path, killed: bool = False) -> list[Path]:
     for i, (generator, policy) in enumerate([("tiny", "direct"), ("tiny", "fixed_iter"),
                                              ("teacher", "direct"), ("teacher", "fixed_iter")]):  # fmt: skip
         records = [record(f"q{j}", "bridge", float(j < i)) for j in range(4)]
-        overrides = ["+experiment=demo", f"generator={generator}", f"policy={policy}"]
+        overrides = ["experiment=demo", f"generator={generator}", f"policy={policy}"]
         runs.append(write_run(sweep / str(i), overrides, records, finished=not (killed and i == 3)))
     return runs
 
@@ -238,7 +238,7 @@ def test_csv_goes_where_readme_and_help_say(two_runs, tmp_path, monkeypatch, cap
 def test_callback_report_has_a_title_override_labels_and_a_legend(tmp_path):
     runs = demo_sweep(tmp_path)
     text = callback_report(tmp_path, experiment={"name": "demo"})
-    assert text.startswith("# demo\n\nCommon overrides: `+experiment=demo`\n")
+    assert text.startswith("# demo\n\nCommon overrides: `experiment=demo`\n")
     columns, *rows = cells(text)
     assert columns == ["generator", "policy", "N", "EM", "Tokens", "run"]
     # The label people read comes first; the run dir stays, last.

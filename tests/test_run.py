@@ -115,7 +115,7 @@ def test_missing_dataset_is_one_line(repo_root, tmp_path):
 def test_retrieval_eval_sweeps_retrievers_into_one_table(repo_root, tmp_path, capfd, monkeypatch):
     sweep = tmp_path / "sweep"
     sizes = ["data.n_people=60", "data.n_films=20", "data.dev_size=20", "data.test_size=30"]
-    args = ["+experiment=retrieval_eval", *sizes, "retriever=bm25,bm25_rank", f"hydra.sweep.dir={sweep}"]
+    args = ["experiment=retrieval_eval", *sizes, "retriever=bm25,bm25_rank", f"hydra.sweep.dir={sweep}"]
     rc, out = cli("run", args, capfd, monkeypatch, cwd=repo_root)
     assert rc == 0, out[-2000:]
     table = [line for line in (sweep / "report.md").read_text().splitlines() if line.startswith("|")]

@@ -82,13 +82,13 @@ def to_target(cfg, override: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", group_options("experiment"))
 def test_experiment_smoke(name, tiny_cfg, tmp_path):
-    cfg = compose([f"+experiment={name}"])
+    cfg = compose([f"experiment={name}"])
     if cfg.generator and cfg.generator._target_.endswith("VLLMGenerator"):
         pytest.skip("the paper's configuration: needs a GPU, vLLM and the dataset files")
     if not cfg.data._target_.endswith("SynthDataset"):
         pytest.skip("the paper's configuration: needs the dataset files and the hub models")
     cfg = tiny_cfg(
-        f"+experiment={name}", *[to_target(cfg, o) for o in SHORT_TRAINING.get(cfg.policy._target_, [])]
+        f"experiment={name}", *[to_target(cfg, o) for o in SHORT_TRAINING.get(cfg.policy._target_, [])]
     )
     metrics = run(cfg, tmp_path)
     assert metrics["all"]["n"] > 0
@@ -126,7 +126,7 @@ def test_dapo_paper_setup_trains_smollm2(tmp_path):
     MiniLM for Qwen3-Embedding (no downloads here): two DAPO steps, then an evaluation."""
     cfg = compose(
         [
-            "+experiment=dapo_2wiki",
+            "experiment=dapo_2wiki",
             *PAPER_SETUP_ON_SMOLLM2,
             "reward.search.encoder.model=sentence-transformers/all-MiniLM-L6-v2",
             "policy.stages=[1]",
@@ -155,7 +155,7 @@ def test_apex_paper_setup_trains_smollm2_planner(tmp_path):
     MuSiQue's, BM25 for E5 (no downloads here): two GRPO steps on plans, then an evaluation with SEPR."""
     cfg = compose(
         [
-            "+experiment=apex_musique",
+            "experiment=apex_musique",
             *PAPER_SETUP_ON_SMOLLM2,
             "policy.teacher=null",
             "policy.executor_sft=false",
@@ -188,7 +188,7 @@ def test_evorag_paper_setup_trains_smollm2(tmp_path):
     steps, then an evaluation."""
     cfg = compose(
         [
-            "+experiment=evorag_hotpotqa",
+            "experiment=evorag_hotpotqa",
             *PAPER_SETUP_ON_SMOLLM2,
             "reward.refusal=flag",
             "reward.verifier=null",
@@ -225,7 +225,7 @@ def test_r3rag_paper_setup_trains_smollm2(tmp_path):
     Qwen2.5-14B judges (no downloads, no endpoint here): two PPO iterations, then an evaluation."""
     cfg = compose(
         [
-            "+experiment=r3rag_hotpotqa",
+            "experiment=r3rag_hotpotqa",
             *PAPER_SETUP_ON_SMOLLM2,
             "reward.process=support",
             "reward.outcome_judge=false",
@@ -260,7 +260,7 @@ def test_demo_sweep_points_run(generator, tmp_path):
     extra = TINY_LM if generator == "tiny" else []
     cfg = compose(
         [
-            "+experiment=demo",
+            "experiment=demo",
             *TINY_DATA,
             *extra,
             f"generator={generator}",
@@ -302,32 +302,32 @@ COMPARE_SHORT = [
 
 # notebook -> (the variable naming its sweep, the sweep's overrides on the tiny world)
 SWEEPS = {
-    "stoprag.ipynb": ("RAG_LAB_STOPRAG", ["+experiment=stoprag_synth", "policy.iterations=3", "seed=0,1"]),
+    "stoprag.ipynb": ("RAG_LAB_STOPRAG", ["experiment=stoprag_synth", "policy.iterations=3", "seed=0,1"]),
     "dapo.ipynb": (
         "RAG_LAB_DAPO",
-        ["+experiment=dapo_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.dapo.policy.DAPO"]],
+        ["experiment=dapo_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.dapo.policy.DAPO"]],
     ),
     "evorag.ipynb": (
         "RAG_LAB_EVORAG",
-        ["+experiment=evorag_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.evorag.policy.EvoRAG"]],
+        ["experiment=evorag_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.evorag.policy.EvoRAG"]],
     ),
     "r3rag.ipynb": (
         "RAG_LAB_R3RAG",
         [
-            "+experiment=r3rag_synth",
+            "experiment=r3rag_synth",
             *toy_lm(),
             # the rows set ppo.iterations themselves (the ppo row: the default 8, on 2 questions each)
             *[o for o in SHORT_TRAINING["rag_lab.policies.r3rag.policy.R3RAG"] if "iterations" not in o],
-            "+experiment/r3rag_synth=cold_start,ppo",
+            "experiment/r3rag_synth=cold_start,ppo",
         ],
     ),
     "apex.ipynb": (
         "RAG_LAB_APEX",
-        ["+experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
+        ["experiment=apex_synth", *toy_lm(), *SHORT_TRAINING["rag_lab.policies.apex.policy.APEX"]],
     ),
     # every row of the comparison, each trained briefly: the rows set their own training lengths, and a
     # method's setting reaches only the rows whose policy has it (rag_lab/runner/sweeps.py)
-    "compare.ipynb": ("RAG_LAB_COMPARE", ["+experiment=compare_synth", *toy_lm(), *COMPARE_SHORT]),
+    "compare.ipynb": ("RAG_LAB_COMPARE", ["experiment=compare_synth", *toy_lm(), *COMPARE_SHORT]),
 }
 
 

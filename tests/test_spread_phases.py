@@ -184,7 +184,7 @@ def test_two_processes_evaluate_into_the_records_of_one(data, tmp_path):
 
 @pytest.mark.slow
 def test_a_launched_stoprag_run_collects_and_evaluates_as_one_process(tiny_cfg, tmp_path, monkeypatch):
-    """``+experiment=stoprag_synth launch=cpu2``: the two processes collect the offline data and the dev
+    """``experiment=stoprag_synth launch=cpu2``: the two processes collect the offline data and the dev
     trajectories one process collects (the files, byte for byte, against a run without launch), then
     evaluate into the records the runner writes for the same trained policy (a run without launch that
     finds the fit in the cache), byte for byte; the runner itself rolls out nothing."""
@@ -196,7 +196,7 @@ def test_a_launched_stoprag_run_collects_and_evaluates_as_one_process(tiny_cfg, 
     def config(cache: str, *launch: str):
         overrides = [*LAUNCHED["stoprag_synth"], "eval.limit=6", "eval.batch_size=2", *launch]
         return tiny_cfg(
-            "+experiment=stoprag_synth", "hydra.mode=RUN", *overrides, f"cache_dir={tmp_path / cache}"
+            "experiment=stoprag_synth", "hydra.mode=RUN", *overrides, f"cache_dir={tmp_path / cache}"
         )
 
     with monkeypatch.context() as patch:

@@ -24,7 +24,7 @@ SHORT = [
     "policy.stopper.epochs=1",
     "eval.limit=20",
 ]
-APEX = ["+experiment/compare_synth=apex_stop", "policy.plan_rl=false", "experiment.apex_executor_sft=false"]
+APEX = ["experiment/compare_synth=apex_stop", "policy.plan_rl=false", "experiment.apex_executor_sft=false"]
 
 
 class Always:
@@ -69,8 +69,8 @@ def test_a_stopped_apex_question_goes_to_synthesis(tiny_cfg):
 @pytest.mark.parametrize(
     "row",
     [
-        ["+experiment/compare_synth=r3rag_stop", "policy.ppo.iterations=0", "experiment.cold_start=null"],
-        ["+experiment/compare_synth=apex_stop", "policy.plan_rl=false", "experiment.apex_executor_sft=false"],
+        ["experiment/compare_synth=r3rag_stop", "policy.ppo.iterations=0", "experiment.cold_start=null"],
+        ["experiment/compare_synth=apex_stop", "policy.plan_rl=false", "experiment.apex_executor_sft=false"],
     ],
     ids=["r3rag", "apex"],
 )
@@ -78,7 +78,7 @@ def test_a_method_trains_its_stopper_and_acts_with_it(row, tiny_cfg, tiny_lm, tm
     # Both methods train a transformers model: the conftest's untrained one (words only; its rollouts are what
     # the stopper trains on, whatever they say), not a tiny LM trained for this world
     lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
-    cfg = tiny_cfg("+experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100", *lm)
+    cfg = tiny_cfg("experiment=compare_synth", *row, *SHORT[2:], "policy.stopper.tau=-100", *lm)
     data = instantiate(cfg.data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), build(cfg.generator, data=data))
     policy = build(cfg.policy, train_data=data, reward=build(cfg.reward), run_config={})
@@ -92,10 +92,10 @@ def test_a_stopper_reuses_the_stoprag_rows_fit(tiny_cfg, tiny_lm, tmp_path):
     settings = [s.removeprefix("policy.stopper.") for s in SHORT[2:] if s.startswith("policy.stopper.")]
     mine = [f"policy.{s}" for s in settings]
     lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
-    row = tiny_cfg("+experiment=compare_synth", "+experiment/compare_synth=stoprag", *mine, *lm,
+    row = tiny_cfg("experiment=compare_synth", "experiment/compare_synth=stoprag", *mine, *lm,
                    "eval.limit=2")  # fmt: skip
     run(row, tmp_path / "stoprag")
-    stop = ["+experiment=compare_synth", "+experiment/compare_synth=apex_stop", "policy.plan_rl=false"]
+    stop = ["experiment=compare_synth", "experiment/compare_synth=apex_stop", "policy.plan_rl=false"]
     cfg = tiny_cfg(*stop, "experiment.apex_executor_sft=false", *SHORT[2:], *lm, "eval.limit=2")
     run(cfg, tmp_path / "apex_stop")
     mine, theirs = tmp_path / "apex_stop" / "checkpoints" / "stopper", tmp_path / "stoprag" / "checkpoints"

@@ -19,7 +19,7 @@ from rag_lab.policies.stoprag.policy import StopRAG
 from rag_lab.policies.stoprag.targets import keep, lambda_at, targets
 from rag_lab.policies.stoprag.tau import stop_times
 
-from conftest import TINY_DATA, cli
+from conftest import TINY_DATA, cli, undocumented_metrics
 
 # T = 3: decisions at s_1, s_2; r(s_3, STOP) is r(s_2, CONT).
 R3 = torch.tensor([[0.0, 0.2, 0.5, 0.1]])
@@ -193,6 +193,9 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     curve = (ckpt / "tau_curve.csv").read_text().splitlines()
     assert curve[0] == "tau,f1,em,steps" and len(curve) == 52 and (ckpt / "tau_curve.png").stat().st_size > 0
     assert (ckpt / "tau_curve.svg").stat().st_size > 0
+    # every key the fit logs, and every column of its τ curve, is on docs/methods/stoprag.md
+    logged = [json.loads(line) for line in (ckpt / "train_log.jsonl").read_text().splitlines()]
+    assert not undocumented_metrics("stoprag", [*logged, dict.fromkeys(curve[0].split(","))])
     assert 1 <= metrics["all"]["retrieval_count"] <= 3
     # the offline data is cached by content: a second run reuses it, and the trained Q-network is reused
     cached = list((tmp_path / "cache" / "stoprag").glob("*.jsonl"))
@@ -345,10 +348,10 @@ def test_experiment_sweep_points_validate(name):
     swept = OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml").hydra.sweeper.params.policy.split(",")
     assert swept[0] == "fixed_iter" and swept[1] == "llm_stop" and swept[2].startswith("stoprag")
     for policy in swept:
-        cfg = compose([f"+experiment={name}", f"policy={policy}"])  # composes and validates
+        cfg = compose([f"experiment={name}", f"policy={policy}"])  # composes and validates
         assert cfg.policy.iterations == 10 and cfg.policy.k == 1
     if name != "stoprag_synth":
-        paper = compose([f"+experiment={name}", "policy=stoprag_paper"])
+        paper = compose([f"experiment={name}", "policy=stoprag_paper"])
         assert paper.policy.epochs == (3 if name == "stoprag_musique" else 1)
         assert paper.policy.encoder == "microsoft/deberta-v3-large" and paper.data.sample.test == 1000
 

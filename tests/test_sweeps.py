@@ -13,12 +13,12 @@ from conftest import cli
 
 
 def test_soften_turns_component_settings_into_set_or_add_in_a_multirun_only():
-    argv = ["-m", "+experiment=x", "policy.lambda_end=0.1,0.3", "reward.beta=0.1", "seed=0,1", "eval.limit=5"]
+    argv = ["-m", "experiment=x", "policy.lambda_end=0.1,0.3", "reward.beta=0.1", "seed=0,1", "eval.limit=5"]
     soft = ["++policy.lambda_end=0.1,0.3", "++reward.beta=0.1"]
-    assert soften(argv) == ["-m", "+experiment=x", *soft, "seed=0,1", "eval.limit=5"]
+    assert soften(argv) == ["-m", "experiment=x", *soft, "seed=0,1", "eval.limit=5"]
     assert soften(["policy.k=3"]) == ["policy.k=3"]  # a single run stays strict
     # an experiment that is a multirun by its own file (hydra.mode: MULTIRUN)
-    assert soften(["+experiment=stoprag_synth", "policy.lambda_end=0.3"])[1] == "++policy.lambda_end=0.3"
+    assert soften(["experiment=stoprag_synth", "policy.lambda_end=0.3"])[1] == "++policy.lambda_end=0.3"
 
 
 def composed(*overrides: str):

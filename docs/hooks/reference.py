@@ -120,15 +120,15 @@ def experiment_page() -> str:
     out = [
         "# `experiment`\n",
         "Deltas over the default config (`# @package _global_`): run one with "
-        "`python -m rag_lab.run +experiment=<name>`; an experiment with rows runs them as a sweep "
-        "(`-m`, `+experiment/<name>=<row>,...`).\n",
+        "`python -m rag_lab.run experiment=<name>`; an experiment with rows runs them as a sweep "
+        "(`-m`, `experiment/<name>=<row>,...`).\n",
     ]
     for option in D.group_options("experiment"):
         text = (D.CONF_DIR / "experiment" / f"{option}.yaml").read_text()
         node = yaml.safe_load(text) or {}
         picks = [f"`{k}={v}`" for d in node.get("defaults", []) if isinstance(d, dict) for k, v in d.items()]
         out.append(
-            f"## `{option}`\n\n{header(text)}\n```bash\npython -m rag_lab.run +experiment={option}\n```\n"
+            f"## `{option}`\n\n{header(text)}\n```bash\npython -m rag_lab.run experiment={option}\n```\n"
         )
         out.append(f"Groups: {', '.join(picks)}.\n" if picks else "")
         out.append(
@@ -136,7 +136,7 @@ def experiment_page() -> str:
         )
         if (D.CONF_DIR / "experiment" / option).is_dir():
             rows = ", ".join(f"`{r}`" for r in D.group_options(f"experiment/{option}"))
-            out.append(f"Rows (`+experiment/{option}=<row>`): {rows}.\n")
+            out.append(f"Rows (`experiment/{option}=<row>`): {rows}.\n")
     return "\n".join(out)
 
 
@@ -209,14 +209,16 @@ def make_targets() -> str:
 def cli_page() -> str:
     out = [
         "# Commands\n",
-        "Every command of the package (a module run with `python -m`), with its `--help`, then the "
-        "Makefile's targets. Generated from the code at each build.\n",
+        "Every command of the package (a module run with `python -m`; `rag-lab <command>` runs the top "
+        "level's), with its `--help`, then the Makefile's targets. Generated from the code at each build.\n",
     ]
     for path in _main_modules():
         name = _module(path)
         doc = _docstring(path)
         text = _help(path)
-        out.append(f"## `python -m {name}`\n\n{_escape(doc.split(chr(10) * 2)[0])}\n")
+        # the package's own __main__ is the console script (pyproject.toml's [project.scripts])
+        heading = "`rag-lab` (`python -m rag_lab`)" if name.endswith(".__main__") else f"`python -m {name}`"
+        out.append(f"## {heading}\n\n{_escape(doc.split(chr(10) * 2)[0])}\n")
         out.append(f"```text\n{text.rstrip()}\n```\n" if text else "(internal: started by another command)\n")
     out += ["## Makefile targets\n", "`make help` lists them too.\n", make_targets()]
     return "\n".join(out)

@@ -72,7 +72,24 @@ def cli_overrides(argv: list[str], doc: str, config_name: str) -> list[str]:
     flags = [a for a in argv if a.startswith("-")]
     if flags:
         raise ConfigError(f"unknown option '{flags[0]}': this command takes key=value overrides (see --help)")
+    check_experiment_overrides(argv)
     return argv
+
+
+def check_experiment_overrides(argv: Sequence[str]) -> None:
+    """``experiment`` is a group of the defaults list (``experiment: null``), and an experiment's rows are a
+    group of its own defaults (``/experiment/compare_synth: null``): ``experiment=<name>`` selects one. The
+    ``+`` that 0.1.0 wrote (``+experiment=<name>``, ``+experiment/<group>=<row>``) is refused in one line
+    naming the form to write, instead of Hydra's "Multiple values for experiment"."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key.startswith("+") and not key.startswith("++"):
+            name = key[1:]
+            if name == "experiment" or name.startswith("experiment/"):
+                raise ConfigError(
+                    f"override '{arg}': write {name}={value} (no '+': experiment is a default of the config, "
+                    "and an experiment's rows are a default of the experiment)"
+                )
 
 
 def flat_keys(node: Any, prefix: str = "") -> set[str]:
@@ -91,7 +108,7 @@ def flat_keys(node: Any, prefix: str = "") -> set[str]:
 
 
 def check_row_overrides(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """A job's overrides must not set a key that one of its experiment rows (``+experiment/<group>=<row>``:
+    """A job's overrides must not set a key that one of its experiment rows (``experiment/<group>=<row>``:
     a sweep's row, as in ``dapo_ablation``) sets too: the override would win in every row, and rows
     labelled by what they change would all run the same thing. ConfigError naming both."""
     rows, plain = {}, {}
@@ -120,7 +137,7 @@ def check_below_interpolations(overrides: Sequence[str], compose_without: Callab
     ``compose_without`` composes the job's config without the overrides under test; ConfigError naming the
     override and the key to set instead."""
     keys = {o: o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+")}
-    # a dotted key, not a config group (``+cold_start@experiment.cold_start=r3rag_cs``, ``+experiment/x=y``)
+    # a dotted key, not a config group (``+cold_start@experiment.cold_start=r3rag_cs``, ``+group/x=y``)
     added = [o for o, key in keys.items() if "." in key and not set("@/") & set(key)]
     if not added:
         return

@@ -1,10 +1,10 @@
 """Sampled groups: each question rolled out ``n`` times, and how many of its groups are mixed.
 
-GRPO and DAPO learn from the spread of rewards inside a group of samples of one question: a group that
-is all right or all wrong has zero advantage everywhere and gives no gradient (DAPO's dynamic sampling
-drops such groups; METHODS.md). ``eval.samples=n`` evaluates every question ``n`` times (the copies,
-``<id>#s<j>``, are rolled out side by side, so a sampling policy draws ``n`` different rollouts;
-``policy.temperature`` decides how different) and adds to ``metrics.json``:
+GRPO and DAPO learn from the spread of rewards inside a group of samples of one question: a group that is all
+right or all wrong has zero advantage everywhere and gives no gradient (DAPO's dynamic sampling drops such
+groups: Yu et al. 2025, arXiv:2503.14476; docs/methods/dapo.md#dynamic-sampling). ``eval.samples=n`` evaluates
+every question ``n`` times (the copies, ``<id>#s<j>``, are rolled out side by side, so a sampling policy draws
+``n`` different rollouts; ``policy.temperature`` decides how different) and adds to ``metrics.json``:
 
 - ``mixed_groups``: the share of questions whose samples are neither all right nor all wrong (by EM);
 - ``solved_groups``: the share with at least one right sample (pass@n).

@@ -81,8 +81,9 @@ def overrides_of(run: Path) -> dict[str, str]:
         items = yaml.safe_load(path.read_text()) if path.exists() else []
     except yaml.YAMLError as e:
         raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
-    # a component's setting in a multirun is recorded as ++key=value (rag_lab/runner/sweeps.py: soften)
-    return dict(item.removeprefix("++").split("=", 1) for item in items or [] if "=" in item)
+    # a component's setting in a multirun is recorded as ++key=value (rag_lab/runner/sweeps.py: soften); the
+    # runs of 0.1.0 selected experiments and their rows with a + (+experiment/compare_synth=dapo)
+    return dict(item.lstrip("+").split("=", 1) for item in items or [] if "=" in item)
 
 
 def _config_keys(run: Path) -> set[str]:

@@ -5,6 +5,9 @@ the job's overrides.
 With no API key in the environment the run is offline (``WANDB_MODE=offline``), so a run never
 waits on the network; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later. wandb's
 own files (run, cache, data, config dirs) are kept inside the run directory.
+
+wandb is the ``wandb`` extra (``pip install 'rag_lab[wandb]'``; ``make install`` holds it): without it,
+``logger=wandb`` is one line at compose time, before anything trains.
 """
 
 import os
@@ -12,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from rag_lab.core.extras import check_installed, require
 
 # Per-question columns of the "answers" Table (the full records stay in records.jsonl).
 ANSWER_COLUMNS = "id question answers prediction stop_reason n_steps retrieval_count em f1 acc".split()
@@ -34,8 +39,7 @@ class WandbLogger:
         # online / offline / disabled; null: online when WANDB_API_KEY is set, else offline.
         mode: str | None = None,
     ):
-        import wandb
-
+        wandb = require("wandb", "logger=wandb")
         root = Path(run_dir)
         for var, sub in [
             ("WANDB_CACHE_DIR", "cache"),
@@ -61,6 +65,12 @@ class WandbLogger:
             reinit="finish_previous",
         )
         self._wandb = wandb
+
+    @staticmethod
+    def check_settings(s: dict, run) -> list[tuple[str, str]]:
+        """At compose time: wandb is installed (the ``wandb`` extra)."""
+        check_installed("wandb", "logger=wandb")
+        return []
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.run.log(metrics, step=step)

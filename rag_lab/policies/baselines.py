@@ -1,7 +1,7 @@
 """LM-free retrieval baselines: a floor every method must beat, runnable with no generator.
 
 ``RetrieveOnly`` retrieves once with the question and answers nothing: the policy behind
-``+experiment=retrieval_eval`` (recall@k / precision@k of gold supports per retriever).
+``experiment=retrieval_eval`` (recall@k / precision@k of gold supports per retriever).
 
 ``TopTitle`` retrieves once with the question and answers with the title of the best passage
 whose title the question does not already mention: right whenever the answer is an entity

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m rag_lab.reporting.compare", description=__doc__.replace("``", "")
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs (or run dirs) of the rows")
-    parser.add_argument("--by", default="+experiment/compare_synth", help="the override naming the rows")
+    parser.add_argument("--by", default="experiment/compare_synth", help="the override naming the rows")
     parser.add_argument("--reference", help="the row the others are tested against (default: fixed_iter)")
     parser.add_argument("--title", default="All methods")
     parser.add_argument(

@@ -37,6 +37,7 @@ from rag_lab.core import cache
 from rag_lab.core.config import PositiveInt
 from rag_lab.core.devices import local_gpu
 from rag_lab.core.errors import RagLabError
+from rag_lab.core.extras import require
 from rag_lab.core.node import local_processes, local_rank, wait_for
 from rag_lab.data.base import Corpus
 from rag_lab.retrievers.base import Hit, filter_hits
@@ -254,8 +255,7 @@ class DenseRetriever:
         return {"desc": "embed corpus", "disable": not self.show_progress or total <= 1}
 
     def _build_index(self, shards: list[np.ndarray], factory: str, train_size: int, path: Path | None):
-        import faiss
-
+        faiss = import_faiss()
         index = faiss.index_factory(self.encoder.dim, factory, faiss.METRIC_INNER_PRODUCT)
         if not index.is_trained:
             rng = np.random.default_rng(0)
@@ -326,8 +326,13 @@ def device_problem(device: str, gpus: int, seen_by: str) -> str | None:
     return None
 
 
+def import_faiss():
+    """faiss, or one line naming the extras that install it (faiss-cpu, faiss-gpu: rag_lab.core.extras)."""
+    return require("faiss", "retriever: a dense index")
+
+
 def faiss_gpus() -> int:
-    import faiss
+    faiss = import_faiss()
 
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
@@ -338,7 +343,7 @@ def on_device(index, device: str, factory: str) -> tuple[Any, Any]:
     come along). A type faiss-gpu lacks (HNSW) is one line naming the setting."""
     if device == "cpu":
         return index, None
-    import faiss
+    faiss = import_faiss()
 
     resources = faiss.StandardGpuResources()
     try:
@@ -353,7 +358,7 @@ def on_device(index, device: str, factory: str) -> tuple[Any, Any]:
 
 def set_search_params(index, nprobe: int, ef_search: int) -> None:
     """``nprobe`` and ``efSearch`` where the index type has them."""
-    import faiss
+    faiss = import_faiss()
 
     space = faiss.ParameterSpace()
     for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
@@ -368,7 +373,7 @@ def read_mapped(file: Path):
     process of the machine that maps the file. ``IO_FLAG_MMAP_IFC`` maps the codes of every index type
     ``index_factory`` makes here (Flat, HNSW, PQ, IVF); ``IO_FLAG_MMAP`` maps IVF lists only (faiss 1.15:
     a Flat index read with it still grows the process by the file's size)."""
-    import faiss
+    faiss = import_faiss()
 
     return faiss.read_index(str(file), faiss.IO_FLAG_MMAP_IFC)
 

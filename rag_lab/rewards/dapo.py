@@ -1,4 +1,4 @@
-"""The multi-stage-reward DAPO paper's rewards (papers/multi-stage-dapo.txt sec. 3.3; METHODS.md §2),
+"""The multi-stage-reward DAPO paper's rewards (OpenReview XVtORJ0AXN sec. 3.3; docs/methods/dapo.md),
 r_sum = r_a + r_s + r_f (eq. 12), each a pure function of TRL's reward signature over whole rollouts.
 
 A completion is the rollout text: the policy's turns with the engine's ``<information>`` blocks between

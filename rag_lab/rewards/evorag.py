@@ -1,5 +1,5 @@
-"""EVO-RAG's seven step rewards and their time-dynamic weights (papers/evo-rag.txt sec. 3.2, 3.6 and
-table 1; METHODS.md §3): R_t = Σ_k w_k(t) r_k(s_t, a_t), with w_k(t) = (1 − p) w_k^start + p w_k^end,
+"""EVO-RAG's seven step rewards and their time-dynamic weights (arXiv:2505.17391 sec. 3.2, 3.6 and table 1;
+docs/methods/evorag.md): R_t = Σ_k w_k(t) r_k(s_t, a_t), with w_k(t) = (1 − p) w_k^start + p w_k^end,
 p = t / T_max, and each stage's start / end from table 1 (stage 1 Discovery, stage 2 Refinement).
 
 Per step t of an episode (1-based), with a_t the step's action:
@@ -24,7 +24,7 @@ Choices where the paper is silent or reads two ways, each written down:
 - With cosine r_dup, ``r_dup < 0`` holds for any earlier query at positive similarity, which with a
   sentence encoder is nearly every one: r_act is then −1 for almost every late SEARCH, as written.
 - Sec. 3.2's text says λ "increases linearly from 0.4 to 1.2"; its table 1 has λ fall 1.5 → 0.8 → 0.4.
-  We follow table 1, as METHODS.md does.
+  We follow table 1, where every weight's schedule is given.
 - "Unanswerable" is the paper's LLM verifier's judgement of the evidence; on the synthetic world the
   question's own flag (``QAExample.answerable``: a withheld fact) is exact, and any data set with the
   flag uses it. A broken step (the protocol could not parse it) scores only r_step.

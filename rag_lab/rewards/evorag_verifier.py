@@ -1,4 +1,4 @@
-"""EVO-RAG's evidence verifier (papers/evo-rag.txt sec. 3.2, r_ref): an LLM asked whether the evidence
+"""EVO-RAG's evidence verifier (arXiv:2505.17391 sec. 3.2, r_ref): an LLM asked whether the evidence
 gathered so far, D≤t, is enough to answer the question ("enough_evidence: yes/no"); a REFUSE scores +1
 when it says no (the question is unanswerable from what the search can find) and −1 when it says yes.
 

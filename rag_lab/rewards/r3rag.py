@@ -1,4 +1,4 @@
-"""R3-RAG's rewards (papers/r3-rag.txt sec. 3.3.1, eqs. 2-6; METHODS.md §4): a scalar per step of a
+"""R3-RAG's rewards (arXiv:2505.23794 sec. 3.3.1, eqs. 2-6; docs/methods/r3rag.md): a scalar per step of a
 trajectory, in two forms.
 
 **The paper's** (:func:`paper_rewards`). Every step s gets eq. (5),
@@ -10,18 +10,19 @@ on the final step only, Rel the judged relevance of the step's documents (0.0-1.
 eq. 3) on intermediate steps only; then eq. (6) scales every step by the trajectory's factor λ_T:
 > 1 when the answer is correct, in (0, 1) when it is wrong, 1 on a format error.
 
-**The official code's** (:func:`official_rewards`), as METHODS.md reads it: every step is its own PPO
-sample; the intermediate steps score their process score × (1 + γ), γ = 0.6 correct, −0.2 incorrect,
-−0.1 when no answer came within the step limit; the answer step scores 2.0 when correct, 0.0 when
-wrong; on a format error the earlier steps stay unscaled and the failing step scores −0.9. Its process
+**The official code's** (:func:`official_rewards`, github.com/Yuan-Li-FNLP/R3-RAG as we read it; the γ
+values are the paper's appendix C): every step is its own PPO sample; the intermediate steps score their
+process score × (1 + γ), γ = 0.6 correct, −0.2 incorrect, −0.1 when no answer came within the step limit;
+the answer step scores 2.0 when correct, 0.0 when wrong; on a format error the earlier steps stay unscaled
+and the failing step scores −0.9. Its process
 score (:func:`process_score`) is a judge's coherence, rationality and relevance, 0.3 / 0.3 / 0.4, all
 three 0 on a fatal error, relevance 0 with no documents; or the paper's Rel alone.
 
 Choices where the paper is silent, each a setting:
 
-- The paper's λ_T values are not given; the defaults are the official code's 1 + γ (1.6 correct,
-  0.8 wrong), and a trajectory that ends without an answer at the step limit is "wrong" in the
-  paper's form (it has no final step to score) unless ``factors["no_answer"]`` says otherwise.
+- The paper gives γ (appendix C) but not how λ_T follows from it; the defaults are the official code's
+  λ_T = 1 + γ (1.6 correct, 0.8 wrong), and a trajectory that ends without an answer at the step limit is
+  "wrong" in the paper's form (it has no final step to score) unless ``factors["no_answer"]`` says otherwise.
 - On a format error the paper's λ_T = 1, and eq. (5) gives the broken step Val = 0: r = −1.
 
 The judges (correctness, relevance, process) are callables elsewhere (``rag_lab.eval.judge``); these

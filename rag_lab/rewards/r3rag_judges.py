@@ -1,5 +1,5 @@
-"""R3-RAG's judges and its reward group, ``reward=r3rag`` (papers/r3-rag.txt sec. 3.3.1, eqs. 2-6;
-METHODS.md §4): the scalar reward of every step of a finished episode, from an outcome judge and a
+"""R3-RAG's judges and its reward group, ``reward=r3rag`` (arXiv:2505.23794 sec. 3.3.1, eqs. 2-6;
+docs/methods/r3rag.md): the scalar reward of every step of a finished episode, from an outcome judge and a
 process judge.
 
 - **Outcome** (eq. 2): the answer is correct when it matches a gold answer (EM under the dataset's official

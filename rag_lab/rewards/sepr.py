@@ -1,10 +1,10 @@
-"""APEX-Searcher's Set-Equivalence Plan Reward, SEPR (papers/apex-searcher.txt sec. 2.2.1; METHODS.md §5).
+"""APEX-Searcher's Set-Equivalence Plan Reward, SEPR (arXiv:2603.13853v3 sec. 2.2.1; docs/methods/apex.md).
 
 The planner's sub-questions P and the gold ones G are embedded by a sentence-transformer; sim(p, g) is
 their cosine; the Hungarian algorithm finds the one-to-one matching of least total cost 1 − sim; the
 matched pairs with sim ≥ τ form M; the reward is F1 = 2·Prec·Rec / (Prec + Rec) with Prec = |M| / |P| and
 Rec = |M| / |G| (= 2|M| / (|P| + |G|)), 0 when M is empty. The section's three formulas (cosine, cost
-matrix, F1) are unnumbered in our copy of the paper.
+matrix, F1) are cited by the section, sec. 2.2.1.
 
 Choices where the paper is silent, or where we deviate, each a setting when it can matter:
 
@@ -12,8 +12,8 @@ Choices where the paper is silent, or where we deviate, each a setting when it c
   lines ``1. …``). No numbered line (INVALID) scores 0.0, and so does an empty gold plan (no signal).
   The paper's fallback to the question itself is the policy's business, not the reward's.
 - τ (``threshold``, default 0.7) is "empirically tuned" in the paper, its value unpublished. A pair
-  counts when its similarity exceeds τ, as the paper says (METHODS.md writes ≥; on real cosines the two
-  differ only at exactly τ).
+  counts when its similarity exceeds τ, as the paper says (≥ would differ only at exactly τ, which real
+  cosines do not hit).
 - Hungarian first, threshold second (the paper's order): the assignment maximises the total similarity,
   not the number of pairs above τ.
 - The encoder is "a sentence-transformer" in the paper; MiniLM (offline) by default, any encoder of the

@@ -1,6 +1,6 @@
 """Sweeps over rows of different policies, and runs keyed by their config's hash.
 
-**A method's setting in a sweep of rows.** ``python -m rag_lab.run -m +experiment=stoprag_synth
+**A method's setting in a sweep of rows.** ``python -m rag_lab.run -m experiment=stoprag_synth
 policy.lambda_end=0.1,0.3,0.5`` sweeps Stop-RAG's λ over an experiment whose rows are three policies;
 ``fixed_iter`` and ``llm_stop`` have no ``lambda_end``, and Hydra would refuse the override for them
 (a key not in the config). In a multirun, :func:`soften` turns each ``group.key=value`` override of a
@@ -43,7 +43,7 @@ RESULT_FILES = ("records.jsonl", "metrics.json", "table.md", "table.csv", "prove
 
 
 def is_multirun(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> bool:
-    """``-m`` / ``--multirun``, or an ``+experiment=`` whose file sets ``hydra.mode: MULTIRUN``."""
+    """``-m`` / ``--multirun``, or an ``experiment=`` whose file sets ``hydra.mode: MULTIRUN``."""
     if "-m" in argv or "--multirun" in argv:
         return True
     for arg in argv:

@@ -9,7 +9,7 @@ render at inference. Two uses:
 
 - the tiny LM's recipe (:func:`collect`, then :func:`sample`: pairs drawn per protocol to an equal budget
   of words, so short tasks get many examples and long traces fewer);
-- the cold start (:func:`demonstrations`): R3-RAG's rejection sampling (papers/r3-rag.txt, algorithm 1).
+- the cold start (:func:`demonstrations`): R3-RAG's rejection sampling (arXiv:2505.23794, algorithm 1).
   Several rollouts per question at varied temperature (:class:`AtTemperature`; deviation: the world
   teacher reads a temperature only as greedy, its noise drawn once per prompt, or sampled, drawn per
   seed; ``noise`` sets how often it errs, which is what rejection sampling filters). An episode is kept

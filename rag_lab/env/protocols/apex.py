@@ -1,4 +1,4 @@
-"""APEX-Searcher's planner and executor formats (papers/apex-searcher.txt, sec. 2.2-2.3, app. E).
+"""APEX-Searcher's planner and executor formats (arXiv:2603.13853v3 sec. 2.2.2 and 2.4, appendix E).
 
 Planner: the question in, an ordered list of sub-questions out, one per line as ``1. …``;
 later ones may reference earlier answers as ``#1``, ``#2``. No parsable line → INVALID (the

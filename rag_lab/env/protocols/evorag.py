@@ -1,4 +1,4 @@
-"""EVO-RAG's step format (papers/evo-rag.txt, sec. 3.1): one action per step from
+"""EVO-RAG's step format (arXiv:2505.17391 sec. 3.1-3.2): one action per step from
 {SEARCH, BACKTRACK, ANSWER, REFUSE}.
 
 The paper gives the action set, not a text format; ours (a documented choice) is one line per

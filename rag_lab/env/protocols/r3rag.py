@@ -1,4 +1,4 @@
-"""R3-RAG's step format (papers/r3-rag.txt, figures 6-7 and algorithm 2).
+"""R3-RAG's step format (arXiv:2505.23794 sec. 3.1, figures 6-7 and algorithm 2).
 
 Each step is generated from a fresh prompt: the question plus every previous step (analysis,
 query, retrieved documents); the output is ``The problem analysis: …`` followed by either

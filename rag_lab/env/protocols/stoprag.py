@@ -1,4 +1,4 @@
-"""Stop-RAG's pipeline prompts (papers/stop-rag.txt, appendix prompts 1-3, and the final answer).
+"""Stop-RAG's pipeline prompts (arXiv:2510.14337 appendix D, prompts 1-3, and the final answer).
 
 The trace every task reads is the paper's: ``Main question:`` then, per iteration,
 ``Follow up:`` (the query), ``Document:`` (the one kept passage) and ``Intermediate answer:``.

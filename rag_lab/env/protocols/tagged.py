@@ -1,5 +1,5 @@
-"""The multi-stage-reward DAPO paper's tagged rollout (papers/multi-stage-dapo.txt, sec. 3 and the
-"Instruction for Trained RLM" of its appendix).
+"""The multi-stage-reward DAPO paper's tagged rollout (OpenReview XVtORJ0AXN sec. 3.2, "Rollout with
+Search", and the "Instruction for Trained RLM" of its appendix B.4).
 
 One rollout is one growing text: ``<think>…</think>``, then ``<search>q</search>`` (generation
 pauses at ``</search>``; the engine appends ``<information>top-k passages</information>``),
@@ -119,7 +119,7 @@ class DAPOTagged(Protocol):
 
 
 def structure_ok(rollout: str) -> bool:
-    """r_f's check (DAPO paper sec. 3.2): ``<think>`` first, then either ``<reflect><answer>`` or
+    """r_f's check (DAPO paper sec. 3.3, eq. 6): ``<think>`` first, then either ``<reflect><answer>`` or
     rounds of ``<search><information><reflect>`` ending in ``<answer>``; nothing else.
 
     >>> structure_ok("<think>a</think>\\n<reflect>b</reflect>\\n<answer>c</answer>")

@@ -1,4 +1,4 @@
-"""APEX-Searcher (papers/apex-searcher.txt; METHODS.md §5). ``policy=apex``, ``policy=apex_prompt``.
+"""APEX-Searcher (arXiv:2603.13853; docs/methods/apex.md). ``policy=apex``, ``policy=apex_prompt``.
 
 - :mod:`.pipeline`: the loop, plan → execute → synthesise, with any generator (``policy=apex_prompt``);
 - :mod:`.policy`: :class:`~.policy.APEX`: the loop with its trained planner and executor;

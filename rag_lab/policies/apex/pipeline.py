@@ -1,4 +1,4 @@
-"""APEX-Searcher's two-stage inference (papers/apex-searcher.txt, sec. 2.1 and appendix B) as a
+"""APEX-Searcher's two-stage inference (arXiv:2603.13853v3 sec. 2.4, algorithms 1 and 2) as a
 prompting policy with any generator: ``policy=apex_prompt``. The trained planner (GRPO with the
 set-equivalence plan reward) and the SFT executor build on this loop.
 

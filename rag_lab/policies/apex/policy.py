@@ -1,4 +1,4 @@
-"""APEX-Searcher (papers/apex-searcher.txt; METHODS.md §5) as a policy: ``policy=apex``.
+"""APEX-Searcher (arXiv:2603.13853; docs/methods/apex.md) as a policy: ``policy=apex``.
 
 Inference is the plan → execute → synthesise loop of :class:`rag_lab.policies.apex.pipeline.APEXPipeline`
 (its algorithms 1 and 2: ``#n`` resolved from the knowledge base, up to ``hops`` rounds of the executor

@@ -1,4 +1,4 @@
-"""Multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2) as a policy: ``policy=dapo``.
+"""Multi-stage-reward DAPO (OpenReview XVtORJ0AXN; docs/methods/dapo.md) as a policy: ``policy=dapo``.
 
 The policy is the ``dapo`` tagged protocol rolled out by the engine (``<think>``, ``<search>`` →
 ``<information>``, ``<reflect>``, ``<answer>``; :class:`rag_lab.policies.agent.Agent`). ``fit`` trains a
@@ -13,7 +13,9 @@ stage 1's weights. ``stages`` [1, 2] is the paper; [2] is its "w/o stage one", [
 policy (``generator``), which evaluation acts with.
 
 - Optional first: the cold start (:func:`rag_lab.train.cold_start.cold_start`, SFT on rejection-sampled
-  teacher demonstrations of the ``dapo`` protocol), the embedded default's starting point.
+  teacher demonstrations of the ``dapo`` protocol), on in ``conf/policy/dapo.yaml``; ``make demo``,
+  ``dapo_synth`` and ``dapo_2wiki`` start from the model itself, as the paper does
+  (docs/methods/dapo.md#starting-point).
 - Each stage is cached (``cache_dir/dapo/<key>``, :mod:`rag_lab.core.cache`: the starting weights, the stage,
   the training questions, the corpus, the run's resolved config but for ``policy.stages``, and the code),
   so a sweep over ``stages`` trains stage 1 once; a killed stage resumes from its last Trainer checkpoint,
@@ -85,7 +87,7 @@ class DAPO(Agent):
         lr: Positive = 1e-4,
         epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2,
         epsilon_high: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.28,
-        # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.1)
+        # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.2)
         kl_coef: NonNegative = 0.0,
         # sampling of the training rollouts (> 0: at 0 a group's samples are all the same)
         train_temperature: Positive = 1.0,
@@ -93,8 +95,8 @@ class DAPO(Agent):
         # drop groups whose rewards are all equal and re-draw them, at most max_rounds rollouts a step
         dynamic_sampling: bool = True,
         max_rounds: PositiveInt = 4,
-        # what makes a group flat: its total rewards all equal ("reward", METHODS.md's reading) or its
-        # episodes all right or all wrong ("correct", DAPO's own rule: Yu et al. 2025, sec. 3.2)
+        # what makes a group flat: its total rewards all equal ("reward": zero advantage, our reading of the
+        # paper's sec. 3.2) or its episodes all right or all wrong ("correct": DAPO's own, Yu et al. 2025)
         flat_by: Annotated[str, OneOf("reward", "correct")] = "reward",
         # the first `train_limit` training questions (null: all)
         train_limit: PositiveInt | None = None,

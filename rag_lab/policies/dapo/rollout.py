@@ -1,5 +1,6 @@
 """Multi-turn search rollouts for TRL's ``GRPOTrainer`` (its ``rollout_func``), with DAPO's dynamic
-sampling (papers/multi-stage-dapo.txt sec. 3.2; Yu et al. 2025, DAPO, sec. 3.2 "dynamic sampling").
+sampling (the multi-stage-reward DAPO paper, OpenReview XVtORJ0AXN, sec. 3.2; Yu et al. 2025, DAPO,
+arXiv:2503.14476, "dynamic sampling"; docs/methods/dapo.md#dynamic-sampling).
 
 Each training step TRL hands over its batch of prompts, every question repeated ``G`` times in a row.
 :class:`SearchRollouts` plays each group of ``G`` episodes through the shared batched engine
@@ -18,7 +19,7 @@ of the env: :meth:`rag_lab.env.Env.with_generator`), and returns one training se
   rewards score instead of TRL's re-decoding: see :class:`OnRollouts`) and ``answers`` (the golds).
 
 Dynamic sampling (hand-written: TRL has none): a group whose total rewards are all equal has zero
-advantage and gives no gradient (``flat_by="reward"``, METHODS.md's reading). Such a group is dropped and
+advantage and gives no gradient (``flat_by="reward"``, our reading). Such a group is dropped and
 refilled with a fresh group of a question drawn from the training pool, re-drawn while any group is
 flat, for at most ``max_rounds`` rounds; groups still flat after that stay (their advantage is 0) and are
 counted. ``flat_by="correct"`` is DAPO's own rule (Yu et al. 2025, sec. 3.2: prompts whose accuracy is 0

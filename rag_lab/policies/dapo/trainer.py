@@ -1,4 +1,4 @@
-"""One stage of multi-stage-reward DAPO (papers/multi-stage-dapo.txt; METHODS.md §2) on TRL's
+"""One stage of multi-stage-reward DAPO (OpenReview XVtORJ0AXN; docs/methods/dapo.md) on TRL's
 ``GRPOTrainer`` in DAPO's setting: ``loss_type="dapo"`` (token-level loss averaged over the batch's
 tokens), clip-higher ``epsilon`` 0.2 / ``epsilon_high`` 0.28, ``beta`` 0 by default (``policy.kl_coef``:
 no KL term, no reference model), group-normalised advantages, one optimiser update per generated batch

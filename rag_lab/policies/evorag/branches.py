@@ -1,4 +1,4 @@
-"""EVO-RAG's preference data by branching (papers/evo-rag.txt sec. 3.3-3.4; METHODS.md §3): at visited
+"""EVO-RAG's preference data by branching (arXiv:2505.17391 sec. 3.3-3.4; docs/methods/evorag.md): at visited
 states of the current policy's rollouts, every sibling action is rolled out to the end, each branch is
 scored by its time-weighted return R(x) (:class:`rag_lab.rewards.evorag.EvoRAGReward`), and siblings whose
 returns differ by a margin make preference pairs.

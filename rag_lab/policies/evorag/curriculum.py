@@ -1,4 +1,4 @@
-"""EVO-RAG's two-stage curriculum (papers/evo-rag.txt sec. 3.4-3.5, Algorithm 1): a stage runs cycles
+"""EVO-RAG's two-stage curriculum (arXiv:2505.17391 sec. 3.4-3.5, 3.7's Algorithm 1): a stage runs cycles
 (:func:`rag_lab.policies.evorag.trainer.run_cycle`) until dev EM stalls for ``patience`` cycles or
 ``max_cycles`` ran; its result is its best cycle by dev EM (ties: the earliest); Refinement starts from
 Discovery's best (the checkpoint reload of sec. 3.5), and the preference model's heads carry over.

@@ -1,4 +1,4 @@
-"""EVO-RAG's policy epoch (papers/evo-rag.txt sec. 3.4): DPO on the preferred / rejected actions of the
+"""EVO-RAG's policy epoch (arXiv:2505.17391 sec. 3.4): DPO on the preferred / rejected actions of the
 branch pairs, with TRL's ``DPOTrainer`` (its sigmoid loss −log σ(β·Δ), Δ the chosen's minus the rejected's
 log-ratio to the reference) and a PEFT LoRA adapter, merged into the weights after the epoch.
 

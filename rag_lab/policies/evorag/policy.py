@@ -1,4 +1,4 @@
-"""EVO-RAG (papers/evo-rag.txt; METHODS.md §3) as a policy: ``policy=evorag``.
+"""EVO-RAG (arXiv:2505.17391; docs/methods/evorag.md) as a policy: ``policy=evorag``.
 
 The policy is the ``evorag`` protocol rolled out by the engine: one action per step, SEARCH / BACKTRACK /
 ANSWER / REFUSE, at most T_max = 20 steps (``max_turns``; sec. 3.1, 3.6). BACKTRACK abandons the latest

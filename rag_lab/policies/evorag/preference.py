@@ -1,4 +1,4 @@
-"""EVO-RAG's multi-head preference model (papers/evo-rag.txt sec. 3.3; METHODS.md §3).
+"""EVO-RAG's multi-head preference model (arXiv:2505.17391 sec. 3.3; docs/methods/evorag.md).
 
 At each visited state, sibling branches (the same prefix, then different actions, each rolled out)
 are scored by their weighted return R(x) = Σ_t w(t)·r_t (``rag_lab.rewards.evorag``); two branches

@@ -1,5 +1,5 @@
-"""One EVO-RAG training cycle (papers/evo-rag.txt sec. 3.3-3.5, Algorithm 1; METHODS.md §3): roll out the
-current policy and branch it (:mod:`.branches`), one preference-model epoch on the branch pairs
+"""One EVO-RAG training cycle (arXiv:2505.17391 sec. 3.3-3.5 and 3.7's Algorithm 1; docs/methods/evorag.md):
+roll out the current policy and branch it (:mod:`.branches`), one preference-model epoch on the branch pairs
 (:mod:`.preference`), one policy epoch of DPO with LoRA (:mod:`.dpo`), then the policy's exact match on the
 dev questions (greedy), which the curriculum's stall rule and best-checkpoint choice read.
 

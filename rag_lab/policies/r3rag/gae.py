@@ -1,5 +1,6 @@
-"""Generalised advantage estimation for R3-RAG's PPO (papers/r3-rag.txt sec. 3.3; METHODS.md §4: every step
-of an episode is one PPO sample with a scalar reward; GAE with γ = λ = 1 in the official code).
+"""Generalised advantage estimation for R3-RAG's PPO (arXiv:2505.23794 appendix B, eq. 8; every step of an
+episode is one PPO sample with a scalar reward, appendix A; GAE with γ = λ = 1 in the authors' code:
+docs/methods/r3rag.md#formulas-as-implemented).
 
 For an episode of T steps with rewards r_t and value estimates V_t (the critic's, at each step's state):
 

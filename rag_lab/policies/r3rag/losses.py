@@ -1,6 +1,6 @@
-"""R3-RAG's PPO objective (papers/r3-rag.txt eq. 7 and appendix B eq. 9; METHODS.md §4), token by token over
-the policy's own tokens (``mask``: 1 on tokens the policy wrote, 0 on the prompt, retrieved documents and
-padding, which carry no loss):
+"""R3-RAG's PPO objective (arXiv:2505.23794 eq. 7 and appendix B eq. 9; docs/methods/r3rag.md), token by
+token over the policy's own tokens (``mask``: 1 on tokens the policy wrote, 0 on the prompt, retrieved
+documents and padding, which carry no loss):
 
 - the clipped surrogate, eq. 7: −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A), ρ = π_θ / π_old per token, A the step's
   advantage (:mod:`.gae`) on each of its tokens; with the share of tokens where the clip binds;

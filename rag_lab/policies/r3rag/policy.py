@@ -1,4 +1,4 @@
-"""R3-RAG (papers/r3-rag.txt; METHODS.md §4) as a policy: ``policy=r3rag``.
+"""R3-RAG (arXiv:2505.23794; docs/methods/r3rag.md) as a policy: ``policy=r3rag``.
 
 The policy is the ``r3rag`` protocol rolled out by the engine: each step a fresh prompt (the question and the
 previous steps with their documents), the model writing ``The problem analysis: …`` then ``The retrieval

@@ -1,5 +1,6 @@
 """R3-RAG's reinforcement learning: PPO with GAE, a value head and a KL penalty to the initial model
-(papers/r3-rag.txt sec. 3.3, eqs. 5-9; METHODS.md §4), data-parallel under ``accelerate``.
+(arXiv:2505.23794 sec. 3.3, eqs. 5-7, and appendix B, eqs. 8-9; docs/methods/r3rag.md), data-parallel
+under ``accelerate``.
 
 One iteration:
 

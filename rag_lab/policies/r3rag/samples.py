@@ -1,6 +1,6 @@
-"""R3-RAG's PPO samples (papers/r3-rag.txt sec. 3.3; METHODS.md §4): every step of a rolled-out episode is one
-sample, its prompt (the question and the previous steps with their documents, as the model saw it) and its
-completion (the step the policy wrote).
+"""R3-RAG's PPO samples (arXiv:2505.23794 sec. 3.3 and appendix A; docs/methods/r3rag.md): every step of a
+rolled-out episode is one sample, its prompt (the question and the previous steps with their documents, as
+the model saw it) and its completion (the step the policy wrote).
 
 - :func:`rollouts`: the policy's episodes of the ``r3rag`` protocol (the batched engine), one per question at
   each of ``temperatures`` (the official code's 0.1 / 0.4 / 0.7 / 1.0), documents cut to ``max_doc_chars``

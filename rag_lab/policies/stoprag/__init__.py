@@ -1,5 +1,5 @@
-"""Stop-RAG (papers/stop-rag.txt; METHODS.md §1): value-based stopping for iterative RAG, trained offline
-with Q(λ). ``policy=stoprag``.
+"""Stop-RAG (arXiv:2510.14337; docs/methods/stoprag.md): value-based stopping for iterative RAG, trained
+offline with Q(λ). ``policy=stoprag``.
 
 - :mod:`.pipeline`: the loop, Stop-RAG's iterative pipeline with a pluggable stopping rule
   (``policy=fixed_iter``, ``policy=llm_stop``);

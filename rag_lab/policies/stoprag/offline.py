@@ -1,4 +1,4 @@
-"""Stop-RAG's offline dataset (papers/stop-rag.txt sec. 4.2, "Offline dataset construction").
+"""Stop-RAG's offline dataset (arXiv:2510.14337 sec. 4.2, "Offline dataset construction").
 
 Every training question runs the fixed-iteration pipeline to the horizon T without stopping; each
 prefix s_t (t = 1 .. T) is a state, and r(s_t, STOP) (eq. 13) is the mean score S (F1 by default)

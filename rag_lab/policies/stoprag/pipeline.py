@@ -1,4 +1,4 @@
-"""Stop-RAG's iterative pipeline (papers/stop-rag.txt, sec. 3 and appendix prompts 1-3) as a policy,
+"""Stop-RAG's iterative pipeline (arXiv:2510.14337 sec. 4.1 and 5.3, appendix D's prompts 1-3) as a policy,
 with a pluggable stopping rule: ``policy=fixed_iter`` (always T iterations) and ``policy=llm_stop``
 (the generator answers STOP / CONTINUE before each further iteration, prompt 3). Stop-RAG plugs
 its value-based rule in as another :class:`Stopper`.

@@ -1,5 +1,5 @@
-"""``policy=stoprag``: value-based stopping for an iterative RAG pipeline (papers/stop-rag.txt;
-METHODS.md §1).
+"""``policy=stoprag``: value-based stopping for an iterative RAG pipeline (Stop-RAG, arXiv:2510.14337;
+docs/methods/stoprag.md).
 
 ``fit``: offline trajectories of the wrapped pipeline on the training questions (offline.py) →
 the Q-network (qnet.py) trained on full-width forward-view Q(λ) targets (trainer.py, targets.py,

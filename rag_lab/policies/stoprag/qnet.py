@@ -1,4 +1,4 @@
-"""Stop-RAG's Q-network (papers/stop-rag.txt sec. 5.3; METHODS.md §1): an HF encoder and two heads.
+"""Stop-RAG's Q-network (arXiv:2510.14337 sec. 5.3; docs/methods/stoprag.md): an HF encoder and two heads.
 
 Input: ``question [SEP] d_1 [SEP] … [SEP] d_t`` (queries and intermediate answers are not in the
 state, as in the paper), pooled (``cls`` for DeBERTa, ``mean`` for sentence encoders such as

@@ -1,4 +1,5 @@
-"""Stop-RAG's regression targets (papers/stop-rag.txt sec. 4.2; METHODS.md §1), vectorised over a batch.
+"""Stop-RAG's regression targets (arXiv:2510.14337 sec. 4.2, appendix C; docs/methods/stoprag.md), vectorised
+over a batch.
 
 Hand-written: no RL library has the full-width forward-view Q(λ) of a two-action stopping MDP.
 

@@ -1,5 +1,5 @@
-"""Stop-RAG's threshold τ (papers/stop-rag.txt §4, "stop when Q(s, STOP) − Q(s, CONT) > τ"), tuned on
-the validation split.
+"""Stop-RAG's threshold τ (arXiv:2510.14337 sec. 5.3: stop when Q(s, STOP) − Q(s, CONT) > τ), tuned on the
+validation split.
 
 Every dev question has run once to the horizon with its greedy final answer kept at every state
 (``offline.collect(..., greedy_answers=True)``). The pipeline is deterministic and a stop only cuts

@@ -1,7 +1,8 @@
-"""Stop-RAG's Q-network training (papers/stop-rag.txt, Algorithm 1; METHODS.md §1): Q(λ) regression on the
-offline trajectories' states. Sample a batch of kept states, bootstrap from the current network under
-no-grad over each state's future (:func:`rag_lab.policies.stoprag.targets.targets`), squared error on both
-heads (BCE on the margin for the binary classifier). AdamW, cosine lr with warm-up; λ annealed by step.
+"""Stop-RAG's Q-network training (arXiv:2510.14337 sec. 4.2, Algorithm 1; docs/methods/stoprag.md): Q(λ)
+regression on the offline trajectories' states. Sample a batch of kept states, bootstrap from the current
+network under no-grad over each state's future (:func:`rag_lab.policies.stoprag.targets.targets`), squared
+error on both heads (BCE on the margin for the binary classifier). AdamW, cosine lr with warm-up; λ annealed
+by step.
 
 Resumable to the bit (``policy.py``'s module doc): a checkpoint every ``checkpoint_every`` steps
 (:func:`save_atomic`) holds the heads (the encoder too when it trains), AdamW (under FSDP its state in

@@ -1,6 +1,6 @@
 """Cold start: supervised fine-tuning of any causal LM on rejection-sampled teacher demonstrations.
 
-Follows R3-RAG's cold start (papers/r3-rag.txt, algorithms 1 and 2): a strong teacher rolls out
+Follows R3-RAG's cold start (arXiv:2505.23794 sec. 3.2, algorithms 1 and 2): a strong teacher rolls out
 several trajectories per training question at varied temperature; a trajectory is kept only when
 its final answer is correct and every step is well formed; each kept trajectory of L steps gives L
 (prompt = question + the steps so far, completion = the next step) SFT pairs. APEX's executor SFT
