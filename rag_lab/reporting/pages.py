@@ -73,13 +73,15 @@ def here(command: str, root: Path | None = None) -> Stamp:
 
 def commit(root: Path) -> str:
     """The short commit checked out at ``root``, marked where tracked files differ from it."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30)  # fmt: skip
+        head = git("rev-parse", "--short", "HEAD")
         if head.returncode:
             return "unknown (not a git checkout)"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()  # fmt: skip
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (no git)"
     return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
