@@ -166,3 +166,31 @@ def test_a_component_built_outside_a_config_checks_the_same_declarations():
         R3RAG(ppo=PPOSettings(lam=1.5))
     with pytest.raises(RagLabError, match=r"policy\.planner\.loss_type: 'mean' is not one of dapo"):
         PlannerRL(loss_type="mean")
+
+
+@pytest.mark.parametrize(
+    "target, settings, changed",
+    [
+        ("rag_lab.policies.dapo.policy.DAPO", "DAPOSettings", {"steps": 3, "k": 2}),
+        ("rag_lab.policies.evorag.policy.EvoRAG", "EvoRAGSettings", {"max_cycles": 1, "k": 2}),
+        ("rag_lab.policies.stoprag.policy.StopRAG", "StopRAGSettings", {"epochs": 2.0, "iterations": 3}),
+    ],
+)
+def test_a_methods_settings_dataclass_is_its_schema_and_its_attributes(target, settings, changed):
+    """A method's training settings are declared once, in its settings dataclass: the config schema lists
+    each with its declared range, and the policy holds each as an attribute. An agent's key that neither
+    part takes is a TypeError, as any constructor's unknown keyword (Stop-RAG hands its other keys on to
+    its pipeline and Q-network, each taking its own, as before)."""
+    from rag_lab.core.config import locate
+
+    cls, declared = locate(target), locate(f"{target.rpartition('.')[0]}.{settings}")
+    hints = typing.get_type_hints(declared, include_extras=True)
+    schema = {f.name: f for f in dataclasses.fields(schema_for(target))}
+    for f in dataclasses.fields(declared):
+        assert field_checks(schema[f.name]) == tuple(strip_annotated(hints[f.name])[1]), f.name
+    policy = cls(**changed)
+    first = next(iter(changed))
+    assert getattr(policy, first) == changed[first] != declared.__dataclass_fields__[first].default
+    if settings != "StopRAGSettings":
+        with pytest.raises(TypeError):
+            cls(no_such_setting=1)

@@ -119,10 +119,17 @@ def yaml_help(text: str, file: bool = True) -> dict[str, str]:
     return out
 
 
+def own_dataclass(cls: type) -> bool:
+    """Whether ``cls`` is itself a dataclass, its settings its fields: not a class that inherits a settings
+    dataclass's fields and takes them, among others, in an ``__init__`` of its own (DAPO, EVO-RAG,
+    Stop-RAG)."""
+    return "__dataclass_fields__" in vars(cls)
+
+
 def source_help(obj: Any) -> dict[str, str]:
     """Parameter (or dataclass field) -> its help text in the source of ``obj``, a function or a class
     (a dataclass: its fields; another class: its ``__init__``'s parameters)."""
-    if inspect.isclass(obj) and not dataclasses.is_dataclass(obj):
+    if inspect.isclass(obj) and not own_dataclass(obj):
         obj = obj.__init__
     try:
         lines, _ = inspect.getsourcelines(inspect.unwrap(obj))
@@ -142,7 +149,7 @@ def source_help(obj: Any) -> dict[str, str]:
 def declared_help(target: Any) -> dict[str, str]:
     """The help text of every setting of ``target`` in the code: its own source first, then the sources of
     its :func:`~rag_lab.core.config.takes` (recursively)."""
-    fn = target.__init__ if inspect.isclass(target) and not dataclasses.is_dataclass(target) else target
+    fn = target.__init__ if inspect.isclass(target) and not own_dataclass(target) else target
     out = source_help(target)
     for source in getattr(fn, "__takes__", ()):
         out = declared_help(source) | out

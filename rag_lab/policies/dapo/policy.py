@@ -33,6 +33,7 @@ run's model (the run's generator is shared, so it is not trained in place), whic
 """
 
 import logging
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,12 +61,62 @@ log = logging.getLogger(__name__)
 STAGES = (1, 2, "unified")
 
 
-class DAPO(Agent):
+@dataclass(eq=False)
+class DAPOSettings:
+    """``policy=dapo``'s training settings, declared once: :class:`DAPO` takes each as a keyword
+    (:func:`rag_lab.core.config.takes`, so the config schema lists them) and holds it as an attribute."""
+
+    # the answer reward's stages, trained in order, each from the last one's weights
+    stages: list[int | str] = (1, 2)
+    # training steps per stage; questions per step, each sampled `group_size` times (G)
+    steps: PositiveInt = 30
+    questions_per_step: PositiveInt = 4
+    # (GRPO compares a group's samples: 2 at least)
+    group_size: Annotated[int, Range(2)] = 8
+    # sequences per forward and backward pass in each process, at most (null: a process's whole step,
+    # questions x G / processes): gradient accumulation over the step's episodes, still one update a
+    # step, for a batch that does not fit in memory (the paper's 32 x 32; rag_lab.train.grpo.passes)
+    micro_batch: PositiveInt | None = None
+    lr: Positive = 1e-4
+    epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2
+    epsilon_high: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.28
+    # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.2)
+    kl_coef: NonNegative = 0.0
+    # sampling of the training rollouts (> 0: at 0 a group's samples are all the same)
+    train_temperature: Positive = 1.0
+    top_p: OpenUnit = 1.0
+    # drop groups whose rewards are all equal and re-draw them, at most max_rounds rollouts a step
+    dynamic_sampling: bool = True
+    max_rounds: PositiveInt = 4
+    # what makes a group flat: its total rewards all equal ("reward": zero advantage, our reading of the
+    # paper's sec. 3.2) or its episodes all right or all wrong ("correct": DAPO's own, Yu et al. 2025)
+    flat_by: Annotated[str, OneOf("reward", "correct")] = "reward"
+    # the first `train_limit` training questions (null: all)
+    train_limit: PositiveInt | None = None
+    lora: LoRA | None = None
+    # SFT on the teacher's dapo demonstrations first (null: start from the generator as it is)
+    cold_start: ColdStartConfig | None = None
+    save_steps: PositiveInt = 10
+    bf16: bool | None = None
+    # the held-out curve: greedy Acc on the dev split's first n questions every `every` steps (null: none)
+    heldout: HeldOut | None = None
+    cache_dir: str = "~/.cache/rag_lab"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad:
+            raise RagLabError(f"policy.stages: {bad[0]!r} is not a stage (1, 2 or unified)")
+        self.stages = list(self.stages)
+        self.heldout = self.heldout or HeldOut(n=0)
+
+
+class DAPO(Agent, DAPOSettings):
     trains = True
     # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
     memory_plan = "rag_lab.train.memory.methods.dapo"
 
-    @takes(Agent, drop=["protocol"])
+    @takes(DAPOSettings, Agent, drop=["protocol"])
     def __init__(
         self,
         # reward name -> reward function (TRL's signature): the run's reward group (reward=dapo: answer,
@@ -73,67 +124,24 @@ class DAPO(Agent):
         reward: dict[str, Reward] | Reward | None = None,
         # weight per reward name (missing: 1.0); a null reward is left out (the ablations)
         weights: dict[str, float] | None = None,
-        # the answer reward's stages, trained in order, each from the last one's weights
-        stages: list[int | str] = (1, 2),
-        # training steps per stage; questions per step, each sampled `group_size` times (G)
-        steps: PositiveInt = 30,
-        questions_per_step: PositiveInt = 4,
-        # (GRPO compares a group's samples: 2 at least)
-        group_size: Annotated[int, Range(2)] = 8,
-        # sequences per forward and backward pass in each process, at most (null: a process's whole step,
-        # questions x G / processes): gradient accumulation over the step's episodes, still one update a
-        # step, for a batch that does not fit in memory (the paper's 32 x 32; rag_lab.train.grpo.passes)
-        micro_batch: PositiveInt | None = None,
-        lr: Positive = 1e-4,
-        epsilon: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.2,
-        epsilon_high: Annotated[float, Range(0, 1, open_min=True, open_max=True)] = 0.28,
-        # the KL term's coefficient (GRPO's beta): 0, as DAPO removes the KL term (the paper's sec. 3.2)
-        kl_coef: NonNegative = 0.0,
-        # sampling of the training rollouts (> 0: at 0 a group's samples are all the same)
-        train_temperature: Positive = 1.0,
-        top_p: OpenUnit = 1.0,
-        # drop groups whose rewards are all equal and re-draw them, at most max_rounds rollouts a step
-        dynamic_sampling: bool = True,
-        max_rounds: PositiveInt = 4,
-        # what makes a group flat: its total rewards all equal ("reward": zero advantage, our reading of the
-        # paper's sec. 3.2) or its episodes all right or all wrong ("correct": DAPO's own, Yu et al. 2025)
-        flat_by: Annotated[str, OneOf("reward", "correct")] = "reward",
-        # the first `train_limit` training questions (null: all)
-        train_limit: PositiveInt | None = None,
-        lora: LoRA | None = None,
-        # SFT on the teacher's dapo demonstrations first (null: start from the generator as it is)
-        cold_start: ColdStartConfig | None = None,
-        save_steps: PositiveInt = 10,
-        bf16: bool | None = None,
-        # the held-out curve: greedy Acc on the dev split's first n questions every `every` steps
-        heldout: HeldOut | None = None,
-        cache_dir: str = "~/.cache/rag_lab",
-        seed: int = 0,
         # the dataset trained on (the cold start's world) and the run's resolved config (the stages' cache
         # key); both filled by the runner
         train_data: Any = None,
         run_config: dict | None = None,
-        # the rollout: policy=agent's keys (k, max_turns, exclude_seen, max_new_tokens, temperature)
-        **rollout: Any,
+        # DAPOSettings' keys, and the rollout: policy=agent's (k, max_turns, exclude_seen, max_new_tokens,
+        # temperature)
+        **settings: Any,
     ):
-        super().__init__("dapo", **rollout)
-        bad = [s for s in stages if s not in STAGES]
-        if bad:
-            raise RagLabError(f"policy.stages: {bad[0]!r} is not a stage (1, 2 or unified)")
+        training = {f.name for f in fields(DAPOSettings)}
+        DAPOSettings.__init__(self, **{k: v for k, v in settings.items() if k in training})
+        super().__init__("dapo", **{k: v for k, v in settings.items() if k not in training})
         self.reward = named(reward)
         self.weights = {name: float((weights or {}).get(name, 1.0)) for name in self.reward}
-        self.stages, self.steps, self.lr = list(stages), steps, lr
-        self.questions_per_step, self.group_size = questions_per_step, group_size
-        self.micro_batch = micro_batch
-        self.epsilon, self.epsilon_high, self.kl_coef = epsilon, epsilon_high, kl_coef
         self.train_sampling = Sampling(
-            temperature=train_temperature, top_p=top_p, max_new_tokens=self.sampling.max_new_tokens
+            temperature=self.train_temperature, top_p=self.top_p, max_new_tokens=self.sampling.max_new_tokens
         )
-        self.dynamic_sampling, self.max_rounds, self.train_limit = dynamic_sampling, max_rounds, train_limit
-        self.flat_by = flat_by
-        self.lora, self.cold_start, self.train_data = lora, cold_start, train_data
-        self.save_steps, self.bf16, self.cache_dir, self.seed = save_steps, bf16, cache_dir, seed
-        self.run_config, self.heldout = run_config, heldout or HeldOut(n=0)
+        self.train_data = train_data
+        self.run_config = run_config
         # the trained model, once fit ran (evaluation acts with it)
         self.generator = None
 

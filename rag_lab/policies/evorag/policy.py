@@ -25,10 +25,9 @@ update open: DPO's pairs come from the returns, as its sec. 3.4 describes them);
 the policy at the start of its cycle. Without a cold start the stages train a copy of the run's model.
 """
 
-import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -80,89 +79,109 @@ class PreferenceSettings:
     # the widest pairs per state (null: every qualifying pair)
     pairs_per_state: PositiveInt | None = None
 
+    def __post_init__(self) -> None:
+        for key, why in check_ranges(PreferenceSettings, asdict(self)):
+            raise RagLabError(f"policy.preference.{key}: {why}")
 
-class EvoRAG(Agent):
+
+def relations(s: dict) -> list[tuple[str, str]]:
+    """What :class:`EvoRAGSettings`' declarations cannot say: the stages, the actions, LoRA's settings."""
+    problems = []
+    stages = list(s["stages"])
+    if any(x not in (1, 2) for x in stages) or stages != sorted(set(stages)):
+        problems.append(("stages", f"{stages}: a subset of [1, 2] in order (1 Discovery, 2 Refinement)"))
+    unknown = [a for a in s["actions"] if a not in ACTIONS]
+    if unknown or len(set(s["actions"])) < 2:
+        problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
+    return problems + lora_settings(s.get("lora"))
+
+
+def t_max(max_turns: int) -> list[tuple[str, str]]:
+    """The rollout's T_max (``max_turns``, policy=agent's key) is a step at least."""
+    return [] if max_turns >= 1 else [("max_turns", f"(T_max) must be >= 1, got {max_turns}")]
+
+
+@dataclass(eq=False)
+class EvoRAGSettings:
+    """``policy=evorag``'s training settings, declared once: :class:`EvoRAG` takes each as a keyword
+    (:func:`rag_lab.core.config.takes`, so the config schema lists them) and holds it as an attribute; each
+    is checked here, where it is built (its range, :func:`relations`)."""
+
+    # 1 Discovery, 2 Refinement, in order; [] the untrained start
+    stages: list[int] = (1, 2)
+    # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
+    max_cycles: PositiveInt = 3
+    patience: PositiveInt = 2
+    min_delta: NonNegative = 0.0
+    # per cycle: training questions rolled out, states branched per episode (null: all)
+    questions_per_cycle: PositiveInt = 64
+    states_per_episode: PositiveInt | None = 2
+    # questions rolled out together under one seed (.trainer.collect): a batch plays the same in 1 or N
+    # processes, and a launched run's processes share the batches (more batches than processes: all busy)
+    rollout_batch: PositiveInt = 16
+    # the dev questions dev EM is measured on (null: all)
+    dev_limit: PositiveInt | None = 200
+    # the action kinds a state's siblings take
+    actions: list[str] = ACTIONS
+    # DPO's pairs: |ΔR| at least `margin` (δ, sec. 3.4), the `pairs_per_state` widest per state
+    margin: NonNegative = 0.2
+    pairs_per_state: PositiveInt | None = 1
+    preference: PreferenceSettings | None = None
+    # DPO: β, learning rate, batch (effective: batch_size x grad_accum), epochs over a cycle's pairs
+    beta: Positive = 0.1
+    lr: Positive = 1e-3
+    batch_size: PositiveInt = 8
+    grad_accum: PositiveInt = 1
+    dpo_epochs: PositiveInt = 1
+    lora: LoRA | None = None
+    # sampling of the training rollouts and the branches
+    train_temperature: Positive = 1.0
+    top_p: OpenUnit = 1.0
+    train_limit: PositiveInt | None = None
+    # SFT on the teacher's evorag demonstrations first (null: start from the generator as it is)
+    cold_start: ColdStartConfig | None = None
+    save_steps: PositiveInt = 5
+    bf16: bool | None = None
+    cache_dir: str = "~/.cache/rag_lab"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        settings = {f.name: getattr(self, f.name) for f in fields(EvoRAGSettings)}
+        for key, why in [*check_ranges(EvoRAGSettings, settings), *relations(settings)]:
+            raise RagLabError(f"policy.{key}: {why}")
+        self.stages = list(self.stages)
+        self.actions = list(self.actions)
+        self.preference = self.preference or PreferenceSettings()
+
+
+class EvoRAG(Agent, EvoRAGSettings):
     trains = True
     # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
     memory_plan = "rag_lab.train.memory.methods.evorag"
 
-    @takes(Agent, drop=["protocol"])
+    @takes(EvoRAGSettings, Agent, drop=["protocol"])
     def __init__(
         self,
         # the run's reward group (reward=evorag), filled by the runner
         reward: EvoRAGReward | None = None,
-        # 1 Discovery, 2 Refinement, in order; [] the untrained start
-        stages: list[int] = (1, 2),
-        # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
-        max_cycles: PositiveInt = 3,
-        patience: PositiveInt = 2,
-        min_delta: NonNegative = 0.0,
-        # per cycle: training questions rolled out, states branched per episode (null: all)
-        questions_per_cycle: PositiveInt = 64,
-        states_per_episode: PositiveInt | None = 2,
-        # questions rolled out together under one seed (.trainer.collect): a batch plays the same in 1 or N
-        # processes, and a launched run's processes share the batches (more batches than processes: all busy)
-        rollout_batch: PositiveInt = 16,
-        # the dev questions dev EM is measured on (null: all)
-        dev_limit: PositiveInt | None = 200,
-        # the action kinds a state's siblings take
-        actions: list[str] = ACTIONS,
-        # DPO's pairs: |ΔR| at least `margin` (δ, sec. 3.4), the `pairs_per_state` widest per state
-        margin: NonNegative = 0.2,
-        pairs_per_state: PositiveInt | None = 1,
-        preference: PreferenceSettings | None = None,
-        # DPO: β, learning rate, batch (effective: batch_size x grad_accum), epochs over a cycle's pairs
-        beta: Positive = 0.1,
-        lr: Positive = 1e-3,
-        batch_size: PositiveInt = 8,
-        grad_accum: PositiveInt = 1,
-        dpo_epochs: PositiveInt = 1,
-        lora: LoRA | None = None,
-        # sampling of the training rollouts and the branches
-        train_temperature: Positive = 1.0,
-        top_p: OpenUnit = 1.0,
-        train_limit: PositiveInt | None = None,
-        # SFT on the teacher's evorag demonstrations first (null: start from the generator as it is)
-        cold_start: ColdStartConfig | None = None,
-        save_steps: PositiveInt = 5,
-        bf16: bool | None = None,
-        cache_dir: str = "~/.cache/rag_lab",
-        seed: int = 0,
         # the dataset trained on and the run's resolved config (the cycles' cache key), filled by the runner
         train_data: Any = None,
         run_config: dict | None = None,
-        # the rollout: policy=agent's keys (k, max_turns = T_max, exclude_seen, max_new_tokens, temperature)
-        **rollout: Any,
+        # EvoRAGSettings' keys, and the rollout: policy=agent's (k, max_turns = T_max, exclude_seen,
+        # max_new_tokens, temperature)
+        **settings: Any,
     ):
-        rollout.setdefault("max_turns", 20)
-        super().__init__("evorag", **rollout)
-        settings = {k: v for k, v in locals().items() if k not in ("self", "rollout", "__class__")}
-        preference_settings = (
-            dataclasses.asdict(preference) if dataclasses.is_dataclass(preference) else dict(preference or {})
-        )
-        for key, why in [
-            *check_ranges(EvoRAG, settings),
-            *check_ranges(PreferenceSettings, preference_settings, "preference."),
-            *self.check_settings(settings | {"max_turns": self.max_turns}, None),
-        ]:
+        training = {f.name for f in fields(EvoRAGSettings)}
+        EvoRAGSettings.__init__(self, **{k: v for k, v in settings.items() if k in training})
+        rollout = {"max_turns": 20} | {k: v for k, v in settings.items() if k not in training}
+        for key, why in t_max(rollout["max_turns"]):
             raise RagLabError(f"policy.{key}: {why}")
-        self.reward, self.stages, self.actions = reward, list(stages), list(actions)
-        self.max_cycles, self.patience, self.min_delta = max_cycles, patience, min_delta
-        self.questions_per_cycle, self.states_per_episode, self.dev_limit = (
-            questions_per_cycle,
-            states_per_episode,
-            dev_limit,
-        )
-        self.rollout_batch = rollout_batch
-        self.margin, self.pairs_per_state = margin, pairs_per_state
-        self.preference = preference or PreferenceSettings()
-        self.beta, self.lr, self.batch_size, self.grad_accum = beta, lr, batch_size, grad_accum
-        self.dpo_epochs, self.lora = dpo_epochs, lora
-        self.train_temperature, self.top_p, self.train_limit = train_temperature, top_p, train_limit
-        self.cold_start, self.train_data, self.run_config = cold_start, train_data, run_config
-        self.save_steps, self.bf16, self.cache_dir, self.seed = save_steps, bf16, cache_dir, seed
+        super().__init__("evorag", **rollout)
+        self.reward = reward
+        self.train_data = train_data
+        self.run_config = run_config
         self.scorer = getattr(train_data, "scorer", "squad")
-        # the trained model, once fit ran (evaluation acts with it)
+        # the trained model, once fit ran (evaluation acts with it), and its rollouts' vLLM engine
         self.generator = None
         self.engine = None
 
@@ -175,17 +194,9 @@ class EvoRAG(Agent):
 
     @staticmethod
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
-        """What the schema cannot say (:mod:`rag_lab.core.config`): stages, actions, bounds, the reward."""
-        problems = []
-        stages = list(s["stages"])
-        if any(x not in (1, 2) for x in stages) or stages != sorted(set(stages)):
-            problems.append(("stages", f"{stages}: a subset of [1, 2] in order (1 Discovery, 2 Refinement)"))
-        unknown = [a for a in s["actions"] if a not in ACTIONS]
-        if unknown or len(set(s["actions"])) < 2:
-            problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
-        if s.get("max_turns", 1) < 1:
-            problems.append(("max_turns", f"(T_max) must be >= 1, got {s['max_turns']}"))
-        problems += lora_settings(s.get("lora"))
+        """What the schema cannot say (:mod:`rag_lab.core.config`): the settings' relations, T_max, the
+        reward."""
+        problems = relations(s) + t_max(s.get("max_turns", 1))
         target = OmegaConf.select(run, "reward._target_", default=None) if run is not None else None
         if target and not target.endswith("EvoRAGReward"):
             problems.append(("reward", f"policy=evorag needs reward=evorag, not {target}"))
@@ -219,7 +230,8 @@ class EvoRAG(Agent):
             generator = generator.with_model(load_model(best, like=generator.model))
             previous, start_em = best.name, json.loads((best / "cycle.json").read_text())["dev_em"]
             chosen[str(stage)] = {"cycles": [str(p) for p in result.cycles], "chosen": str(best)}
-        self.generator, self.engine = generator, None
+        self.generator = generator
+        self.engine = None
         vllm = vllm_backed(base)
         if vllm:  # generator=vllm: evaluate on an engine of the chosen weights
             self.generator = vllm.with_weights(str(best))

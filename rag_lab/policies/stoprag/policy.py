@@ -44,6 +44,7 @@ during data collection or τ tuning loses the killed process's count of those st
 import logging
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,7 +88,8 @@ class QStopper:
     """The Stopper of the iterative pipeline: STOP where Q(s, STOP) − Q(s, CONT) > τ (t ≥ 1)."""
 
     def __init__(self, qnet: QNetwork, tau: float):
-        self.qnet, self.tau = qnet.eval(), tau
+        self.qnet = qnet.eval()
+        self.tau = tau
 
     @torch.no_grad()
     def margins(self, states: Sequence[State]) -> list[float]:
@@ -105,79 +107,81 @@ class QStopper:
         return out
 
 
-class StopRAG:
+@dataclass(eq=False)
+class StopRAGSettings:
+    """``policy=stoprag``'s own settings, declared once: :class:`StopRAG` takes each as a keyword
+    (:func:`rag_lab.core.config.takes`, so the config schema lists them) and holds it as an attribute."""
+
+    # offline data, state encodings and finished fits are cached under it
+    cache_dir: str = "~/.cache/rag_lab"
+    # offline data: N sampled final answers per state, scored with S
+    samples: PositiveInt = 8
+    temperature: Positive = 0.7
+    top_p: OpenUnit = 0.9
+    score: Annotated[str, OneOf(*SCORERS["squad"])] = "f1"
+    # training questions used (null: all); 10% of them (by question) hold out a validation loss
+    train_limit: PositiveInt | None = None
+    val_fraction: Annotated[float, Range(0, 1, open_max=True)] = 0.1
+    # targets: qlambda | mc | q0 | binary; λ schedule cosine | linear | constant
+    target: Annotated[str, OneOf(*TARGETS)] = "qlambda"
+    lambda_start: Probability = 1.0
+    lambda_end: Probability = 0.1
+    lambda_schedule: Annotated[str, OneOf(*SCHEDULES)] = "cosine"
+    # optimisation (AdamW, cosine lr with warmup): learning rate, weight decay, the warmup's share of the
+    # steps, states per batch, passes over the training states
+    lr: Positive = 1e-3
+    weight_decay: NonNegative = 0.01
+    warmup_ratio: Annotated[float, Range(0, 1, open_max=True)] = 0.1
+    batch_size: PositiveInt = 128
+    epochs: Positive = 1.0
+    # bf16 autocast on a GPU that supports it (CPU runs stay float32)
+    bf16: bool = False
+    # training steps between checkpoints (a killed fit resumes from the last)
+    checkpoint_every: PositiveInt = 200
+    # τ: tuned on the validation split over this grid, unless given
+    tau: float | None = None
+    tau_grid: list[float] | None = None
+    # the first dev_limit validation questions tune τ (null: all)
+    dev_limit: PositiveInt | None = None
+    # seeds the heads' initialisation and the training data's order
+    seed: int = 0
+    # questions rolled out together when collecting trajectories (offline data, dev)
+    batch_questions: PositiveInt = 64
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise RagLabError(f"policy.target must be one of {TARGETS}, got {self.target!r}")
+        self.lambdas = (self.lambda_start, self.lambda_end, self.lambda_schedule)
+        lambda_at(0.0, *self.lambdas)  # fail now on a bad schedule name
+        # the margin is a difference of values in [0, 1], or of logits for the binary classifier
+        default = (
+            [round(-0.5 + 0.02 * i, 2) for i in range(51)]
+            if self.target != "binary"
+            else [round(-5.0 + 0.2 * i, 1) for i in range(51)]
+        )
+        self.tau_grid = list(self.tau_grid) if self.tau_grid else default
+
+
+class StopRAG(StopRAGSettings):
     trains = True
     # each GPU's memory for its training (rag_lab.train.memory: python -m rag_lab.plan)
     memory_plan = "rag_lab.policies.stoprag.memory.plan"
 
-    @takes(IterativePipeline, QNetwork, drop=["stopper"])
+    @takes(StopRAGSettings, IterativePipeline, QNetwork, drop=["stopper"])
     def __init__(
         self,
         # any object with the pipeline interface (null: Stop-RAG's own, from policy=fixed_iter's keys)
         pipeline: Any = None,
-        # offline data, state encodings and finished fits are cached under it
-        cache_dir: str = "~/.cache/rag_lab",
-        # offline data: N sampled final answers per state, scored with S
-        samples: PositiveInt = 8,
-        temperature: Positive = 0.7,
-        top_p: OpenUnit = 0.9,
-        score: Annotated[str, OneOf(*SCORERS["squad"])] = "f1",
-        # training questions used (null: all); 10% of them (by question) hold out a validation loss
-        train_limit: PositiveInt | None = None,
-        val_fraction: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
-        # targets: qlambda | mc | q0 | binary; λ schedule cosine | linear | constant
-        target: Annotated[str, OneOf(*TARGETS)] = "qlambda",
-        lambda_start: Probability = 1.0,
-        lambda_end: Probability = 0.1,
-        lambda_schedule: Annotated[str, OneOf(*SCHEDULES)] = "cosine",
-        # optimisation (AdamW, cosine lr with warmup): learning rate, weight decay, the warmup's share of the
-        # steps, states per batch, passes over the training states
-        lr: Positive = 1e-3,
-        weight_decay: NonNegative = 0.01,
-        warmup_ratio: Annotated[float, Range(0, 1, open_max=True)] = 0.1,
-        batch_size: PositiveInt = 128,
-        epochs: Positive = 1.0,
-        # bf16 autocast on a GPU that supports it (CPU runs stay float32)
-        bf16: bool = False,
-        # training steps between checkpoints (a killed fit resumes from the last)
-        checkpoint_every: PositiveInt = 200,
-        # τ: tuned on the validation split over this grid, unless given
-        tau: float | None = None,
-        tau_grid: list[float] | None = None,
-        # the first dev_limit validation questions tune τ (null: all)
-        dev_limit: PositiveInt | None = None,
-        # seeds the heads' initialisation and the training data's order
-        seed: int = 0,
-        # questions rolled out together when collecting trajectories (offline data, dev)
-        batch_questions: PositiveInt = 64,
         # the run's resolved config (the offline data's cache key): filled by the runner
         run_config: dict | None = None,
-        # the wrapped pipeline's keys (iterations, k, exclude_seen, max_new_tokens) and the Q-network's
-        # (encoder, pooling, head_hidden, dropout, max_length, truncation, freeze_encoder)
+        # StopRAGSettings' keys, the wrapped pipeline's (iterations, k, exclude_seen, max_new_tokens) and the
+        # Q-network's (encoder, pooling, head_hidden, dropout, max_length, truncation, freeze_encoder)
         **settings: Any,
     ):
-        if target not in TARGETS:
-            raise RagLabError(f"policy.target must be one of {TARGETS}, got {target!r}")
+        super().__init__(**settings_for(StopRAGSettings, settings))
         self.pipeline = pipeline or IterativePipeline(**settings_for(IterativePipeline, settings))
-        self.cache_dir, self.run_config = cache_dir, run_config
-        self.samples, self.temperature, self.top_p, self.score = samples, temperature, top_p, score
-        self.train_limit, self.val_fraction = train_limit, val_fraction
-        self.target = target
-        self.lambdas = (lambda_start, lambda_end, lambda_schedule)
-        lambda_at(0.0, *self.lambdas)  # fail now on a bad schedule name
+        self.run_config = run_config
         self.qnet_args = settings_for(QNetwork, settings)
-        self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio
-        self.batch_size, self.epochs, self.bf16 = batch_size, epochs, bf16
-        self.checkpoint_every = checkpoint_every
-        self.tau, self.dev_limit = tau, dev_limit
-        # the margin is a difference of values in [0, 1], or of logits for the binary classifier
-        default = (
-            [round(-0.5 + 0.02 * i, 2) for i in range(51)]
-            if target != "binary"
-            else [round(-5.0 + 0.2 * i, 1) for i in range(51)]
-        )
-        self.tau_grid = list(tau_grid) if tau_grid else default
-        self.seed, self.batch_questions = seed, batch_questions
         self.qnet: QNetwork | None = None
         self.stats: dict = {}
 
@@ -203,7 +207,8 @@ class StopRAG:
         saved = load_torch(final, map_location=self.device)  # damaged: trained again
         if saved is not None:
             self.qnet.load_state_dict(saved["model"], strict=False)
-            self.tau, self.stats = saved["tau"], saved["stats"]
+            self.tau = saved["tau"]
+            self.stats = saved["stats"]
             log.info("Stop-RAG: reusing the trained Q-network and τ = %.3f from %s", self.tau, final)
             return
         questions = train[: self.train_limit]
