@@ -38,8 +38,16 @@ def timed(fn, clock: SimpleNamespace):
 
 
 def main() -> None:
-    cfg = compose(["generator=tiny", "policy=dapo", "reward=dapo", "policy.cold_start=null",
-                   f"policy.steps={STEPS}", "policy.save_steps=1000"])  # fmt: skip
+    cfg = compose(
+        [
+            "generator=tiny",
+            "policy=dapo",
+            "reward=dapo",
+            "policy.cold_start=null",
+            f"policy.steps={STEPS}",
+            "policy.save_steps=1000",
+        ]
+    )
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
     search = Timed(build(cfg.retriever, corpus=data.corpus), "search")

@@ -37,8 +37,15 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="~/.cache/rag_lab")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = compose(["experiment=evorag_synth", "policy.stages=[1]", "policy.max_cycles=1",
-                   f"cache_dir={args.cache_dir}", *args.overrides])  # fmt: skip
+    cfg = compose(
+        [
+            "experiment=evorag_synth",
+            "policy.stages=[1]",
+            "policy.max_cycles=1",
+            f"cache_dir={args.cache_dir}",
+            *args.overrides,
+        ]
+    )
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), generator)

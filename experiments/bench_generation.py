@@ -44,8 +44,9 @@ def main() -> None:
     prompts = [query.prompt(State(ex.question)) for ex in data.split("dev")[:N_PROMPTS]]
     rows = []
     for batch in (1, 64):
-        gen = HFGenerator(str(path), tokenizer=str(path / "tokenizer"), batch_size=batch, logprobs=True,
-                          chat=False)  # fmt: skip
+        gen = HFGenerator(
+            str(path), tokenizer=str(path / "tokenizer"), batch_size=batch, logprobs=True, chat=False
+        )
         seconds, tokens = measure(gen, prompts, batch)
         rows.append({"what": f"hf, batch {batch}", "seconds": seconds, "tokens/s": tokens / seconds})
     model = [f"generator.model={path}", f"generator.tokenizer={path}/tokenizer"]

@@ -37,8 +37,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="~/.cache/rag_lab")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = compose(["experiment=r3rag_synth", "policy.ppo.iterations=2", f"cache_dir={args.cache_dir}",
-                   *args.overrides])  # fmt: skip
+    cfg = compose(
+        ["experiment=r3rag_synth", "policy.ppo.iterations=2", f"cache_dir={args.cache_dir}", *args.overrides]
+    )
     data = instantiate(cfg.data)
     generator = build(cfg.generator, data=data)
     env = Env(data.corpus, build(cfg.retriever, corpus=data.corpus), generator)

@@ -44,14 +44,17 @@ def main() -> None:
     corpus = Corpus(ids, [world.passages[i][0] for i in ids], [world.passages[i][1] for i in ids])
     people = [e.name for e in world.of_kind("person")]
     films = [e.name for e in world.of_kind("film")]
-    queries = [f"Where was {rng.choice(people)} born?" if i % 2 else f"Who directed {rng.choice(films)}?"
-               for i in range(N_QUERIES)]  # fmt: skip
+    queries = [
+        f"Where was {rng.choice(people)} born?" if i % 2 else f"Who directed {rng.choice(films)}?"
+        for i in range(N_QUERIES)
+    ]
     rows = []
 
     fast, t_fast_index = timed(lambda: BM25Retriever(corpus, show_progress=False))
     _, t_fast = timed(lambda: fast.search(queries, K))
-    ref, t_ref_index = timed(lambda: BM25Retriever(corpus, method="robertson", backend="rank_bm25",
-                                                   show_progress=False))  # fmt: skip
+    ref, t_ref_index = timed(
+        lambda: BM25Retriever(corpus, method="robertson", backend="rank_bm25", show_progress=False)
+    )
     _, t_ref = timed(lambda: ref.search(queries, K))
     rows += [
         {"what": "BM25 bm25s (lucene)", "index s": t_fast_index, "queries/s": N_QUERIES / t_fast},
@@ -77,8 +80,13 @@ def main() -> None:
         if factory.startswith("HNSW"):
             faiss.ParameterSpace().set_index_parameter(index, "efSearch", 128)
         _, t_search = timed(lambda index=index: index.search(q, K))
-        rows.append({"what": f"faiss {factory} ({len(corpus):,} x {vectors.shape[1]})", "index s": t_build,
-                     "ms/query": 1000 * t_search / N_QUERIES})  # fmt: skip
+        rows.append(
+            {
+                "what": f"faiss {factory} ({len(corpus):,} x {vectors.shape[1]})",
+                "index s": t_build,
+                "ms/query": 1000 * t_search / N_QUERIES,
+            }
+        )
 
     table = pd.DataFrame(rows).round(2).to_markdown(index=False)
     publish(

@@ -36,8 +36,14 @@ def main() -> None:
             t0 = time.perf_counter()
             evaluate(TopTitle(k=5), env, examples, path, data.scorer, batch_size=batch_size)
             seconds = time.perf_counter() - t0
-            rows.append({"batch size": batch_size, "questions": len(examples), "seconds": round(seconds, 2),
-                         "questions/s": round(len(examples) / seconds, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "batch size": batch_size,
+                    "questions": len(examples),
+                    "seconds": round(seconds, 2),
+                    "questions/s": round(len(examples) / seconds, 1),
+                }
+            )
     table = pd.DataFrame(rows).to_markdown(index=False)
     publish(
         "bench_runner",

@@ -20,10 +20,17 @@ def main() -> None:
         gold, preds = Path(tmp) / "gold.jsonl", Path(tmp) / "preds.jsonl"
         with open(gold, "w") as g, open(preds, "w") as p:
             for i in range(N):
-                row = {"id": f"2hop__{i}", "question": f"Question {i}?", "answer": f"Answer {i % 97}",
-                       "answer_aliases": [f"Alias {i}"], "answerable": True, "question_decomposition": [],
-                       "paragraphs": [{"idx": 0, "title": f"T{i}", "paragraph_text": f"Text {i}.",
-                                       "is_supporting": True}]}  # fmt: skip
+                row = {
+                    "id": f"2hop__{i}",
+                    "question": f"Question {i}?",
+                    "answer": f"Answer {i % 97}",
+                    "answer_aliases": [f"Alias {i}"],
+                    "answerable": True,
+                    "question_decomposition": [],
+                    "paragraphs": [
+                        {"idx": 0, "title": f"T{i}", "paragraph_text": f"Text {i}.", "is_supporting": True}
+                    ],
+                }
                 g.write(json.dumps(row) + "\n")
                 p.write(json.dumps({"id": row["id"], "prediction": f"answer {i % 89}"}) + "\n")
         cmd = [
@@ -37,8 +44,10 @@ def main() -> None:
         t0 = time.perf_counter()
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         seconds = time.perf_counter() - t0
-    body = (f"{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s "
-            f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}")  # fmt: skip
+    body = (
+        f"{N} predictions (MuSiQue rules) scored by the CLI in {seconds:.2f} s "
+        f"(process start included); EM {out['em']:.4f}, F1 {out['f1']:.4f}"
+    )
     publish("bench_score", body, lm="none (scoring only)")
 
 

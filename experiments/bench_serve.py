@@ -49,8 +49,14 @@ SIDE = Path(__file__).resolve().parent / "peers" / "searchr1_side.py"
 SERVER_FILE = "search_r1/search/retrieval_server.py"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # the synth world, scaled to more than 20k passages
-WORLD = ["data.n_people=16000", "data.n_films=4000", "data.n_cities=800", "data.n_countries=40",
-         "data.n_companies=800", "data.n_bands=200"]  # fmt: skip
+WORLD = [
+    "data.n_people=16000",
+    "data.n_films=4000",
+    "data.n_cities=800",
+    "data.n_countries=40",
+    "data.n_companies=800",
+    "data.n_bands=200",
+]
 K = 5
 
 
@@ -82,8 +88,13 @@ def prepare(work: Path, world_overrides: list[str]) -> tuple[Path, Path, list[st
 
 
 def served(work: Path) -> list[str]:
-    return ["data=flashrag", f"data.path={work}", f"data.corpus_path={work / 'corpus.jsonl'}",
-            "retriever=minilm", "retriever.encoder.device=cpu"]  # fmt: skip
+    return [
+        "data=flashrag",
+        f"data.path={work}",
+        f"data.corpus_path={work / 'corpus.jsonl'}",
+        "retriever=minilm",
+        "retriever.encoder.device=cpu",
+    ]
 
 
 def start(command: list[str], ready: str | None, env: dict, log: Path) -> tuple[subprocess.Popen, str | None]:
@@ -185,9 +196,22 @@ def start_theirs(args, work: Path, corpus: Path, index: Path, threads: str) -> t
     from rag_lab.retrievers.dense import resolve_model
 
     port = free_port()
-    command = [str(args.peer_python), str(SIDE), str(args.search_r1 / SERVER_FILE), str(port),
-               "--index_path", str(index), "--corpus_path", str(corpus), "--topk", str(K),
-               "--retriever_name", "minilm", "--retriever_model", resolve_model(MODEL)]  # fmt: skip
+    command = [
+        str(args.peer_python),
+        str(SIDE),
+        str(args.search_r1 / SERVER_FILE),
+        str(port),
+        "--index_path",
+        str(index),
+        "--corpus_path",
+        str(corpus),
+        "--topk",
+        str(K),
+        "--retriever_name",
+        "minilm",
+        "--retriever_model",
+        resolve_model(MODEL),
+    ]
     env = environment(threads) | {"HF_DATASETS_CACHE": str(work / "hf_datasets"), "PYTHONPATH": ""}
     proc, _ = start(command, None, env, work / "searchr1.log")
     return proc, f"http://127.0.0.1:{port}"
@@ -227,14 +251,18 @@ def measure(args, sides: dict, at) -> tuple[dict, dict]:
 def peer_problem(args) -> str | None:
     """Why Search-R1's side cannot run here (None: it can)."""
     if args.search_r1 is None or not (args.search_r1 / SERVER_FILE).exists():
-        return (f"no clone of PeterGriffinJin/Search-R1 with {SERVER_FILE} (--search-r1, or SEARCH_R1_DIR): "
-                "`git clone https://github.com/PeterGriffinJin/Search-R1`")  # fmt: skip
+        return (
+            f"no clone of PeterGriffinJin/Search-R1 with {SERVER_FILE} (--search-r1, or SEARCH_R1_DIR): "
+            "`git clone https://github.com/PeterGriffinJin/Search-R1`"
+        )
     if not args.peer_python.exists():
         return f"no peers environment at {args.peer_python} (`make bench-peers` builds it)"
     check = [str(args.peer_python), "-c", "import fastapi, uvicorn, datasets, faiss, torch, transformers"]
     if subprocess.run(check, capture_output=True, env=os.environ | {"PYTHONPATH": ""}).returncode:
-        return (f"{args.peer_python} lacks Search-R1's server's packages "
-                "(experiments/peers/requirements-searchr1.txt)")  # fmt: skip
+        return (
+            f"{args.peer_python} lacks Search-R1's server's packages "
+            "(experiments/peers/requirements-searchr1.txt)"
+        )
     return None
 
 
@@ -254,32 +282,47 @@ def top_ids(url: str, body: dict, ours: bool) -> list[list[str]]:
 
 
 def commit(path: Path) -> str:
-    done = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    )
     if done.returncode:
         return "unknown (not a git checkout)"
-    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return done.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     return f"{cpu}, {os.cpu_count()} cores"
 
 
 def page(args, passages: int, results: dict, batches: dict, agreement: str, context: dict) -> str:
-    rows = ["| torch threads | queries a request | server | queries/s | requests/s | p50 ms | p99 ms "
-            "| mean batch | largest batch |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = [
+        "| torch threads | queries a request | server | queries/s | requests/s | p50 ms | p99 ms "
+        "| mean batch | largest batch |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for threads in args.threads:
         for per_request in args.per_request:
             for name, by_size in results[threads].items():
                 r = by_size[per_request]
                 b = batches[threads][per_request] if name == "rag_lab" else None
                 batch = f"{b['mean_batch']:.1f} | {b['max_batch']}" if b else "— | —"
-                rows.append(f"| {threads} | {per_request} | {name} | {r['qps']:.1f} | {r['rps']:.1f} | "
-                            f"{r['p50']:.0f} | {r['p99']:.0f} | {batch} |")  # fmt: skip
+                rows.append(
+                    f"| {threads} | {per_request} | {name} | {r['qps']:.1f} | {r['rps']:.1f} | "
+                    f"{r['p50']:.0f} | {r['p99']:.0f} | {batch} |"
+                )
     load = context["load"]
     lines = [
         f"{args.clients} concurrent clients on 127.0.0.1, closed loop (each sends its next request when its "
@@ -357,12 +400,16 @@ def main() -> None:
         peer = f"not measured here: {problem}."
         agreement = "The same passages: not checked (Search-R1's side did not run)."
     else:
-        peer = (f"`{SERVER_FILE}` of PeterGriffinJin/Search-R1 at commit {commit(args.search_r1)}, run by "
-                "path (experiments/peers/searchr1_side.py: `.cuda()` a no-op, 127.0.0.1 on a free port; its "
-                "encoder in fp16 as its `__main__` sets).")  # fmt: skip
+        peer = (
+            f"`{SERVER_FILE}` of PeterGriffinJin/Search-R1 at commit {commit(args.search_r1)}, run by "
+            "path (experiments/peers/searchr1_side.py: `.cuda()` a no-op, 127.0.0.1 on a free port; its "
+            "encoder in fp16 as its `__main__` sets)."
+        )
         same = sum(a == b for a, b in zip(ours_ids, theirs_ids, strict=True))
-        agreement = (f"The same passages: for {len(ours_ids)} questions the two servers' top-{K} ids are "
-                     f"equal, in order, for {same}.")  # fmt: skip
+        agreement = (
+            f"The same passages: for {len(ours_ids)} questions the two servers' top-{K} ids are "
+            f"equal, in order, for {same}."
+        )
     load = (load_before, os.getloadavg()[0])
     context = {"peer": peer, "ours": commit(ROOT), "machine": machine(), "load": load}
     body = page(args, passages, results, batches, agreement, context)

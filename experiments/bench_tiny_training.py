@@ -78,15 +78,17 @@ def main() -> None:
                 optimizer.zero_grad(set_to_none=True)
             seconds = time.perf_counter() - start
             tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-            rows.append({
-                "layout": layout,
-                "batches": batching,
-                "loss on": loss_name,
-                "tokens/row": tokens / len(pool),
-                "padded/real tokens": sum(b["attention_mask"].numel() for b in batches) / tokens,
-                "steps/s": len(batches) / seconds,
-                "real tokens/s": tokens / seconds,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "layout": layout,
+                    "batches": batching,
+                    "loss on": loss_name,
+                    "tokens/row": tokens / len(pool),
+                    "padded/real tokens": sum(b["attention_mask"].numel() for b in batches) / tokens,
+                    "steps/s": len(batches) / seconds,
+                    "real tokens/s": tokens / seconds,
+                }
+            )
     table = pd.DataFrame(rows)
     body = (
         f"Reading stage, batch {args.batch}, {args.steps} steps per row, hidden 64, 4 layers, vocabulary "

@@ -90,8 +90,11 @@ def main(out: Path, into: Path | None = None) -> str:
         return "ok" if rc == "0" else f"exit {rc}" + (" (deadline)" if rc == "124" else "")
 
     table = "\n".join(f"| {name} | {status(rc)} | {secs} |" for name, rc, secs in steps)
-    lines = [f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 6)}\n```\n",
-             f"| step | status | s |\n|---|---|---|\n{table}\n", f"{stamp(out).line()}\n"]  # fmt: skip
+    lines = [
+        f"# make gpu-check\n\n```\n{tail(out / 'env.txt', 6)}\n```\n",
+        f"| step | status | s |\n|---|---|---|\n{table}\n",
+        f"{stamp(out).line()}\n",
+    ]
     lines += memory_lines(out) + vllm_lines(out)
     page = "\n".join(lines)
     (out / "gpu_check.md").write_text(page)
