@@ -11,8 +11,16 @@ from pathlib import Path
 from rag_lab.data.base import Corpus
 from rag_lab.retrievers.dense import DenseRetriever, Encoder
 
-TEXTS = ["Ada was born in London.", "Paris is a city.", "The film was directed by Ada.", "London is a city.",
-         "Who directed the film?", "Where was Ada born?", "Paris", "a city in London"]  # fmt: skip
+TEXTS = [
+    "Ada was born in London.",
+    "Paris is a city.",
+    "The film was directed by Ada.",
+    "London is a city.",
+    "Who directed the film?",
+    "Where was Ada born?",
+    "Paris",
+    "a city in London",
+]
 CORPUS = Corpus([f"p{i}" for i in range(len(TEXTS))], [f"T{i}" for i in range(len(TEXTS))], TEXTS)
 QUERIES = ["where was ada born", "the film was directed by ada", "paris city", "london"]
 

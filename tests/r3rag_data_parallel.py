@@ -87,7 +87,10 @@ if __name__ == "__main__":
         torch.set_num_threads(1)
         main(*sys.argv[1:3])
         out = Path(sys.argv[2])
-        debug_launcher(forked, (sys.argv[1], str(out.with_suffix(".fork" + out.suffix))),
-                       num_processes=int(sys.argv[sys.argv.index("--fork") + 1]))  # fmt: skip
+        debug_launcher(
+            forked,
+            (sys.argv[1], str(out.with_suffix(".fork" + out.suffix))),
+            num_processes=int(sys.argv[sys.argv.index("--fork") + 1]),
+        )
     else:
         main(*sys.argv[1:3])

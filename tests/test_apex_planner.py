@@ -50,8 +50,9 @@ class StopAt(TrainerCallback):
         control.should_training_stop = state.global_step >= self.step
 
 
-CONFIG = PlannerRL(group_size=4, questions_per_step=2, epochs=1.0, train_limit=4, lr=1e-2, max_new_tokens=12,
-                   save_steps=1)  # fmt: skip
+CONFIG = PlannerRL(
+    group_size=4, questions_per_step=2, epochs=1.0, train_limit=4, lr=1e-2, max_new_tokens=12, save_steps=1
+)
 
 
 def planner(base: Path) -> HFGenerator:
@@ -149,8 +150,15 @@ def test_the_heldout_curve_joins_the_planners_log_once_across_a_kill(data, base,
         return HeldOutCallback(HeldOut(n=2, every=1), held, rollout, generator=planner(base))
 
     with pytest.raises(RagLabError, match="stopped at step 1 of 2"):
-        train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "p", callbacks=[StopAt(1)],
-                      heldout=callback())  # fmt: skip
+        train_planner(
+            planner(base),
+            questions,
+            Recorded(),
+            CONFIG,
+            tmp_path / "p",
+            callbacks=[StopAt(1)],
+            heldout=callback(),
+        )
     train_planner(planner(base), questions, Recorded(), CONFIG, tmp_path / "p", heldout=callback())
     rows = [json.loads(line) for line in (tmp_path / "p" / "log.jsonl").read_text().splitlines() if line]
     assert [r["step"] for r in rows if "heldout/acc" in r] == [0, 1, 2]

@@ -385,8 +385,9 @@ def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight
 
     texts = []  # (step, every episode's generated text): the untrained model's answers are all empty
     row = heldout.heldout_row
-    monkeypatch.setattr(heldout, "heldout_row", lambda s, q, eps, sc: texts.append(
-        (s, said(eps))) or row(s, q, eps, sc))  # fmt: skip
+    monkeypatch.setattr(
+        heldout, "heldout_row", lambda s, q, eps, sc: texts.append((s, said(eps))) or row(s, q, eps, sc)
+    )
     dev = data.split("dev")[:3]
     plain, measured = tmp_path / "plain", tmp_path / "measured"
     fast = {"lr": 0.5}  # two steps that change what the toy model writes

@@ -77,7 +77,7 @@ def test_information_blocks_are_the_engines_format():
             ),
             ["q"],
             None,
-        ),  # fmt: skip
+        ),
         (
             rollout(
                 ("<think>t</think>\n<search>q</search>", ["<answer>y</answer>"]),
@@ -85,7 +85,7 @@ def test_information_blocks_are_the_engines_format():
             ),
             ["q"],
             "z",
-        ),  # fmt: skip
+        ),
         ("<answer>first</answer> <answer>last</answer>", [], "last"),
         ("<search></search><answer></answer>", [""], ""),
     ],

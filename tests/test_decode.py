@@ -31,8 +31,14 @@ def test_greedy_equals_transformers_generate_prompt_by_prompt(model_and_ids):
     ours = decode(model, prompts, Sampling(max_new_tokens=10), pad_id=0, end_ids={1}, logprobs=False)
     for p, row in zip(prompts, ours, strict=True):
         ids = torch.tensor([p])
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
-                             eos_token_id=1, pad_token_id=0)[0, len(p) :].tolist()  # fmt: skip
+        ref = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=10,
+            eos_token_id=1,
+            pad_token_id=0,
+        )[0, len(p) :].tolist()
         assert row.tokens == ref[: len(row.tokens)] and len(row.tokens) == len(ref)
 
 

@@ -13,8 +13,17 @@ def test_the_policies_register_the_demonstration_policies_in_their_order():
     registered = demonstrators.registered()
     assert (registered.policies, registered.gold_chains) == (demonstration_policies, gold_chains)
     names = [type(p).__name__ for p in registered.policies(3, 6)]
-    assert names == ["IterativePipeline", "IterativePipeline", "Agent", "Agent", "Agent", "APEXPipeline",
-                     "StandardRAG", "Direct", "ChainOfThought"]  # fmt: skip
+    assert names == [
+        "IterativePipeline",
+        "IterativePipeline",
+        "Agent",
+        "Agent",
+        "Agent",
+        "APEXPipeline",
+        "StandardRAG",
+        "Direct",
+        "ChainOfThought",
+    ]
     assert [p.protocol.name for p in registered.policies(3, 6)[2:5]] == ["dapo", "evorag", "r3rag"]
 
 

@@ -32,9 +32,17 @@ def free_port() -> int:
 
 
 def test_two_processes_of_a_node_encode_each_shard_once(tiny_encoder_dir, tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               f"--master_port={free_port()}", str(HERE / "dense_node.py"), tiny_encoder_dir,
-               str(tmp_path / "cache"), str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(HERE / "dense_node.py"),
+        tiny_encoder_dir,
+        str(tmp_path / "cache"),
+        str(tmp_path),
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(HERE.parent)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -105,8 +105,13 @@ def test_policy_tokens_and_logprobs_are_recorded(world, tiny_lm):
     data, retriever = world
     gen = HFGenerator(tiny_lm, tokenizer=f"{tiny_lm}/tokenizer", batch_size=4)
     examples = answerable(world, 3)
-    episodes = run_agent(PROTOCOLS["dapo"](), examples, Env(data.corpus, retriever, gen),
-                         Sampling(max_new_tokens=6), max_turns=2)  # fmt: skip
+    episodes = run_agent(
+        PROTOCOLS["dapo"](),
+        examples,
+        Env(data.corpus, retriever, gen),
+        Sampling(max_new_tokens=6),
+        max_turns=2,
+    )
     steps = [s for ep in episodes for s in ep.steps]
     assert steps and all(len(s.token_ids) == len(s.logprobs) > 0 for s in steps)
     for s in steps:  # only what the policy produced: decoding its tokens gives its text, no passages

@@ -101,9 +101,15 @@ def test_two_dpo_steps_with_lora_move_only_the_adapted_weights_and_prefer_the_ch
         for q in questions
     ]
     settings = SimpleNamespace(
-        lora=LoRA(r=4, alpha=8, dropout=0.0), save_steps=10, bf16=None, beta=0.1, lr=5e-2, batch_size=2,
-        grad_accum=1, dpo_epochs=1,
-    )  # fmt: skip
+        lora=LoRA(r=4, alpha=8, dropout=0.0),
+        save_steps=10,
+        bf16=None,
+        beta=0.1,
+        lr=5e-2,
+        batch_size=2,
+        grad_accum=1,
+        dpo_epochs=1,
+    )
     start = load_model(base, like=generator.model)
     before = {k: v.clone() for k, v in start.state_dict().items()}
     trained, stats = dpo_epoch(start, generator, rows, settings, tmp_path / "dpo", seed=0, what="test")

@@ -74,8 +74,9 @@ def stage(faked, ems, start_em=0.10, **settings):
     scripted[:] = ems
     pm = SimpleNamespace(heads=Heads(), tag="pm")
     STARTS.clear()
-    result = cur.run_stage(policy(**settings), Generator(Model("start")), "env", 1, "start", start_em,
-                           "train", "dev", pm, root)  # fmt: skip
+    result = cur.run_stage(
+        policy(**settings), Generator(Model("start")), "env", 1, "start", start_em, "train", "dev", pm, root
+    )
     return result, pm, ran
 
 
@@ -128,8 +129,15 @@ def test_the_curve_numbers_steps_across_cycles_and_stages(tmp_path):
     (a, sa), (b, sb), (c, sc) = cycle("a", [1, 2], 0.2), cycle("b", [], 0.3), cycle("c", [1, 2, 3], 0.4)
     one, two = cur.StageResult([a, b], [sa, sb]), cur.StageResult([c], [sc])
     rows = cur.curve_rows([(1, one), (2, two)], start_em=0.1)
-    assert [(r["stage"], r["step"]) for r in rows] == [("1", 0), ("1", 1), ("1", 2), ("1", 3), ("2", 4),
-                                                       ("2", 5), ("2", 6)]  # fmt: skip
+    assert [(r["stage"], r["step"]) for r in rows] == [
+        ("1", 0),
+        ("1", 1),
+        ("1", 2),
+        ("1", 3),
+        ("2", 4),
+        ("2", 5),
+        ("2", 6),
+    ]
     assert rows[0]["dev_em"] == 0.1 and rows[2]["dev_em"] == 0.2 and rows[3]["dev_em"] == 0.3
     assert "dev_em" not in rows[1] and rows[-1]["dev_em"] == 0.4 and "note" not in rows[-1]
     assert [r.get("loss") for r in rows] == [None, 0.1, 0.2, None, 0.1, 0.2, 0.3]

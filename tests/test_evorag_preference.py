@@ -64,8 +64,10 @@ def test_training_ranks_every_pair_and_is_seeded():
 
 
 def test_with_minilm_the_heads_learn_to_prefer_grounded_answers():
-    good = ["Question: Where was Ada born?\nSEARCH: Ada birthplace\nANSWER: Velmora",
-            "Question: Who founded Kaltane?\nSEARCH: Kaltane founder\nANSWER: Zorbu"]  # fmt: skip
+    good = [
+        "Question: Where was Ada born?\nSEARCH: Ada birthplace\nANSWER: Velmora",
+        "Question: Who founded Kaltane?\nSEARCH: Kaltane founder\nANSWER: Zorbu",
+    ]
     bad = ["Question: Where was Ada born?\nREFUSE", "Question: Who founded Kaltane?\nREFUSE"]
     pairs = [(Branch(g, "answer", 1.0), Branch(b, "refuse", -0.5)) for g, b in zip(good, bad, strict=True)]
     model = PreferenceModel()

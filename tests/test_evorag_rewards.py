@@ -30,13 +30,18 @@ EXAMPLE = QAExample("q1", "Where?", ("Paris",), supporting_ids=("p2",))
 
 
 def test_every_component_of_a_hand_made_episode():
-    episode = Episode("q1", "Where?", prediction="Paris", steps=[
-        search("a", ["p1"]),         # t=1: no gold → ret −1; first query → dup 0
-        search("b", ["p2", "p9"]),   # t=2: gold → ret +1; cos(b, a) = 0.6; p = 0.2 < 0.3: no act
-        Step(action="backtrack"),    # t=3: bt −1
-        search("c", ["p3"]),         # t=4: p = 0.4; cos(c, a) = 1 → dup −1, act −1
-        Step(action="answer"),       # t=5: EM 1, F1 1
-    ])  # fmt: skip
+    episode = Episode(
+        "q1",
+        "Where?",
+        prediction="Paris",
+        steps=[
+            search("a", ["p1"]),  # t=1: no gold → ret −1; first query → dup 0
+            search("b", ["p2", "p9"]),  # t=2: gold → ret +1; cos(b, a) = 0.6; p = 0.2 < 0.3: no act
+            Step(action="backtrack"),  # t=3: bt −1
+            search("c", ["p3"]),  # t=4: p = 0.4; cos(c, a) = 1 → dup −1, act −1
+            Step(action="answer"),  # t=5: EM 1, F1 1
+        ],
+    )
     encoder = Toy()
     (rows,) = step_rewards([episode], [EXAMPLE], encoder, t_max=10)
     assert encoder.calls == [["a", "b", "c"]]

@@ -125,6 +125,7 @@ def test_a_continued_rollout_keeps_its_ids_and_only_its_new_block_is_cut():
     assert given.text == protocol.prompt(s)
     # a block that does not fit even with its passages cut to their titles: refused, counted
     full = State("why?", [Turn(Action(SEARCH, query="b"), new)])
-    prompts, cuts = fitted_prompts(Echo(budget + 8), protocol, [full], False, Sampling(max_new_tokens=8),
-                                   [["s"] * (budget - 2)])  # fmt: skip
+    prompts, cuts = fitted_prompts(
+        Echo(budget + 8), protocol, [full], False, Sampling(max_new_tokens=8), [["s"] * (budget - 2)]
+    )
     assert prompts == [None] and cuts == [1]

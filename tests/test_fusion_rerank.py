@@ -61,8 +61,15 @@ def tiny_cross_encoder(tmp_path_factory):
     tokenizer.save_pretrained(path)
     torch.manual_seed(0)
     # weights at 10x BERT's default scale: logits ~1e-2 apart rather than ~1e-5 (the margin below)
-    config = BertConfig(vocab_size=11, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, num_labels=1, initializer_range=0.2)  # fmt: skip
+    config = BertConfig(
+        vocab_size=11,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=1,
+        initializer_range=0.2,
+    )
     BertForSequenceClassification(config).save_pretrained(path)
     return str(path)
 

@@ -23,9 +23,16 @@ def test_a_sampled_run_scores_every_sample_and_reports_its_groups(tiny_cfg, tiny
     """An (untrained) LM sampled at temperature 1.0 on 8 questions, 4 samples each: the copies of a
     question are rolled out side by side, so they are different samples."""
     lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
-    cfg = tiny_cfg(*lm, "policy=agent", "policy.temperature=1.0", "policy.max_turns=2",
-                   "policy.max_new_tokens=16", "eval.limit=8", "eval.samples=4",
-                   "eval.batch_size=16")  # fmt: skip
+    cfg = tiny_cfg(
+        *lm,
+        "policy=agent",
+        "policy.temperature=1.0",
+        "policy.max_turns=2",
+        "policy.max_new_tokens=16",
+        "eval.limit=8",
+        "eval.samples=4",
+        "eval.batch_size=16",
+    )
     metrics = run(cfg, tmp_path)
     records = read_records(tmp_path / "records.jsonl")
     assert [r["id"] for r in records[:5]] == ["test-0#s0", "test-0#s1", "test-0#s2", "test-0#s3", "test-1#s0"]

@@ -47,8 +47,10 @@ def test_judge_scores_and_caches(tmp_path):
     assert again(preds, golds) == [1.0, 0.0, 0.0, 1.0] and again.calls == 0
 
 
-@pytest.mark.parametrize("replies, expected", [(["YES", "YES", "NO"], 1.0), (["YES", "NO", "maybe"], 0.0),
-                                               (["yes.", "Yes", "NO"], 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "replies, expected",
+    [(["YES", "YES", "NO"], 1.0), (["YES", "NO", "maybe"], 0.0), (["yes.", "Yes", "NO"], 1.0)],
+)
 def test_majority_vote(replies, expected):
     assert LLMJudge(SubstringJudge(replies), n=3, temperature=0.7)(["x"], [["y"]]) == [expected]
 
@@ -80,8 +82,13 @@ def test_runner_judge_shares_the_run_generator(tiny_cfg, tiny_lm, tmp_path):
     from rag_lab.core.records import read_records
     from rag_lab.run import run
 
-    cfg = tiny_cfg("judge=llm", "generator=hf", f"generator.model={tiny_lm}",
-                   f"generator.tokenizer={tiny_lm}/tokenizer", "eval.limit=6")  # fmt: skip
+    cfg = tiny_cfg(
+        "judge=llm",
+        "generator=hf",
+        f"generator.model={tiny_lm}",
+        f"generator.tokenizer={tiny_lm}/tokenizer",
+        "eval.limit=6",
+    )
     metrics = run(cfg, tmp_path)
     records = read_records(tmp_path / "records.jsonl")
     # A random tiny LM answers neither YES nor NO: no votes, so every verdict is 0, never an error.

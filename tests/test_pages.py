@@ -60,8 +60,12 @@ def test_the_gpu_check_page_leads_with_the_latest_run(tmp_path):
         (out / "steps.tsv").write_text(f"plan\t0\t{seconds}\nfsdp_step\t124\t240\n")
         gpu_check_page.main(out, page)
     current, history = page.read_text().split(f"\n{pages.HISTORY}\n")
-    assert _first_table(current) == ["| step | status | s |", "|---|---|---|", "| plan | ok | 61 |",
-                                     "| fsdp_step | exit 124 (deadline) | 240 |"]  # fmt: skip
+    assert _first_table(current) == [
+        "| step | status | s |",
+        "|---|---|---|",
+        "| plan | ok | 61 |",
+        "| fsdp_step | exit 124 (deadline) | 240 |",
+    ]
     found = pages.stamp_of(current)
     assert found.machine.endswith(", NVIDIA H100 80GB HBM3") and found.command == "`make gpu-check`"
     assert "| plan | ok | 58 |" in history and "| plan | ok | 61 |" not in history

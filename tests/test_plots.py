@@ -47,11 +47,16 @@ def test_the_curves_share_one_scale_between_the_start_and_the_oracle(tmp_path, f
     share one y range, from the lowest start (evorag_start, 10%) to the oracle (70%), each with its start's
     and the oracle's line; dapo's points have their Wilson bands; the loss keeps its own scale."""
     logs = {
-        "dapo": write_log(tmp_path / "d.jsonl", [{"step": 0, "heldout/acc": 0.5, "heldout/n": 64},
-                                                 {"step": 2, "heldout/acc": 0.25, "heldout/n": 64}]),
+        "dapo": write_log(
+            tmp_path / "d.jsonl",
+            [
+                {"step": 0, "heldout/acc": 0.5, "heldout/n": 64},
+                {"step": 2, "heldout/acc": 0.25, "heldout/n": 64},
+            ],
+        ),
         "evorag": write_log(tmp_path / "e.jsonl", [{"step": 0, "dev_em": 0.2}, {"step": 4, "dev_em": 0.3}]),
         "stoprag": write_log(tmp_path / "s.jsonl", [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]),
-    }  # fmt: skip
+    }
     starts = {"dapo": ("dapo_start", 20.0), "evorag": ("evorag_start", 10.0)}
     drawn = curves_side_by_side(logs, tmp_path / "curves", "t", starts, ("oracle_rag", 70.0))
     assert drawn == ["dapo", "evorag", "stoprag"]

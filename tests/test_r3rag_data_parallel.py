@@ -23,12 +23,21 @@ def launch(processes: int, model: str, out: Path, fork: bool = False) -> None:
         command = [sys.executable, str(SCRIPT)]
     else:
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-        command = [accelerate, "launch", "--multi_gpu", f"--num_processes={processes}", "--num_machines=1",
-                   "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=0",
-                   str(SCRIPT)]  # fmt: skip
+        command = [
+            accelerate,
+            "launch",
+            "--multi_gpu",
+            f"--num_processes={processes}",
+            "--num_machines=1",
+            "--mixed_precision=no",
+            "--dynamo_backend=no",
+            "--main_process_port=0",
+            str(SCRIPT),
+        ]
     extra = ["--fork", str(processes)] if fork else []
-    done = subprocess.run([*command, model, str(out), *extra], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*command, model, str(out), *extra], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 

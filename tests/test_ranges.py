@@ -71,9 +71,12 @@ def test_every_numeric_method_setting_declares_its_range():
     undeclared = sorted(
         f"{target}.{f.name}"
         for target, f in settings
-        if numeric(f.type) and not field_checks(f) and not f.name.startswith("_")
-        and f.name not in UNBOUNDED and f"{target}.{f.name}" not in UNBOUNDED
-    )  # fmt: skip
+        if numeric(f.type)
+        and not field_checks(f)
+        and not f.name.startswith("_")
+        and f.name not in UNBOUNDED
+        and f"{target}.{f.name}" not in UNBOUNDED
+    )
     assert undeclared == [], (
         f"numeric settings without a declared range: {undeclared} (rag_lab/core/ranges.py)"
     )
@@ -87,7 +90,10 @@ OUT_OF_RANGE = [
     (["policy=evorag", "policy.top_p=1.5"], r"'policy\.top_p' must be in \(0, 1\], got 1\.5"),
     (["policy=evorag", "policy.preference.lr=0"], r"'policy\.preference\.lr' must be > 0, got 0"),
     (["policy=evorag", "policy.preference.margin=-0.3"], r"'policy\.preference\.margin' must be >= 0"),
-    (["policy=evorag", "policy.lora.dropout=1.0"], r"'policy\.lora\.dropout':? must be in \[0, 1\), got 1\.0"),  # noqa: E501
+    (
+        ["policy=evorag", "policy.lora.dropout=1.0"],
+        r"'policy\.lora\.dropout':? must be in \[0, 1\), got 1\.0",
+    ),  # noqa: E501
     (["policy=evorag", "policy.dev_limit=0"], r"'policy\.dev_limit' must be >= 1, got 0"),
     # R3-RAG's PPO
     (["policy=r3rag", "policy.ppo.gamma=1.5"], r"'policy\.ppo\.gamma' must be in \[0, 1\], got 1\.5"),
@@ -124,7 +130,7 @@ OUT_OF_RANGE = [
     (["generator=tiny", "generator.hidden=0"], r"'generator\.hidden' must be >= 1, got 0"),
     (["generator=tiny", "generator.lr=0"], r"'generator\.lr' must be > 0, got 0"),
     (["data.withhold_rate=1.5"], r"'data\.withhold_rate' must be in \[0, 1\], got 1\.5"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("overrides, message", OUT_OF_RANGE, ids=[o[-1] for o, _ in OUT_OF_RANGE])

@@ -81,8 +81,12 @@ def test_only_the_trained_model_loads_under_zero3_init(tiny_lm, tmp_path, monkey
         plugin.dschf = FakeZero3()
         deepspeed.set_hf_deepspeed_config(plugin.dschf)
 
-    launch = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true",
-              "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}  # fmt: skip
+    launch = {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+    }
     for key, value in launch.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(DeepSpeedPlugin, "set_deepspeed_weakref", registered)

@@ -103,10 +103,20 @@ def test_multirun_and_report(repo_root, tmp_path, capfd, monkeypatch):
 
 def test_missing_dataset_is_one_line(repo_root, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "rag_lab.run", "data=flashrag", f"data.path={tmp_path}/none",
-         f"data.corpus_path={tmp_path}/c.jsonl", f"hydra.run.dir={tmp_path}/run"],
-        cwd=repo_root, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rag_lab.run",
+            "data=flashrag",
+            f"data.path={tmp_path}/none",
+            f"data.corpus_path={tmp_path}/c.jsonl",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: flashrag split 'test' not found at")
     assert "Traceback" not in proc.stderr

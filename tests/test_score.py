@@ -12,8 +12,14 @@ from conftest import cli
 
 def hotpot_item(qid, answer, support):
     context = [[support, [f"{support} text."]], ["Other", ["o."]]]
-    return {"_id": qid, "question": f"{qid}?", "answer": answer, "type": "bridge",
-            "supporting_facts": [[support, 0]], "context": context}  # fmt: skip
+    return {
+        "_id": qid,
+        "question": f"{qid}?",
+        "answer": answer,
+        "type": "bridge",
+        "supporting_facts": [[support, 0]],
+        "context": context,
+    }
 
 
 @pytest.fixture
@@ -49,9 +55,11 @@ def test_score_cli_with_support_ids(gold, tmp_path, repo_root, capfd, monkeypatc
     ds = HotpotQADataset(str(gold), split_files={})
     support = {ex.id: list(ex.supporting_ids) for ex in ds.split("dev")}
     other = next(pid for pid in ds.corpus.ids if pid not in sum(support.values(), []))
-    rows = [{"id": "q1", "prediction": "no", "support_ids": support["q1"]},
-            {"id": "q2", "prediction": "new york city", "support_ids": support["q2"] + [other]},
-            {"id": "q3", "prediction": "Paris", "support_ids": []}]  # fmt: skip
+    rows = [
+        {"id": "q1", "prediction": "no", "support_ids": support["q1"]},
+        {"id": "q2", "prediction": "new york city", "support_ids": support["q2"] + [other]},
+        {"id": "q3", "prediction": "Paris", "support_ids": []},
+    ]
     preds = tmp_path / "preds.jsonl"
     preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["data=hotpotqa", f"data.path={gold}", f"predictions={preds}"]

@@ -189,12 +189,14 @@ def test_keep_mode_ties_a_reference_to_its_index_and_mask_mode_does_not():
     [
         ("#1 >> spouse", "What is the spouse of #1?"),
         ("Green >> performer", "What is the performer of Green?"),
-        ("#1 >> located in the administrative territorial entity",
-         "What is the located in the administrative territorial entity of #1?"),
+        (
+            "#1 >> located in the administrative territorial entity",
+            "What is the located in the administrative territorial entity of #1?",
+        ),
         ("Who is the spouse of #1?", "Who is the spouse of #1?"),  # no triple: as it is
         (">> spouse", ">> spouse"),  # no subject: no triple
     ],
-)  # fmt: skip
+)
 def test_question_form(text, question):
     assert question_form(text) == question
 
@@ -230,8 +232,9 @@ def test_gold_plan_of_a_flashrag_row():
 
 
 def test_every_synth_reference_is_an_earlier_step_and_masks_away(tmp_path):
-    ds = SynthDataset(str(tmp_path), seed=0, n_people=60, n_cities=12, n_countries=4, n_films=20,
-                      dev_size=20, test_size=40)  # fmt: skip
+    ds = SynthDataset(
+        str(tmp_path), seed=0, n_people=60, n_cities=12, n_countries=4, n_films=20, dev_size=20, test_size=40
+    )
     plans = [gold_plan(e) for e in ds.split("test")]
     assert sum("#" in q for p in plans for q in p) > 10  # the world writes references
     for p in plans:

@@ -16,8 +16,16 @@ from rag_lab.generators.openai import OpenAIGenerator
 
 @pytest.fixture(scope="module")
 def server(tiny_lm, repo_root_module):
-    cmd = [sys.executable, "-m", "rag_lab.serve", "generator=hf", f"generator.model={tiny_lm}",
-           f"generator.tokenizer={tiny_lm}/tokenizer", "serve.port=0", "serve.model_name=tiny"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rag_lab.serve",
+        "generator=hf",
+        f"generator.model={tiny_lm}",
+        f"generator.tokenizer={tiny_lm}/tokenizer",
+        "serve.port=0",
+        "serve.model_name=tiny",
+    ]
     proc = subprocess.Popen(cmd, cwd=repo_root_module, stderr=subprocess.PIPE, text=True)
     url = None
     for line in proc.stderr:

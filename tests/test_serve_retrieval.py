@@ -93,8 +93,9 @@ def test_concurrent_requests_are_coalesced_into_one_search(bm25, data):
         first = hold_the_worker(server, gated, port, qs[0])
         answers: dict[int, tuple[int, dict]] = {}
         bodies = [{"queries": qs[1 + 2 * i : 3 + 2 * i], "k": 4} for i in range(6)]
-        senders = [threading.Thread(target=lambda i=i: answers.update({i: post(port, bodies[i])}))
-                   for i in range(6)]  # fmt: skip
+        senders = [
+            threading.Thread(target=lambda i=i: answers.update({i: post(port, bodies[i])})) for i in range(6)
+        ]
         for t in senders:
             t.start()
         until(lambda: server.coalescer.queued == 12, "the six requests to queue")
@@ -160,8 +161,9 @@ def test_an_expired_request_is_not_searched(bm25, data):
         port = server.server_address[1]
         first = hold_the_worker(server, gated, port, qs[0])
         late: list = []
-        sender = threading.Thread(target=lambda: late.append(post(port, {"queries": [qs[1]], "k": 2,
-                                                                         "timeout_s": 0.2})))  # fmt: skip
+        sender = threading.Thread(
+            target=lambda: late.append(post(port, {"queries": [qs[1]], "k": 2, "timeout_s": 0.2}))
+        )
         sender.start()
         until(lambda: server.coalescer.queued == 1, "the second request to queue")
         time.sleep(0.3)  # its deadline passes while the first search runs
@@ -181,8 +183,10 @@ def test_a_request_whose_client_went_away_is_not_searched(bm25, data):
         first = hold_the_worker(server, gated, port, qs[0])
         body = json.dumps({"queries": [qs[1]], "k": 2}).encode()
         with socket.create_connection(("127.0.0.1", port)) as raw:
-            raw.sendall(b"POST /v1/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            raw.sendall(
+                b"POST /v1/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             until(lambda: server.coalescer.queued == 1, "the request to queue")
         # the client is gone: its handler is cancelled, and with it the queued request
         until(lambda: server.coalescer.waiting[0].future.cancelled(), "the handler's cancellation")

@@ -92,8 +92,7 @@ def test_a_stopper_reuses_the_stoprag_rows_fit(tiny_cfg, tiny_lm, tmp_path):
     settings = [s.removeprefix("policy.stopper.") for s in SHORT[2:] if s.startswith("policy.stopper.")]
     mine = [f"policy.{s}" for s in settings]
     lm = ["generator=hf", f"generator.model={tiny_lm}", f"generator.tokenizer={tiny_lm}/tokenizer"]
-    row = tiny_cfg("experiment=compare_synth", "experiment/compare_synth=stoprag", *mine, *lm,
-                   "eval.limit=2")  # fmt: skip
+    row = tiny_cfg("experiment=compare_synth", "experiment/compare_synth=stoprag", *mine, *lm, "eval.limit=2")
     run(row, tmp_path / "stoprag")
     stop = ["experiment=compare_synth", "experiment/compare_synth=apex_stop", "policy.plan_rl=false"]
     cfg = tiny_cfg(*stop, "experiment.apex_executor_sft=false", *SHORT[2:], *lm, "eval.limit=2")

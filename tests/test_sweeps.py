@@ -113,8 +113,11 @@ def test_a_swept_method_setting_names_the_methods_rows_and_a_reused_run_counts_o
     runs = [make("0", "fixed_iter", 0.1), make("1", "stoprag", 0.1)]
     runs += [make("2", "fixed_iter", 0.3, reused_from="0"), make("3", "stoprag", 0.3)]
     tables, tests = seed_tables(runs, "policy", "stoprag", {"t": ["EM"]})
-    assert list(tables["t"]["policy"]) == ["fixed_iter", "stoprag (policy.lambda_end=0.1)",
-                                           "stoprag (policy.lambda_end=0.3)"]  # fmt: skip
+    assert list(tables["t"]["policy"]) == [
+        "fixed_iter",
+        "stoprag (policy.lambda_end=0.1)",
+        "stoprag (policy.lambda_end=0.3)",
+    ]
     assert list(tables["t"]["seeds"]) == [1, 1, 1]  # the reused fixed_iter is not a second seed
     pairs = sorted(set(zip(tests["A"], tests["B"], strict=True)))
     assert pairs == [(f"stoprag (policy.lambda_end={lam})", "fixed_iter") for lam in (0.1, 0.3)]

@@ -11,15 +11,21 @@ from rag_lab.run import run
     [
         ("Who was born first, Ada Vale or Bo Stad?", ["3 May 1901", "12 March 1899"], "Bo Stad"),
         ("Which film came out first, The Kraf or The Pekes?", ["1975", "1960"], "The Pekes"),
-        ("Which film has the director who was born first, The Kraf or The Pekes?",
-         ["Ada Vale", "Bo Stad", "3 May 1901", "4 May 1901"], "The Kraf"),
+        (
+            "Which film has the director who was born first, The Kraf or The Pekes?",
+            ["Ada Vale", "Bo Stad", "3 May 1901", "4 May 1901"],
+            "The Kraf",
+        ),
         ("Are Ada Vale and Bo Stad from the same country?", ["Veloria", "Veloria"], "yes"),
-        ("Are the directors of The Kraf and The Pekes from the same country?",
-         ["A", "B", "Veloria", "Kruia"], "no"),
+        (
+            "Are the directors of The Kraf and The Pekes from the same country?",
+            ["A", "B", "Veloria", "Kruia"],
+            "no",
+        ),
         ("Who was born first, Ada Vale or Bo Stad?", ["3 May 1901", "3 May 1901"], ""),  # a tie: no answer
         ("Where was the director of The Kraf born?", ["Ada Vale", "Laiburg"], "Laiburg"),
     ],
-)  # fmt: skip
+)
 def test_combine(question, answers, expected):
     assert combine(question, answers) == expected
 

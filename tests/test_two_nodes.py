@@ -67,12 +67,17 @@ def test_each_node_runs_accelerate_with_its_rank_and_the_first_nodes_address(
     first, second = nodes(port)
     both(first, second, "launched_two_nodes", {"trainers": "sft"}, tmp_path / "launch")
     by_config = {command[3]: command for command in ran}
-    assert sorted(by_config) == [str(tmp_path / "launch" / "accelerate.yaml"),
-                                 str(tmp_path / "launch" / "node1" / "accelerate.yaml")]  # fmt: skip
+    assert sorted(by_config) == [
+        str(tmp_path / "launch" / "accelerate.yaml"),
+        str(tmp_path / "launch" / "node1" / "accelerate.yaml"),
+    ]
     for rank, config in enumerate(sorted(by_config)):
         command = by_config[config]
         assert command[1:3] == ["launch", "--config_file"] and command[-3:] == [
-            "-m", "launched_two_nodes", str(tmp_path / "launch" / "job.json")]  # fmt: skip
+            "-m",
+            "launched_two_nodes",
+            str(tmp_path / "launch" / "job.json"),
+        ]
         args = launch_command_parser().parse_args(command[2:])
         _validate_launch_command(args)  # the config file's keys, as accelerate launch reads them
         prepare_multi_gpu_env(args)  # torchrun's arguments, into args

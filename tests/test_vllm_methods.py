@@ -73,8 +73,16 @@ def test_ppos_heldout_curve_generates_on_its_engine_asleep_between_phases(
     env = Env(data.corpus, BM25Retriever(data.corpus), vllm_generator(base, sleep=True))
     rollout = ppo.Rollout(R3RAGStep(), k=2, max_turns=3, max_new_tokens=8)
     held = {"heldout": HeldOut(n=2, every=1), "heldout_questions": dev}
-    t = ppo.PPOTrainer(test_r3rag.generator_of(base), env, R3RAGReward(), data.split("train")[:8],
-                       test_r3rag.TOY, rollout, 0, **held)  # fmt: skip
+    t = ppo.PPOTrainer(
+        test_r3rag.generator_of(base),
+        env,
+        R3RAGReward(),
+        data.split("train")[:8],
+        test_r3rag.TOY,
+        rollout,
+        0,
+        **held,
+    )
     [engine] = FakeLLM.made
     FakeLLM.live = lambda: t.unwrapped.lm
     rows = t.run(tmp_path / "work", tmp_path / "out")

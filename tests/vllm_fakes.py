@@ -82,10 +82,15 @@ class FakeLLM:
         self.events.append(("generate", len(texts)))
         self.generated_on = self.weights()  # the weights of the last generate (a sleep drops them after)
         sp = sampling_params
-        sampling = Sampling(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens,
-                            stop=tuple(getattr(sp, "stop", None) or ()),
-                            include_stop=getattr(sp, "include_stop_str_in_output", False),
-                            seed=getattr(sp, "seed", None))  # fmt: skip
+        sampling = Sampling(
+            n=sp.n,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            max_new_tokens=sp.max_tokens,
+            stop=tuple(getattr(sp, "stop", None) or ()),
+            include_stop=getattr(sp, "include_stop_str_in_output", False),
+            seed=getattr(sp, "seed", None),
+        )
         outputs = self.generator.generate(
             [TokenPrompt(i, t) for i, t in zip(ids, texts, strict=True)], sampling
         )
@@ -101,7 +106,7 @@ class FakeLLM:
                             {t: SimpleNamespace(logprob=lp, rank=1)}
                             for t, lp in zip(c.token_ids, c.logprobs, strict=True)
                         ],
-                    )  # fmt: skip
+                    )
                     for c in completions
                 ],
             )
