@@ -6,9 +6,10 @@ Adding a method ``m`` (the five are laid out this way):
 
 - ``rag_lab/policies/m/`` holds the method: ``__init__.py`` (a docstring naming the paper and listing the
   package's modules; it imports nothing, so that no package pulls in another's trainer), ``policy.py``
-  (the policy class: ``trains = True``, ``fit``, ``rollout``; its docstring names the paper's sections
-  and every deviation), its loop (``pipeline.py``, or the shared engine agent ``policies/agent.py`` with
-  its protocol) and its trainer (``trainer.py``: TRL where TRL has it, hand-written and said so where not).
+  (the policy class: ``trains = True``, ``memory_plan`` (its GPU memory plan, :mod:`rag_lab.train.memory`),
+  ``fit``, ``rollout``; its docstring names the paper's sections and every deviation), its loop
+  (``pipeline.py``, or the shared engine agent ``policies/agent.py`` with its protocol) and its trainer
+  (``trainer.py``: TRL where TRL has it, hand-written and said so where not).
 - ``rag_lab/env/protocols/m.py``: its text protocol (prompt rendering and parsing; the world teacher
   learns to speak it in ``rag_lab/env/teacher/generator.py``).
 - ``rag_lab/rewards/m.py``: its rewards, pure functions with TRL's signature and the paper's equation
