@@ -48,6 +48,7 @@ SHORT_TRAINING = {
         "policy.ppo.iterations=1",
         "policy.ppo.batch_size=2",
         "policy.ppo.temperatures=[1.0]",
+        "policy.ppo.minibatches=1",
         "policy.max_new_tokens=16",
         "policy.cold_start.limit=4",
         "policy.cold_start.max_steps=2",
@@ -66,12 +67,14 @@ SHORT_TRAINING = {
 }
 
 
-def to_target(cfg, override: str) -> str:
+def to_target(cfg, override: str) -> str | None:
     """``policy.cold_start.limit=4`` as ``experiment.cold_start.limit=4`` where the experiment sets
     ``policy.cold_start: ${experiment.cold_start}`` (an override below the interpolation would replace it)."""
     key, _, value = override.partition("=")
     parent, _, rest = key.rpartition(".")
     node, _, name = parent.rpartition(".")
+    if OmegaConf.select(cfg, parent, default="absent") is None:
+        return None  # the experiment sets the node to null (dapo_synth: no cold start): nothing to shorten
     holder = OmegaConf.select(cfg, node) if node else cfg
     if holder is None or name not in holder or not OmegaConf.is_interpolation(holder, name):
         return override
@@ -87,8 +90,11 @@ def test_experiment_smoke(name, tiny_cfg, tmp_path):
         pytest.skip("the paper's configuration: needs a GPU, vLLM and the dataset files")
     if not cfg.data._target_.endswith("SynthDataset"):
         pytest.skip("the paper's configuration: needs the dataset files and the hub models")
+    if cfg.eval.split == "judge":
+        pytest.skip("the claims' judgement: only make claims touches the judge split")
     cfg = tiny_cfg(
-        f"experiment={name}", *[to_target(cfg, o) for o in SHORT_TRAINING.get(cfg.policy._target_, [])]
+        f"experiment={name}",
+        *filter(None, [to_target(cfg, o) for o in SHORT_TRAINING.get(cfg.policy._target_, [])]),
     )
     metrics = run(cfg, tmp_path)
     assert metrics["all"]["n"] > 0
