@@ -40,6 +40,7 @@ LAYERS = [
             "rag_lab.serve",
             "rag_lab.index",
             "rag_lab.plan",
+            "rag_lab.quickstart",
             # the two training commands inside train/ (`make tiny-lm`, `python -m rag_lab.train.cold_start`)
             "rag_lab.train.tiny.ship",
             "rag_lab.train.cold_start.__main__",
@@ -172,7 +173,8 @@ def test_modules_and_functions_stay_small(module):
 
 # rag_lab/'s top level (issue 67): the commands only (__init__ counted); the rest in a package of its layer.
 # __main__ (``rag-lab``, every command's front door) is the package's own, as __init__ is, and not counted.
-MAX_TOP_LEVEL = 8
+# Issue 73 added the ninth: quickstart (``make quickstart``, the README's first command).
+MAX_TOP_LEVEL = 9
 
 
 def test_the_top_level_holds_the_commands_only():
