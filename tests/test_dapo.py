@@ -407,6 +407,15 @@ def test_the_heldout_curve_measures_the_model_as_it_trains_and_changes_no_weight
     assert texts[0][1] == said(start) and texts[2][1] == said(greedy)
 
 
+def test_a_later_stage_does_not_measure_its_start_again(data, base, tmp_path):
+    """Two stages of one step, the held-out curve every step: rows at steps 0 and 1 (stage 1's start and end)
+    and 2 (stage 2's end), no second row at 1: stage 2 starts from the model stage 1 measured last."""
+    trained = policy(cache_dir=str(tmp_path / "c"), stages=[1, 2], steps=1, heldout=HeldOut(n=3, every=1))
+    trained.fit(env_for(data, base), data.split("train"), data.split("dev")[:3], tmp_path / "out")
+    rows = read_records(tmp_path / "out" / "train_log.jsonl")
+    assert [(r["stage"], r["step"]) for r in rows if "heldout/acc" in r] == [("1", 0), ("1", 1), ("2", 2)]
+
+
 def said(episodes) -> list[str]:
     return ["".join(step.text for step in ep.steps) for ep in episodes]
 

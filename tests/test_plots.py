@@ -1,5 +1,6 @@
 """The comparison's figures (rag_lab/reporting/plots.py) on hand-made curves and tables: the held-out curves'
-95% bands, their one y scale with the start and oracle lines, and the Pareto plot's labels kept apart."""
+95% bands, their one y scale with each curve's own start line, the curves left out, and the Pareto plot's
+labels kept apart."""
 
 import itertools
 import json
@@ -42,38 +43,69 @@ def write_log(path, rows):
     return path
 
 
-def test_the_curves_share_one_scale_between_the_start_and_the_oracle(tmp_path, figures):
-    """dapo's held-out Acc (64 questions per point), evorag's dev EM (no n), stoprag's loss: the two % panels
-    share one y range, from the lowest start (evorag_start, 10%) to the oracle (70%), each with its start's
-    and the oracle's line; dapo's points have their Wilson bands; the loss keeps its own scale."""
+def curve(key: str, values: list[float], n: int | None = None, first_step: int = 0) -> list[dict]:
+    """A training log's rows: ``key`` at steps first_step, first_step + 2, ..., each measured on ``n``."""
+    return [
+        {"step": first_step + 2 * i, key: v} | ({"heldout/n": n} if n else {}) for i, v in enumerate(values)
+    ]
+
+
+def test_each_curve_starts_at_its_own_first_point_on_one_scale(tmp_path, figures):
+    """dapo's held-out Acc (64 questions a point), evorag's dev EM (no n), stoprag's loss, each at 4 steps:
+    the two % panels share one y range (the values and the bands, 5% of their span either side), each with
+    its start line at its own first point (the same questions), no line at a row's test Acc; the table's test
+    Acc of the start row and the trained row title the panel; dapo's points have their Wilson bands; the loss
+    keeps its own scale."""
     logs = {
-        "dapo": write_log(
-            tmp_path / "d.jsonl",
-            [
-                {"step": 0, "heldout/acc": 0.5, "heldout/n": 64},
-                {"step": 2, "heldout/acc": 0.25, "heldout/n": 64},
-            ],
-        ),
-        "evorag": write_log(tmp_path / "e.jsonl", [{"step": 0, "dev_em": 0.2}, {"step": 4, "dev_em": 0.3}]),
-        "stoprag": write_log(tmp_path / "s.jsonl", [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]),
+        "dapo": write_log(tmp_path / "d.jsonl", curve("heldout/acc", [0.5, 0.25, 0.375, 0.5], n=64)),
+        "evorag": write_log(tmp_path / "e.jsonl", curve("dev_em", [0.2, 0.3, 0.25, 0.1])),
+        "stoprag": write_log(tmp_path / "s.jsonl", curve("loss", [3.0, 2.5, 2.0, 1.5], first_step=1)),
     }
-    starts = {"dapo": ("dapo_start", 20.0), "evorag": ("evorag_start", 10.0)}
-    drawn = curves_side_by_side(logs, tmp_path / "curves", "t", starts, ("oracle_rag", 70.0))
+    tests = {"dapo": ("dapo_start", 20.0, 15.0), "evorag": ("evorag_start", 10.0, 12.5)}
+    drawn = curves_side_by_side(logs, tmp_path / "curves", "t", tests)
     assert drawn == ["dapo", "evorag", "stoprag"]
     dapo, evorag, stoprag = figures[0].axes[:3]
-    # every value drawn lies in [10, 70]: the limits are those with 5% of the 60-point span either side
-    assert dapo.get_ylim() == evorag.get_ylim() == pytest.approx((7.0, 73.0))
+    # the lowest drawn: evorag's 10% (dapo's 25% point's band reaches 13.7), the highest: the top of dapo's
+    # 50% points' bands (32 of 64)
+    low, high = 10.0, 100 * wilson_ci(32, 64)[1]
+    margin = 0.05 * (high - low)
+    assert dapo.get_ylim() == evorag.get_ylim() == pytest.approx((low - margin, high + margin))
     assert stoprag.get_ylim()[1] < 4  # the loss on its own scale
-    for ax, start in ((dapo, "dapo_start"), (evorag, "evorag_start")):
+    starts = {"dapo": ("start (step 0, 64 questions)", 50.0), "evorag": ("start (step 0)", 20.0)}
+    for ax, method in ((dapo, "dapo"), (evorag, "evorag")):
         lines = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
-        assert lines[f"start: {start}, test Acc"] == {starts[ax.get_title()][1]}
-        assert lines["oracle_rag, test Acc"] == {70.0}
-        legend = [t.get_text() for t in ax.get_legend().get_texts()]
-        assert f"start: {start}, test Acc" in legend and "oracle_rag, test Acc" in legend
+        label, first = starts[method]
+        assert lines[label] == {first} and len(lines) == 2  # the curve and its start, nothing else
+        start, start_acc, acc = tests[method]
+        assert ax.get_title() == f"{method}\ntest Acc: {start} {start_acc:.1f}, {method} {acc:.1f}"
+    assert stoprag.get_title() == "stoprag"
     (bands,) = [c for c in dapo.collections if isinstance(c, PolyCollection)]
     at_zero = [y for x, y in bands.get_paths()[0].vertices if x == 0]
     assert (min(at_zero), max(at_zero)) == pytest.approx(tuple(100 * v for v in wilson_ci(32, 64)))
     assert not [c for c in evorag.collections if isinstance(c, PolyCollection)]  # no n: no band
+
+
+def test_a_curve_of_too_few_steps_or_repeating_another_is_left_out_and_named(tmp_path, figures):
+    """r3rag measured at 3 steps (fewer than 4), dapo_stage1 whose points are dapo's first three, r3rag_stop's
+    the same as apex's (a stopper row reuses its method's model): only dapo and apex get a panel, and the
+    figure says what it left out and why; a figure with no panel is not drawn."""
+    acc = [0.1, 0.2, 0.3, 0.4, 0.5]
+    logs = {
+        "dapo_stage1": write_log(tmp_path / "d1.jsonl", curve("heldout/acc", acc[:3], n=64)),
+        "dapo": write_log(tmp_path / "d.jsonl", curve("heldout/acc", acc, n=64)),
+        "r3rag": write_log(tmp_path / "r.jsonl", curve("heldout/acc", acc[2:], n=64)),
+        "apex": write_log(tmp_path / "a.jsonl", curve("heldout/acc", acc[1:], n=64)),
+        "r3rag_stop": write_log(tmp_path / "s.jsonl", curve("heldout/acc", acc[1:], n=64)),
+    }
+    assert curves_side_by_side(logs, tmp_path / "curves", "t") == ["dapo", "apex"]
+    fig = figures[0]
+    (note,) = [t.get_text() for t in fig.texts if t.get_text() != fig.get_suptitle()]
+    assert note == (
+        "left out: dapo_stage1 (the first points of dapo's); r3rag (3 steps measured, fewer than 4); "
+        "r3rag_stop (the first points of apex's)"
+    )
+    figures.clear()
+    assert curves_side_by_side({"r3rag": logs["r3rag"]}, tmp_path / "none", "t") == [] and not figures
 
 
 def boxes_overlap(fig) -> list[tuple[str, str]]:

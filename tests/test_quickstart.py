@@ -85,10 +85,8 @@ def test_the_quickstart_runs_whole_and_its_trained_row_ends_above_its_start(tmp_
     """From an empty cache, as a user runs it: the table is printed at the end, and the trained planner's Acc
     is above its start's with the paired bootstrap's 95% interval above 0 (seed 0, deterministic)."""
     env = os.environ | {"RAG_LAB_CACHE": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}
-    done = subprocess.run(
-        [sys.executable, "-m", "rag_lab.quickstart", f"hydra.sweep.dir={tmp_path}/q"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "rag_lab.quickstart", f"hydra.sweep.dir={tmp_path}/q"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.rstrip().endswith(f"table: {tmp_path}/q/compare.md; plot: {tmp_path}/q/pareto.png")
     table = pd.read_csv(tmp_path / "q" / "compare.csv").set_index("method")

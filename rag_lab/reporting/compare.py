@@ -11,7 +11,7 @@ its second stage against after its first, ...: ``mechanisms``). Written into the
 (title, table, legend), ``compare.csv`` (the numbers: mean, low, high per metric), ``compare.tex`` (LaTeX,
 booktabs), ``pareto.png`` / ``pareto.svg`` (accuracy against retrieval count, every method with its
 intervals and the Pareto front: the DAPO paper's figure 1 view) and ``curves.png`` / ``.svg`` (each trained
-method's held-out curve, side by side on one scale, between its start's and the oracle's test Acc).
+method's held-out curve, side by side on one scale, from its own first point on the same questions).
 """
 
 import argparse
@@ -258,10 +258,11 @@ def write_compare(
 ) -> str:
     """compare.md / .csv / .tex, pareto.png / .svg and curves.png / .svg in ``out``; returns the markdown.
     ``ceiling``: the row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no
-    search), and on each curve as the ceiling; ``starts``: trained row -> the row of its start;
-    ``mechanisms``: trained row -> ``{metric, against}`` (:func:`compare_table`). ``named``: (option, row)
-    pairs a user typed: a row that is not in the table is an error naming the option, before anything is
-    written (a sweep of some rows only leaves the defaults' missing rows out instead)."""
+    search); ``starts``: trained row -> the row of its start (the trained − start column; both rows' test Acc
+    title the trained row's curve); ``mechanisms``: trained row -> ``{metric, against}``
+    (:func:`compare_table`). ``named``: (option, row) pairs a user typed: a row that is not in the table is an
+    error naming the option, before anything is written (a sweep of some rows only leaves the defaults'
+    missing rows out instead)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
@@ -283,9 +284,10 @@ def write_compare(
 
     pareto(table, out / "pareto", title, ceiling=ceiling)
     acc = {r["method"]: r["acc"] for _, r in table.iterrows() if pd.notna(r["acc"])}
-    levels = {row: (start, acc[start]) for row, start in table.attrs["starts"].items() if start in acc}
-    oracle = (ceiling, acc[ceiling]) if ceiling in acc else None
-    curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training", levels, oracle)
+    # each trained row's and its start's test Acc, for its panel's title (its curve is on held-out questions)
+    pairs = table.attrs["starts"].items()
+    tests = {row: (start, acc[start], acc[row]) for row, start in pairs if start in acc and row in acc}
+    curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training", tests)
     return text
 
 

@@ -1,6 +1,6 @@
 """The comparison's figures (matplotlib, png + svg): accuracy against retrieval count with the Pareto
 front (:func:`pareto`, its labels kept apart by :func:`place_labels`) and the methods' held-out curves side
-by side on one scale, between each one's start and the oracle (:func:`curves_side_by_side`)."""
+by side on one scale, each from its own first point on the same questions (:func:`curves_side_by_side`)."""
 
 import json
 import os
@@ -180,30 +180,58 @@ def _overlapping(box: tuple[float, ...], placed: list[tuple[float, ...]]) -> boo
 # signal (the reward: DAPO, R3-RAG's per step, APEX's SEPR; Stop-RAG's Q-network loss).
 CURVE_KEYS = ("heldout/acc", "dev_em", "reward", "reward/step", "rewards/sepr/mean", "val_loss", "loss")
 # The curves that are a share of questions (a fraction in the log), drawn in % on one y scale shared by all
-# their panels, with the start's and the oracle's test Acc as lines.
+# their panels, from their own first point.
 PERCENT_KEYS = {"heldout/acc": "held-out Acc", "dev_em": "dev EM"}
 # How many questions a held-out point was measured on (rag_lab/train/heldout.py; Stop-RAG's held-out rows
-# and EVO-RAG's dev EM do not say, and are drawn without a band).
+# and EVO-RAG's dev EM too): the 95% band.
 N_KEY = "heldout/n"
+# The fewest steps a curve is measured at to get a panel: fewer show no trend (R3-RAG's two PPO iterations
+# gave three points); a curve left out is named under the figure with the reason.
+MIN_POINTS = 4
 # A point of a curve: step, value (in the log's unit), the questions it was measured on (None: not known)
 Point = tuple[float, float, int | None]
 
 
-def _curves(logs: dict[str, Path]) -> dict[str, tuple[str, list[Point]]]:
-    """method -> (the first of :data:`CURVE_KEYS` its log has, its points); a log that repeats one before
-    (a stopper row reuses its method's model) is left out."""
-    series, texts = {}, set()
+def _curves(logs: dict[str, Path]) -> tuple[dict[str, tuple[str, list[Point]]], dict[str, str]]:
+    """method -> (the first of :data:`CURVE_KEYS` its log has, its points) for each curve drawn, and method ->
+    why for each left out: one that repeats another's first points (:func:`_repeated_in`), or one measured at
+    fewer than :data:`MIN_POINTS` steps."""
+    series: dict[str, tuple[str, list[Point]]] = {}
     for method, path in logs.items():
-        text = path.read_text()
-        if text in texts:
-            continue
-        texts.add(text)
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         key = next((k for k in CURVE_KEYS if any(k in r for r in rows)), None)
         points = [(r.get("step", i), r[key], r.get(N_KEY)) for i, r in enumerate(rows) if key and key in r]
         if points:
             series[method] = (key, points)
-    return series
+    left: dict[str, str] = {}
+    for method, (_, points) in series.items():
+        steps = len({p[0] for p in points})
+        if other := _repeated_in(method, series):
+            left[method] = f"the first points of {other}'s"
+        elif steps < MIN_POINTS:
+            left[method] = f"{steps} steps measured, fewer than {MIN_POINTS}"
+    return {m: c for m, c in series.items() if m not in left}, left
+
+
+def _repeated_in(method: str, series: dict[str, tuple[str, list[Point]]]) -> str | None:
+    """The curve whose first points are all of ``method``'s: a longer one (dapo_stage1's stage is the dapo
+    row's first), or the same one earlier (a stopper row reuses its method's model and log); None if none.
+
+    >>> a, b = ("k", [(0, 0.1, 8), (1, 0.2, 8)]), ("k", [(0, 0.1, 8)])
+    >>> _repeated_in("b", {"a": a, "b": b}), _repeated_in("a", {"a": a, "b": b})
+    ('a', None)
+    >>> _repeated_in("c", {"a": a, "c": a}), _repeated_in("a", {"a": a, "c": a})
+    ('a', None)
+    """
+    key, points = series[method]
+    order = list(series)
+    for other, (other_key, others) in series.items():
+        longer = len(others) > len(points) or (
+            len(others) == len(points) and order.index(other) < order.index(method)
+        )
+        if other != method and other_key == key and longer and others[: len(points)] == points:
+            return other
+    return None
 
 
 def band(points: list[Point]) -> list[tuple[float, float]]:
@@ -222,49 +250,51 @@ def band(points: list[Point]) -> list[tuple[float, float]]:
 
 
 def curves_side_by_side(
-    logs: dict[str, Path],
-    stem: Path,
-    title: str,
-    starts: dict[str, tuple[str, float]] | None = None,
-    ceiling: tuple[str, float] | None = None,
+    logs: dict[str, Path], stem: Path, title: str, tests: dict[str, tuple[str, float, float]] | None = None
 ) -> list[str]:
-    """One panel per method: its training log (``train_log.jsonl`` rows), by the first of
-    :data:`CURVE_KEYS` it has, against the step; returns the methods drawn. A curve of
-    :data:`PERCENT_KEYS` is drawn in %, with a 95% band (:func:`band`) where its log says how many questions
-    each point was measured on, and two lines: ``starts[method]`` (its start row and that row's test Acc, %)
-    and ``ceiling`` (the oracle row and its test Acc, %). All those panels share one y range, from the lowest
-    start (or point) to the oracle (or the highest point), so the panels show how far each method moved
-    between its start and the ceiling. A curve of another signal (a reward, a loss) keeps its own scale."""
+    """One panel per method: its training log (``train_log.jsonl`` rows), by the first of :data:`CURVE_KEYS`
+    it has, against the step; returns the methods drawn (:func:`_curves` leaves out a repeat and a curve of
+    too few steps, and the figure names them). A curve of :data:`PERCENT_KEYS` is drawn in %, with a 95% band
+    (:func:`band`) where its log says how many questions each point was measured on, and its start as a line:
+    its own first point, on the same questions. The table's rows, measured on other questions (the test
+    split), are not drawn on it: ``tests[method]`` (its start row, that row's test Acc and the method's, in %)
+    goes into the panel's title. All the % panels share one y range, so they show how far each method moved
+    from its start. A curve of another signal (a reward, a loss) keeps its own scale."""
     plt = _pyplot()
-    series = _curves(logs)
+    series, left = _curves(logs)
     if not series:
         return []
-    starts = starts or {}
+    tests = tests or {}
     # method -> its values in % and their bands, for the curves drawn on the shared scale
     percent = {
         m: ([100 * v for _, v, _ in pts], band(pts)) for m, (k, pts) in series.items() if k in PERCENT_KEYS
     }
-    drawn = [v for values, bounds in percent.values() for v in [*values, *(x for b in bounds for x in b)]]
-    lines_at = [starts[m][1] for m in percent if m in starts] + ([ceiling[1]] if ceiling else [])
-    limits = _range(drawn + lines_at)
+    limits = _range(
+        [v for values, bounds in percent.values() for v in [*values, *(x for b in bounds for x in b)]]
+    )
     columns = min(len(series), 3)
     lines = -(-len(series) // columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(3.8 * columns, 3.2 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.8 * columns, 3.2 * lines + 0.4), squeeze=False)
     for ax in axes.flat[len(series) :]:
         ax.axis("off")
     for ax, (method, (key, points)) in zip(axes.flat, series.items(), strict=False):
         steps = [p[0] for p in points]
         if method in percent:
-            _percent_panel(ax, PERCENT_KEYS[key], steps, *percent[method], starts.get(method), ceiling)
+            _percent_panel(ax, PERCENT_KEYS[key], steps, *percent[method], points[0])
             ax.set_ylim(limits)
         else:
             ax.plot(steps, [p[1] for p in points], marker="." if len(points) < 20 else None)
-        ax.set_title(method, fontsize=10)
+        test = tests.get(method)
+        table = f"\ntest Acc: {test[0]} {test[1]:.1f}, {method} {test[2]:.1f}" if test else ""
+        ax.set_title(method + table, fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(f"{PERCENT_KEYS[key]} (%)" if key in PERCENT_KEYS else key, fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    if left:
+        notes = "; ".join(f"{m} ({why})" for m, why in left.items())
+        fig.text(0.01, 0.005, f"left out: {notes}", fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.04 if left else 0, 1, 1))
     _save(fig, stem)
     plt.close(fig)
     return list(series)
@@ -279,15 +309,15 @@ def _range(values: list[float]) -> tuple[float, float]:
     return max(0.0, low - margin), min(100.0, high + margin)
 
 
-def _percent_panel(ax, name: str, steps, values, bounds, start: tuple[str, float] | None, ceiling) -> None:
-    """A held-out curve in %, its 95% band where known, the start's and the ceiling's test Acc as lines."""
+def _percent_panel(ax, name: str, steps, values, bounds, first: Point) -> None:
+    """A held-out curve in %, its 95% band where known, and its start: the first point's value as a line (the
+    same questions as every later point)."""
     ax.plot(steps, values, marker="." if len(values) < 20 else None, label=name)
     if any(b[0] == b[0] for b in bounds):
         ax.fill_between(
             steps, [b[0] for b in bounds], [b[1] for b in bounds], alpha=0.2, label="95% band (Wilson)"
         )
-    if start is not None:
-        ax.axhline(start[1], color="tab:orange", linestyle="--", label=f"start: {start[0]}, test Acc")
-    if ceiling is not None:
-        ax.axhline(ceiling[1], color="tab:green", linestyle=":", label=f"{ceiling[0]}, test Acc")
+    step, _, n = first
+    questions = f", {n} questions" if n else ""
+    ax.axhline(values[0], color="tab:orange", linestyle="--", label=f"start (step {step:g}{questions})")
     ax.legend(fontsize=6)

@@ -124,7 +124,8 @@ class HeldOutCallback(TrainerCallback):
     Trainer calls ``on_train_begin`` before it loads the checkpoint's step, so the start is skipped by that
     number). A trainer that keeps the rows itself sets ``write`` and ``resumed_at`` before it trains. Under
     ``launch`` every process measures its share of the questions and the main process writes the row
-    (:func:`measured`)."""
+    (:func:`measured`). ``start=False``: the model before the first step is not measured, where a stage
+    continues from one measured already (DAPO's second stage starts from the first's last point)."""
 
     def __init__(
         self,
@@ -135,6 +136,7 @@ class HeldOutCallback(TrainerCallback):
         scorer: str = "squad",
         resumed_at: int = 0,
         generator: Any = None,
+        start: bool = True,
     ):
         self.settings = settings
         self.questions = list(questions)
@@ -143,6 +145,7 @@ class HeldOutCallback(TrainerCallback):
         self.scorer = scorer
         self.resumed_at = resumed_at
         self.generator = generator
+        self.start = start
         self.trainer: Any = None
 
     def measure(self, step: int, model: Any) -> None:
@@ -161,7 +164,7 @@ class HeldOutCallback(TrainerCallback):
             self.write(row)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.resumed_at == 0 and self.questions:
+        if self.start and self.resumed_at == 0 and self.questions:
             self.measure(0, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

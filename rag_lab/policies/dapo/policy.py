@@ -190,12 +190,14 @@ class DAPO(Agent, DAPOSettings):
             "dapo", base, self.cold_start, self.train_data, self.cache_dir, bool(self.stages)
         )
         questions, rows, previous = train[: self.train_limit], [], cache.files_digest(start)
-        for stage in self.stages:
+        for i, stage in enumerate(self.stages):
             done = self.stage_dir(previous, stage, questions, env, Path(out_dir))
             if (done / "train.json").exists():
                 log.info("DAPO stage %s: reusing %s", stage, done)
             else:
-                train_stage(self, generator, env, stage, questions, done, self.heldout.questions(dev))
+                # a later stage's start is the stage before's last held-out point (the same model): not again
+                heldout = self.heldout.questions(dev)
+                train_stage(self, generator, env, stage, questions, done, heldout, measure_start=i == 0)
             generator = generator.with_model(
                 load_model(readable(done, f"DAPO stage {stage}"), like=generator.model)
             )

@@ -105,10 +105,12 @@ def train_stage(
     questions: list[QAExample],
     done: Path,
     heldout: list[QAExample] = (),
+    measure_start: bool = True,
 ) -> None:
     """One stage of GRPO-with-DAPO on ``generator.model`` (in place), published to ``done``, with the
     settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`); the held-out curve's rows
-    (:mod:`rag_lab.train.heldout`: the policy's greedy episodes of ``heldout``) join its log."""
+    (:mod:`rag_lab.train.heldout`: the policy's greedy episodes of ``heldout``) join its log, from its start
+    unless ``measure_start`` is False (a later stage starts where the stage before measured its end)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -138,7 +140,7 @@ def train_stage(
     last = last_good_checkpoint(work)
     resumed_at = int(last.rsplit("-", 1)[-1]) if last else 0
     curve = CurveLog(work / "log.jsonl", resumed_at=resumed_at, finish=curve_row(rollouts))
-    measured = heldout_curve(policy, env, generator, heldout, curve, resumed_at)
+    measured = heldout_curve(policy, env, generator, heldout, curve, resumed_at, measure_start)
     trainer = GRPOTrainer(
         model=generator.model,
         reward_funcs=[fn for fn, _ in rewards + monitors],
@@ -189,11 +191,17 @@ def publish_stage(model, stats: dict, work: Path, done: Path) -> None:
 
 
 def heldout_curve(
-    policy, env: Env, generator: HFGenerator, questions: list[QAExample], curve: CurveLog, resumed_at: int
+    policy,
+    env: Env,
+    generator: HFGenerator,
+    questions: list[QAExample],
+    curve: CurveLog,
+    resumed_at: int,
+    start: bool = True,
 ) -> HeldOutCallback:
     """The held-out curve (:mod:`rag_lab.train.heldout`): the policy's greedy episodes of ``questions``
     with the trainer's model as it is (on its vLLM engine with ``generator=vllm``), each row into ``curve``'s
-    log."""
+    log; ``start``: the model before the first step too."""
     return HeldOutCallback(
         policy.heldout,
         questions,
@@ -202,6 +210,7 @@ def heldout_curve(
         getattr(policy.train_data, "scorer", "squad"),
         resumed_at,
         generator=generator,
+        start=start,
     )
 
 
