@@ -258,11 +258,10 @@ def write_compare(
 ) -> str:
     """compare.md / .csv / .tex, pareto.png / .svg and curves.png / .svg in ``out``; returns the markdown.
     ``ceiling``: the row drawn as a line on the Pareto plot, not a point (the oracle row: gold passages, no
-    search); ``starts``: trained row -> the row of its start (the trained − start column; both rows' test Acc
-    title the trained row's curve); ``mechanisms``: trained row -> ``{metric, against}``
-    (:func:`compare_table`). ``named``: (option, row) pairs a user typed: a row that is not in the table is an
-    error naming the option, before anything is written (a sweep of some rows only leaves the defaults'
-    missing rows out instead)."""
+    search); ``starts``: trained row -> the row of its start (both rows' test Acc title the row's curve);
+    ``mechanisms``: trained row -> ``{metric, against}`` (:func:`compare_table`). ``named``: (option, row)
+    pairs a user typed: a row that is not in the table is an error naming the option, before anything is
+    written (a sweep of some rows only leaves the defaults' missing rows out instead)."""
     runs, missing = find_runs(dirs), unfinished_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
@@ -284,9 +283,8 @@ def write_compare(
 
     pareto(table, out / "pareto", title, ceiling=ceiling)
     acc = {r["method"]: r["acc"] for _, r in table.iterrows() if pd.notna(r["acc"])}
-    # each trained row's and its start's test Acc, for its panel's title (its curve is on held-out questions)
-    pairs = table.attrs["starts"].items()
-    tests = {row: (start, acc[start], acc[row]) for row, start in pairs if start in acc and row in acc}
+    # each trained row's start and both rows' test Acc: its panel's title (its curve is on held-out questions)
+    tests = {r: (s, acc[s], acc[r]) for r, s in table.attrs["starts"].items() if s in acc and r in acc}
     curves_side_by_side(training_logs(runs, by), out / "curves", f"{title}: training", tests)
     return text
 

@@ -108,9 +108,8 @@ def train_stage(
     measure_start: bool = True,
 ) -> None:
     """One stage of GRPO-with-DAPO on ``generator.model`` (in place), published to ``done``, with the
-    settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`); the held-out curve's rows
-    (:mod:`rag_lab.train.heldout`: the policy's greedy episodes of ``heldout``) join its log, from its start
-    unless ``measure_start`` is False (a later stage starts where the stage before measured its end)."""
+    settings of ``policy`` (a :class:`~rag_lab.policies.dapo.policy.DAPO`); its held-out curve (the greedy
+    episodes of ``heldout``, :mod:`rag_lab.train.heldout`; the start's if ``measure_start``) joins its log."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -154,14 +153,13 @@ def train_stage(
         callbacks=[curve, measured],
     )
     measured.trainer = trainer  # the held-out questions generate as its rollouts do (engine or model)
-    resuming = f", resuming from {last}" if last else ""
     log.info(
         "DAPO stage %s: %d steps of %d questions x %d samples%s",
         stage,
         policy.steps,
         policy.questions_per_step,
         policy.group_size,
-        resuming,
+        f", resuming from {last}" if last else "",
     )
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
