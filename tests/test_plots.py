@@ -99,7 +99,7 @@ def test_a_curve_of_too_few_steps_or_repeating_another_is_left_out_and_named(tmp
     }
     assert curves_side_by_side(logs, tmp_path / "curves", "t") == ["dapo", "apex"]
     fig = figures[0]
-    (note,) = [t.get_text() for t in fig.texts if t.get_text() != fig.get_suptitle()]
+    (note,) = [t.get_text().replace("\n", " ") for t in fig.texts if t.get_text() != fig.get_suptitle()]
     assert note == (
         "left out: dapo_stage1 (the first points of dapo's); r3rag (3 steps measured, fewer than 4); "
         "r3rag_stop (the first points of apex's)"

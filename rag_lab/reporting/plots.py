@@ -4,6 +4,7 @@ by side on one scale, each from its own first point on the same questions (:func
 
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -290,11 +291,15 @@ def curves_side_by_side(
         ax.set_xlabel("step")
         ax.set_ylabel(f"{PERCENT_KEYS[key]} (%)" if key in PERCENT_KEYS else key, fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
+    # the title and the note wrapped to the figure's width (about 13 characters an inch at 10 points, 19 at 7)
+    fig.suptitle(textwrap.fill(title, int(13 * fig.get_figwidth())), fontsize=10)
+    bottom = 0.0
     if left:
-        notes = "; ".join(f"{m} ({why})" for m, why in left.items())
-        fig.text(0.01, 0.005, f"left out: {notes}", fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.04 if left else 0, 1, 1))
+        notes = "left out: " + "; ".join(f"{m} ({why})" for m, why in left.items())
+        notes = textwrap.fill(notes, int(19 * fig.get_figwidth()))
+        fig.text(0.01, 0.005, notes, fontsize=7, va="bottom")
+        bottom = (0.12 * (notes.count("\n") + 1) + 0.05) / fig.get_figheight()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     _save(fig, stem)
     plt.close(fig)
     return list(series)
