@@ -196,6 +196,9 @@ def test_fit_tunes_tau_writes_the_curve_and_resumes(tiny_cfg, tiny_encoder, tmp_
     # every key the fit logs, and every column of its τ curve, is on docs/methods/stoprag.md
     logged = [json.loads(line) for line in (ckpt / "train_log.jsonl").read_text().splitlines()]
     assert not undocumented_metrics("stoprag", [*logged, dict.fromkeys(curve[0].split(","))])
+    # and every row of it reached the run's logger (logger=local: the run dir's log.jsonl), once
+    sent = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sent if "loss" in r or "heldout/acc" in r] == [r["step"] for r in logged]
     assert 1 <= metrics["all"]["retrieval_count"] <= 3
     # the offline data is cached by content: a second run reuses it, and the trained Q-network is reused
     cached = list((tmp_path / "cache" / "stoprag").glob("*.jsonl"))

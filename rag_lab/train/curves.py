@@ -51,6 +51,12 @@ def write_curves(
     text = "".join(json.dumps(r) + "\n" for r in rows)
     atomic_write_text(out_dir / "train_log.jsonl", text)
     plot(rows, out_dir / "curves.png", panels, title, sharex)
+    log_once(rows, out_dir, logger)
+
+
+def log_once(rows: list[dict], out_dir: Path, logger) -> None:
+    """``rows`` (a training log's, each with its ``step``) to the run's logger, once: ``out_dir/.logged``
+    counts the rows logged, so a resumed or reused fit that finds them logged does not log them twice."""
     marker = out_dir / ".logged"
     if logger is not None and not (marker.exists() and marker.read_text() == str(len(rows))):
         for r in rows:

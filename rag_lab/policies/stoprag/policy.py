@@ -41,6 +41,7 @@ Not results but costs, the generator-call counts of ``stoprag.json`` count the c
 during data collection or τ tuning loses the killed process's count of those stages.
 """
 
+import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -75,6 +76,7 @@ from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
 from rag_lab.policies.stoprag.trainer import plain_data, rng_state, save_atomic, train_qnet
+from rag_lab.train.curves import log_once
 from rag_lab.train.parallel import is_main, processes, summed
 from rag_lab.train.resume import load_torch
 
@@ -210,6 +212,7 @@ class StopRAG(StopRAGSettings):
             self.tau = saved["tau"]
             self.stats = saved["stats"]
             log.info("Stop-RAG: reusing the trained Q-network and τ = %.3f from %s", self.tau, final)
+            self.log_curve(out_dir, logger)
             return
         questions = train[: self.train_limit]
         offline = self.offline_path(env, questions, out_dir)
@@ -254,11 +257,21 @@ class StopRAG(StopRAGSettings):
         atomic_write_json(out_dir / "stoprag.json", {"tau": self.tau, **self.stats})
         plain = plain_data({"tau": self.tau, "stats": self.stats})
         save_atomic({"model": self.trainable_state(), **plain}, final)
+        self.log_curve(out_dir, logger)
         if done is not None and not done.exists() and is_main():
             with cache.publish(done) as tmp:
                 for name in ("qnet.pt", "stoprag.json", "tau_curve.csv", "tau_curve.png", "tau_curve.svg"):
                     if (out_dir / name).exists():
                         shutil.copy2(out_dir / name, tmp / name)
+
+    @staticmethod
+    def log_curve(out_dir: Path, logger) -> None:
+        """The Q-network's training log (``train_log.jsonl``: loss, λ, lr, the held-out curve) to the run's
+        logger, once, from the main process (a fit reused from the cache has no log to send)."""
+        path = out_dir / "train_log.jsonl"
+        if is_main() and path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            log_once(rows, out_dir, logger)
 
     def result_dir(self, env: Env, train: list[QAExample], dev: list[QAExample]) -> Path | None:
         """Where a finished fit is kept for another run with the same policy config, generator, retriever,
