@@ -17,8 +17,9 @@ argparse's); a subcommand parser (argparse's ``add_subparsers``) would parse the
 """
 
 import importlib.util
-import runpy
 import sys
+
+from rag_lab.core.cli import run_as_main
 
 # The commands, each one line in ``rag-lab --help``; ``rag_lab/<name>.py`` runs it.
 COMMANDS = {
@@ -65,13 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     module = f"rag_lab.{name}"
     if importlib.util.find_spec(module) is None:
         fail(f"'{name}' is not in this install of rag_lab (no module {module}); update rag_lab")
-    # python -m's argv: argv[0] becomes the module's file (run_module's alter_sys), the rest are its own.
-    saved = sys.argv[:]
-    sys.argv[1:] = args
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    finally:
-        sys.argv[:] = saved
+    run_as_main(module, args)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ Hand-written: a fixed command line for the runner, run as ``python -m rag_lab.ru
 (:func:`runpy.run_module`), so its checks, its help and its errors are the runner's.
 """
 
-import runpy
 import sys
+
+from rag_lab.core.cli import run_as_main
 
 EXPERIMENT = "experiment=quickstart"
 SWEEP_DIR = "outputs/quickstart"
@@ -36,12 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__.replace("``", "`"))
         raise SystemExit(0)
-    saved = sys.argv[:]
-    sys.argv[1:] = command_line(argv)
-    try:
-        runpy.run_module("rag_lab.run", run_name="__main__", alter_sys=True)
-    finally:
-        sys.argv[:] = saved
+    run_as_main("rag_lab.run", command_line(argv))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,21 @@ from rag_lab import CONF_DIR
 from rag_lab.core.config import ConfigError, group_options
 
 
+def run_as_main(module: str, args: Sequence[str]) -> None:
+    """``python -m <module> <args>`` inside this process: the module run as ``__main__`` by
+    :func:`runpy.run_module` (what ``python -m`` does), with ``sys.argv`` as ``python -m`` sets it, restored
+    after (``rag-lab <command>``, ``python -m rag_lab.quickstart``)."""
+    import runpy
+    import sys
+
+    saved = sys.argv[:]
+    sys.argv[1:] = list(args)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        sys.argv[:] = saved
+
+
 def check_yaml_files(conf_dirs: list[Path] | None = None) -> None:
     """Parse every yaml of the config tree(s); a syntax error becomes one line naming file, line, column.
 
