@@ -14,7 +14,7 @@ from rag_lab.data.evidence import Evidence, distractors, index_corpus, kept, rea
 from rag_lab.eval.provenance import row_hash
 from rag_lab.train.tiny.generator import world_fingerprint
 
-from conftest import cli, compose
+from conftest import TINY_DATA, cli, compose
 
 
 def files_digest(root: Path) -> str:
@@ -105,3 +105,15 @@ def test_every_question_keeps_its_gold_ids_under_the_knobs(data, coverage):
     before = [ex.supporting_ids for ex in data.split("test")]
     index_corpus(data, Evidence(coverage=coverage, distractors=1))
     assert [ex.supporting_ids for ex in data.split("test")] == before
+
+
+def test_the_index_and_serve_commands_build_the_runs_index():
+    """``rag_lab.serve`` (a node's retrieval server) and ``rag_lab.index`` build the index a run with the same
+    ``corpus.*`` searches: a client's corpus check passes only on the same fingerprint."""
+    from rag_lab.serve import retrieval
+
+    knobs = [*TINY_DATA, "corpus.coverage=0.6", "corpus.distractors=1"]
+    cfg = compose(knobs)
+    expected = index_corpus(instantiate(cfg.data), Evidence(**cfg.corpus))
+    _, info = retrieval(compose([*knobs, "retriever=bm25"], config_name="serve"))
+    assert (info["corpus"], info["passages"]) == (expected.fingerprint, len(expected))

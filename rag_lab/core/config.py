@@ -128,6 +128,7 @@ class ServeConfig:
     data: Any = None
     retriever: Any = None
     serve: ServeSettings = field(default_factory=ServeSettings)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
     seed: int = 0
     cache_dir: str = "~/.cache/rag_lab"
 
