@@ -246,7 +246,9 @@ def retrieval(cfg) -> tuple[Retriever | None, dict[str, Any] | None]:
 
     if not cfg.get("retriever"):
         return None, None
-    corpus = instantiate(cfg.data).corpus
+    from rag_lab.data.evidence import Evidence, index_corpus
+
+    corpus = index_corpus(instantiate(cfg.data), Evidence(**cfg.corpus))
     config = OmegaConf.to_container(cfg.retriever, resolve=True)  # before build resolves nodes in place
     return build(cfg.retriever, corpus=corpus), retriever_info(config, corpus)
 
