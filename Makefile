@@ -66,12 +66,12 @@ claims: install ## The papers' claims (H and M) judged once on the judge split a
 # make evidence: experiment=evidence_synth, the five trained methods and their starts under corpus coverage
 # {1.0, 0.8, 0.6} x distractors {0, 2} and the random / empty / oracle retrievers (seed 0; more with
 # EVIDENCE_ARGS='seed=0,1,2'), then experiments/results/evidence_synth.md and its figure beside it
-# (rag_lab/reporting/evidence_page.py reads the sweep's runs again; the sweep dir holds evidence.md too)
+# (rag_lab/reporting/evidence.py reads the sweep's runs again; the sweep dir holds evidence.md too)
 EVIDENCE_DIR ?= outputs/evidence
 .PHONY: evidence
 evidence: install ## Each method's gain against corpus coverage, distractors and retriever controls -> experiments/results/evidence_synth.md
 	$(PY) -m rag_lab.run experiment=evidence_synth hydra.sweep.dir=$(EVIDENCE_DIR) $(EVIDENCE_ARGS)
-	$(PY) -m rag_lab.reporting.evidence_page $(EVIDENCE_DIR) --page experiments/results/evidence_synth.md \
+	$(PY) -m rag_lab.reporting.evidence $(EVIDENCE_DIR) --page experiments/results/evidence_synth.md \
 		--command "make evidence$(if $(EVIDENCE_ARGS), EVIDENCE_ARGS='$(EVIDENCE_ARGS)')"
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)

@@ -1,4 +1,4 @@
-"""The evidence sweep's report (rag_lab/reporting/evidence.py, evidence_page.py; issue 74) on hand-made
+"""The evidence sweep's report (rag_lab/reporting/evidence.py, evidence_tables.py; issue 74) on hand-made
 sweeps: each (row, condition) a run dir with its overrides, its config's corpus block and a few records."""
 
 import json
@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from rag_lab.core.errors import RagLabError
 from rag_lab.eval.stats import paired_bootstrap
-from rag_lab.reporting import evidence as ev
+from rag_lab.reporting import evidence_tables as ev
 from rag_lab.reporting import pages
-from rag_lab.reporting.evidence_page import (
+from rag_lab.reporting.evidence import (
     FIGURE,
     EvidenceCallback,
     Settings,
@@ -262,11 +262,11 @@ def test_the_results_page_opens_with_the_table_its_stamp_and_the_figure(tmp_path
     first = write_page([sweep], Settings(), sweep, page, "make evidence")
     stamp = _layout(first)
     assert stamp.command == "`make evidence`" and stamp.machine == pages.machine()
-    assert (results / "evidence_synth_gain.png").exists()
+    assert (results / "evidence_synth.png").exists()
     lines = first.splitlines()
     at = next(i for i, line in enumerate(lines) if pages.STAMP.match(line))
     assert lines[at + 2 :][:3] == ["## Gain against coverage", "", lines[at + 4]]
-    assert "![trained − start against coverage](evidence_synth_gain.png)" in first
+    assert "![trained − start against coverage](evidence_synth.png)" in first
     assert first.index("## Ranking") < first.index("## Controls") < first.index("## Columns")
     assert "## History" not in first
     # the next run: its table leads, the first one under History, less the figure (overwritten)
@@ -289,11 +289,11 @@ def test_the_callback_writes_into_the_sweep_dir_and_the_command_reads_its_settin
     main = text[: text.index("## ")]
     assert text.startswith("# T\n") and "| stoprag  | 0.0     | 10.0" in main and "| apex " not in main
     # the command: the callback's settings from the sweep's multirun.yaml
-    spec = {"_target_": "rag_lab.reporting.evidence_page.EvidenceCallback", "starts": {"apex": "stoprag"},
+    spec = {"_target_": "rag_lab.reporting.evidence.EvidenceCallback", "starts": {"apex": "stoprag"},
             "title": "${data.name}"}  # fmt: skip
     (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"callbacks": {"evidence": spec}}}))
     assert settings_of(tmp_path) == Settings(starts={"apex": "stoprag"})
-    rc, out = cli("reporting.evidence_page", [str(tmp_path)], capfd, monkeypatch)
+    rc, out = cli("reporting.evidence", [str(tmp_path)], capfd, monkeypatch)
     assert rc == 0 and "| apex     | 10.0    | 50.0" in out
 
 
@@ -313,6 +313,25 @@ def test_bad_settings_are_one_line_naming_the_setting(kwargs, message):
 def test_a_sweep_without_the_overrides_is_one_line(tmp_path, capfd, monkeypatch):
     run = make_run(tmp_path, "apex", "cov100_d0", 0, records(1))
     (run / ".hydra" / "overrides.yaml").write_text("- seed=0\n")
-    rc, out = cli("reporting.evidence_page", [str(tmp_path)], capfd, monkeypatch)
+    rc, out = cli("reporting.evidence", [str(tmp_path)], capfd, monkeypatch)
     assert rc != 0 and "no run has both overrides experiment/evidence_synth and experiment/evidence" in out
     assert "Traceback" not in out
+
+
+def test_make_evidences_callback_names_the_sweeps_rows_and_conditions():
+    """experiment=evidence_synth's callback as Hydra builds it: every row it pairs and every condition it
+    names is one the sweep runs, and every trained row of the sweep has its start."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from rag_lab.core.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", ["experiment=evidence_synth"], return_hydra_config=True)
+    settings = instantiate(cfg.hydra.callbacks.evidence).settings
+    params = cfg.hydra.sweeper.params
+    rows = params[settings.rows].split(",")
+    conditions = params[settings.conditions].split(",")
+    assert sorted(r for pair in settings.starts.items() for r in pair) == sorted(rows)
+    assert {settings.reference, *settings.controls} <= set(conditions)
+    assert settings.controls == ("random", "empty", "oracle") and settings.reference == "cov100_d0"

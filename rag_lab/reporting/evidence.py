@@ -1,312 +1,290 @@
-"""The evidence sweep's tables (``experiment=evidence_synth``, ``make evidence``; issue 74): each trained
-method against its start under each condition of the index, the methods ranked at each level and the
-retriever controls beside BM25.
+"""The evidence sweep's figure, files and results page (``make evidence``; issue 74), and the Hydra callback
+that writes them when ``experiment=evidence_synth`` ends (the tables: :mod:`.evidence_tables`).
 
-The sweep's runs are one cell per (row, condition): the rows are the values of
-``experiment/evidence_synth`` (the five trained methods and their starts), the conditions those of
-``experiment/evidence`` (``corpus.coverage`` × ``corpus.distractors``, read from each run's ``config.yaml``,
-and the retriever controls at full coverage).
-A cell's numbers are means over questions, each question's mean over its seeds first; trained − start is the
-paired bootstrap over questions with all their seeds (:func:`rag_lab.eval.paired.paired_delta`), the seed
-spread beside it. Per record, ``reachable`` says whether the question's gold evidence is all in the index
-under the run's condition and ``own_reward`` is the method's own training reward of the episode: the table
-shows that reward on the questions the index cannot answer (a reward earned there is earned without the
-evidence) and the searches spent on each kind. Kendall's τ is scipy's (τ-b). Hand-written: the tables'
-layout, which no library keeps. The figure, the files, the results page and the Hydra callback:
-:mod:`rag_lab.reporting.evidence_page`.
+Written into the sweep dir: ``evidence.md`` (the main table, the figure, the ranking, the controls and what
+each column means), ``evidence.csv`` (the main table's numbers) and ``evidence.png`` / ``.svg`` (each
+method's trained − start with its 95% CI against coverage, one panel per distractor level: matplotlib).
+``python -m rag_lab.reporting.evidence SWEEP --page experiments/results/evidence_synth.md`` writes them
+again from the sweep's runs and then the results page: its title, the main table, the stamp under it (commit,
+date, machine, the command: :mod:`rag_lab.reporting.pages`), the figure (copied beside the page), the other
+tables; the page it replaces moves under History (its figure section left out: the file is overwritten).
+The command reads the callback's settings from the sweep's ``multirun.yaml``. Hand-written: the page's layout.
 """
 
-from dataclasses import dataclass
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pandas as pd
 import yaml
-from scipy import stats
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
-from rag_lab.core.errors import RagLabError
-from rag_lab.eval.paired import by_question, paired_delta, scored
-from rag_lab.eval.runs import distinct, overrides_of
-from rag_lab.eval.table import DESCRIPTIONS, MISSING
+from rag_lab.core.errors import RagLabError, one_line_errors
+from rag_lab.core.records import atomic_write_text
+from rag_lab.eval.runs import find_runs, left_out, unfinished_runs
+from rag_lab.reporting import evidence_tables as ev
+from rag_lab.reporting import pages
+from rag_lab.reporting.plots import _pyplot, _save
 
-ROWS = "experiment/evidence_synth"
-CONDITIONS = "experiment/evidence"
-# each trained row -> its start (the same loop before training; Stop-RAG's is fixed T)
-STARTS = {
-    "stoprag": "fixed_iter",
-    "dapo": "dapo_start",
-    "evorag": "evorag_start",
-    "r3rag": "r3rag_start",
-    "apex": "apex_start",
-}
-# the plain BM25 index (full coverage, no distractors): the ranking's reference and the controls' baseline
-REFERENCE = "cov100_d0"
-CONTROLS = ("random", "empty", "oracle")
-GAIN = "trained − start [95% CI]"
+ROOT = Path(__file__).resolve().parents[2]
+FIGURE = "evidence"
+FIGURE_SECTION = "Gain against coverage"
+TITLE = "evidence_synth: each method's gain against the evidence it was given"
 
 
 @dataclass(frozen=True)
-class Cells:
-    """A sweep's runs by (row, condition): each cell's records by question, then seed
-    (:func:`rag_lab.eval.paired.by_question`), how many seeds it has, and each condition's
-    (coverage, distractors) where its runs' config says (None where it does not)."""
+class Settings:
+    """The callback's settings: the overrides naming rows and conditions, each trained row's start, the
+    plain index's condition and the retriever controls'."""
 
-    data: dict[tuple[str, str], dict[str, dict[str, dict]]]
-    seeds: dict[tuple[str, str], int]
-    levels: dict[str, tuple[float, int] | None]
-    runs: int
-
-    def get(self, row: str, condition: str) -> dict[str, dict[str, dict]] | None:
-        return self.data.get((row, condition))
-
-    def grid(self, controls: tuple[str, ...] = CONTROLS) -> list[str]:
-        """The conditions with a coverage and a distractor level (not the controls), by distractors, then
-        coverage from full down: cov100_d0, cov80_d0, ..., cov60_d2."""
-        placed = [c for c, level in self.levels.items() if level is not None and c not in controls]
-        return sorted(placed, key=lambda c: (self.levels[c][1], -self.levels[c][0]))
+    rows: str = ev.ROWS
+    conditions: str = ev.CONDITIONS
+    starts: dict[str, str] = field(default_factory=lambda: dict(ev.STARTS))
+    reference: str = ev.REFERENCE
+    controls: tuple[str, ...] = ev.CONTROLS
+    title: str = TITLE
 
 
-def _label(value: str) -> str:
-    return value.strip("'\"")
+def check_settings(
+    starts: Mapping[str, str] | None, controls: Sequence[str] | None, reference: str
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``starts`` and ``controls`` as plain values; a malformed one is an error naming it (the callback checks
+    before the sweep runs)."""
+    starts = ev.STARTS if starts is None else starts
+    if not isinstance(starts, Mapping) or not all(isinstance(v, str) for v in starts.values()):
+        raise RagLabError(f"starts: expected {{trained row: its start row}}, got {starts}")
+    controls = ev.CONTROLS if controls is None else controls
+    if isinstance(controls, str) or not all(isinstance(c, str) for c in controls):
+        raise RagLabError(f"controls: expected a list of conditions, got {controls}")
+    if reference in controls:
+        raise RagLabError(f"reference {reference}: a control too (controls: {', '.join(controls)})")
+    return {str(k): v for k, v in starts.items()}, tuple(controls)
 
 
-def corpus_level(run: Path) -> tuple[float, int] | None:
-    """``(corpus.coverage, corpus.distractors)`` of a run's resolved ``config.yaml``; None without either."""
-    path = run / "config.yaml"
+def gain_figure(table: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
+    """``stem``.png / .svg: per trained method, trained − start (points of Acc) with its 95% CI against
+    coverage, one panel per distractor level, the methods side by side around each coverage; returns the
+    lines of ``table`` drawn (none, and nothing written, where no grid cell has both rows)."""
+    drawn = table[table["grid"]].dropna(subset=["s"]) if "s" in table else table.iloc[0:0]
+    if drawn.empty:
+        return drawn
+    plt = _pyplot()
+    levels = sorted(set(drawn["distractors"]))
+    fig, axes = plt.subplots(1, len(levels), figsize=(4.4 * len(levels), 3.8), sharey=True, squeeze=False)
+    methods = list(dict.fromkeys(table["method"]))
+    coverages = sorted(set(drawn["coverage"]))
+    step = 0.15 * (
+        min(b - a for a, b in zip(coverages, coverages[1:], strict=False)) if len(coverages) > 1 else 0.1
+    )
+    for ax, level in zip(axes[0], levels, strict=True):
+        for i, method in enumerate(methods):
+            points = drawn[(drawn["distractors"] == level) & (drawn["method"] == method)].sort_values(
+                "coverage"
+            )
+            if points.empty:
+                continue
+            # a small shift per method keeps the error bars at one coverage apart
+            x = points["coverage"] + (i - (len(methods) - 1) / 2) * step / max(len(methods) - 1, 1)
+            errors = [points["s"] - points["s_low"], points["s_high"] - points["s"]]
+            ax.errorbar(x, points["s"], yerr=errors, marker="o", capsize=3, label=method)
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_xticks(coverages)
+        ax.set_xlim(max(coverages) + step, min(coverages) - step)  # full coverage on the left
+        ax.set_title(f"{level:g} distractors per gold passage", fontsize=9)
+        ax.set_xlabel("coverage (share of gold passages in the index)", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("trained − start, Acc (points, 95% CI)", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:  # a method drawn in one panel only is in the legend too
+        more = [
+            (h, label)
+            for h, label in zip(*ax.get_legend_handles_labels(), strict=True)
+            if label not in labels
+        ]
+        handles, labels = handles + [h for h, _ in more], labels + [label for _, label in more]
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _save(fig, stem)
+    plt.close(fig)
+    return drawn
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The report's tables, read from a sweep's runs once: the main one's numbers and its display, the
+    ranking's and the controls' display, and the line above the main table."""
+
+    main: pd.DataFrame
+    shown: pd.DataFrame
+    ranking: pd.DataFrame
+    controls: pd.DataFrame
+    summary: str
+
+
+def _absent(cells: ev.Cells, settings: Settings) -> str:
+    """The rows and conditions the settings name that the sweep has no run of (their cells are —)."""
+    rows, conditions = {r for r, _ in cells.data}, {c for _, c in cells.data}
+    named = dict.fromkeys(r for pair in settings.starts.items() for r in pair)
+    notes = [
+        f"{kind} {', '.join(gone)}"
+        for kind, gone in (
+            ("rows", [r for r in named if r not in rows]),
+            ("conditions", [c for c in (settings.reference, *settings.controls) if c not in conditions]),
+        )
+        if gone
+    ]
+    return f" Not in the sweep (—): {'; '.join(notes)}." if notes else ""
+
+
+def tables(dirs: list[Path], settings: Settings) -> Tables:
+    """The tables of the finished runs under ``dirs`` (a run without metrics.json is named and left out)."""
+    runs, missing = find_runs(dirs), unfinished_runs(dirs)
+    if not runs:
+        raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
+    cells = ev.read_cells(runs, settings.rows, settings.conditions)
+    main = ev.gains(cells, settings.starts, settings.controls)
+    rank = ev.ranking(cells, list(settings.starts), settings.reference, settings.controls)
+    controls = ev.controls_table(cells, settings.starts, settings.reference, settings.controls)
+    seeds = max(cells.seeds.values())
+    summary = (
+        f"Each trained method against its start (the same loop before training) under each index: "
+        f"{cells.runs} runs, up to {seeds} seed{'s' if seeds > 1 else ''} per cell{left_out(missing)}."
+        f"{_absent(cells, settings)}"
+    )
+    return Tables(
+        main,
+        ev.show_gains(main),
+        ev.show_ranking(rank, settings.reference),
+        ev.show_controls(controls, settings.reference, settings.controls),
+        summary,
+    )
+
+
+def sections(t: Tables, settings: Settings, figure: str | None) -> tuple[str, str]:
+    """The report's text: the summary and the main table (what the stamp goes under), then the figure
+    (``figure``: its file name; None: no figure section), the ranking, the controls and the legend."""
+    rest = ""
+    if figure is not None:
+        rest += (
+            f"## {FIGURE_SECTION}\n\nEach method's trained − start (Acc, points) with its 95% CI against the "
+            f"share of gold passages kept in the index, one panel per distractor level:\n\n"
+            f"![trained − start against coverage]({figure})\n\n"
+        )
+    rest += (
+        f"## Ranking\n\nThe methods by trained Acc at each coverage × distractor level, best first, and "
+        f"Kendall's τ-b between each level's ranking and {settings.reference}'s (the plain index; "
+        f"scipy.stats.kendalltau, p its two-sided test; — with fewer than two methods in common):\n\n"
+        f"{ev.markdown(t.ranking)}\n"
+        f"## Controls\n\nAcc (%) and searches per question (RC) of each row under BM25 "
+        f"({settings.reference}) and the retriever controls at full coverage, no distractors (random: pages "
+        f"drawn at random; empty: no page; oracle: the gold passages first, then BM25's):\n\n"
+        f"{ev.markdown(t.controls)}\n"
+        f"## Columns\n\n{ev.legend(t.shown)}"
+    )
+    return f"{t.summary}\n\n{ev.markdown(t.shown)}", rest
+
+
+def write_evidence(dirs: list[Path], settings: Settings, out: Path) -> tuple[Tables, bool]:
+    """evidence.md / .csv and the figure (where it has a point) in ``out``; the tables, and whether the
+    figure was drawn."""
+    t = tables(dirs, settings)  # first: a sweep dir that is not there stays so
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = not gain_figure(t.main, out / FIGURE, settings.title).empty
+    head, rest = sections(t, settings, f"{FIGURE}.png" if drawn else None)
+    atomic_write_text(out / "evidence.md", f"# {settings.title}\n\n{head}\n{rest}")
+    atomic_write_text(out / "evidence.csv", t.main.to_csv(index=False))
+    return t, drawn
+
+
+def write_page(dirs: list[Path], settings: Settings, out: Path, page: Path, command: str) -> str:
+    """The sweep's files (:func:`write_evidence`), then the results page ``page``: title, main table, stamp,
+    figure (copied to ``<page stem>.png`` beside it), the other tables; the page it replaces under History."""
+    t, drawn = write_evidence(dirs, settings, out)
+    figure = f"{page.stem}.png"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    if drawn:
+        shutil.copyfile(out / f"{FIGURE}.png", page.parent / figure)
+    head, rest = sections(t, settings, figure if drawn else None)
+    stamp = pages.here(command, ROOT)
+    old = page.read_text() if page.exists() else None
+    text = pages.publish(
+        old, f"# {settings.title}\n\n{head}\n{stamp.line()}\n\n{rest}", drop=(FIGURE_SECTION,)
+    )
+    atomic_write_text(page, text)
+    return text
+
+
+class EvidenceCallback(Callback):
+    """A Hydra callback: when the evidence multirun ends, write its tables and figure into the sweep dir."""
+
+    def __init__(
+        self,
+        rows: str = ev.ROWS,
+        conditions: str = ev.CONDITIONS,
+        starts: Mapping[str, str] | None = None,
+        reference: str = ev.REFERENCE,
+        controls: Sequence[str] | None = None,
+        title: str = "",
+    ):
+        starts, controls = check_settings(starts, controls, reference)
+        self.settings = Settings(rows, conditions, starts, reference, controls, title or TITLE)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        try:
+            write_evidence([sweep], self.settings, sweep)
+        except RagLabError as e:  # the jobs' outputs are written; only the report is not
+            print(f"error: no evidence report for {sweep}: {e}", file=sys.stderr)
+            return
+        text = (sweep / "evidence.md").read_text()
+        sys.stdout.write(f"\n{text}\nreport: {sweep / 'evidence.md'}; figure: {sweep / FIGURE}.png\n")
+
+
+def settings_of(sweep: Path) -> Settings:
+    """The settings of the :class:`EvidenceCallback` in the sweep's ``multirun.yaml`` (Hydra writes the
+    sweep's config there), the defaults where it has none."""
+    path = sweep / "multirun.yaml"
     try:
         config = yaml.safe_load(path.read_text()) if path.exists() else None
     except yaml.YAMLError as e:
         raise RagLabError(f"{path}: malformed yaml ({str(e).splitlines()[0]})") from None
-    corpus = (config or {}).get("corpus") or {}
-    if corpus.get("coverage") is None or corpus.get("distractors") is None:
-        return None
-    return float(corpus["coverage"]), int(corpus["distractors"])
-
-
-def read_cells(runs: list[Path], rows: str = ROWS, conditions: str = CONDITIONS) -> Cells:
-    """The runs grouped by the values of overrides ``rows`` and ``conditions`` (a run repeating another
-    counts once: :func:`rag_lab.eval.runs.distinct`); an error naming both keys when no run has them."""
-    groups: dict[tuple[str, str], list[Path]] = {}
-    levels: dict[str, tuple[float, int] | None] = {}
-    for run in distinct(runs):
-        over = overrides_of(run)
-        if rows not in over or conditions not in over:
-            continue
-        key = (_label(over[rows]), _label(over[conditions]))
-        groups.setdefault(key, []).append(run)
-        if levels.get(key[1]) is None:
-            levels[key[1]] = corpus_level(run)
-    if not groups:
-        raise RagLabError(
-            f"no run has both overrides {rows} and {conditions} (see a run's .hydra/overrides.yaml)"
-        )
-    data = {key: by_question(members) for key, members in groups.items()}
-    return Cells(data, {k: len(v) for k, v in groups.items()}, levels, sum(map(len, groups.values())))
-
-
-def mean(
-    questions: dict[str, dict[str, dict]] | None, field: str, reachable: bool | None = None
-) -> float | None:
-    """Mean of ``field`` over questions, each question's mean over its seeds first; with ``reachable``, over
-    the records whose ``reachable`` is that (a record without the field is in neither). None where no
-    record counts: no cell, no such question, or a field nobody scored (fixed T has no reward of its own)."""
-    per_question = []
-    for seeds in (questions or {}).values():
-        values = [
-            float(r[field])
-            for r in seeds.values()
-            if scored(r.get(field)) and (reachable is None or r.get("reachable") in (reachable,))
-        ]
-        if values:
-            per_question.append(np.mean(values))
-    return float(np.mean(per_question)) if per_question else None
-
-
-def _percent(value: float | None) -> float | None:
-    return None if value is None else 100.0 * value
-
-
-def gain_row(cells: Cells, method: str, start: str, condition: str) -> dict:
-    """One (condition, method) line of the main table: both rows' Acc (%), trained − start in points with its
-    CI, p and seed spread, the share of reachable questions (%), the own reward and the searches on
-    reachable and unreachable questions (trained and start)."""
-    trained, before = cells.get(method, condition), cells.get(start, condition)
-    level = cells.levels.get(condition)
-    row = {
-        "condition": condition,
-        "coverage": None if level is None else level[0],
-        "distractors": None if level is None else level[1],
-        "method": method,
-        "start": start,
-        "seeds": cells.seeds.get((method, condition)),
-        "start_acc": _percent(mean(before, "acc")),
-        "acc": _percent(mean(trained, "acc")),
-        "reachable": _percent(mean(trained if trained is not None else before, "reachable")),
-    }
-    res = paired_delta(trained, before, "acc") if trained is not None and before is not None else None
-    if res is not None:
-        row |= {"s": 100 * res.delta, "s_low": 100 * res.ci_low, "s_high": 100 * res.ci_high}
-        row |= {"s_p": res.p_value, "seed_sd": None if res.seed_sd is None else 100 * res.seed_sd}
-    for name, flag in (("unreachable", False), ("reachable", True)):
-        row[f"reward_{name}"] = mean(trained, "own_reward", flag)
-        row[f"start_reward_{name}"] = mean(before, "own_reward", flag)
-        row[f"rc_{name}"] = mean(trained, "retrieval_count", flag)
-        row[f"start_rc_{name}"] = mean(before, "retrieval_count", flag)
-    return row
-
-
-def gains(
-    cells: Cells, starts: dict[str, str] = STARTS, controls: tuple[str, ...] = CONTROLS
-) -> pd.DataFrame:
-    """The main table: a line per (condition, trained method), the grid first, then the controls and any
-    other condition of the sweep; a method missing from a condition is a line of Nones (shown as —)."""
-    grid = cells.grid(controls)
-    others = [c for c in dict.fromkeys(c for _, c in cells.data) if c not in grid]
-    order = grid + sorted(
-        others, key=lambda c: (c not in controls, controls.index(c) if c in controls else 0)
+    callbacks = ((config or {}).get("hydra") or {}).get("callbacks") or {}
+    spec = next(
+        (c for c in callbacks.values() if str(c.get("_target_", "")).endswith(".EvidenceCallback")), {}
     )
-    # a control's config says full coverage, no distractors too: "grid" keeps it off the figure's points
-    rows = [gain_row(cells, m, s, c) | {"grid": c in grid} for c in order for m, s in starts.items()]
-    return pd.DataFrame(rows)
+    kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+    if "${" in str(kwargs.get("title", "")):  # an interpolation of the run's config: not resolved here
+        kwargs.pop("title")
+    return EvidenceCallback(**kwargs).settings
 
 
-def kendall(reference: dict[str, float], other: dict[str, float]) -> tuple[float, float] | None:
-    """Kendall's τ (τ-b, scipy) between two rankings given as method -> score, over the methods both hold,
-    and its p-value; None with fewer than two in common or where a ranking is all ties.
-
-    >>> tau, p = kendall({"a": 3.0, "b": 2.0, "c": 1.0}, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 0.0})
-    >>> round(tau, 3), round(p, 3)
-    (-1.0, 0.333)
-    """
-    common = [m for m in reference if m in other]
-    if len(common) < 2:
-        return None
-    res = stats.kendalltau([reference[m] for m in common], [other[m] for m in common])
-    if res.statistic != res.statistic:
-        return None
-    return float(res.statistic), float(res.pvalue)
-
-
-def ranking(
-    cells: Cells, methods: list[str], reference: str = REFERENCE, controls: tuple[str, ...] = CONTROLS
-) -> pd.DataFrame:
-    """A line per grid level: the methods by trained Acc, best first (ties in ``methods``' order), and
-    Kendall's τ of that ranking against ``reference``'s (the plain index) with its p-value."""
-    accs = {
-        c: {m: a for m in methods if (a := mean(cells.get(m, c), "acc")) is not None}
-        for c in cells.grid(controls)
-    }
-    rows = []
-    for condition, acc in accs.items():
-        order = sorted(acc, key=lambda m: -acc[m])
-        tau = kendall(accs.get(reference, {}), acc)
-        coverage, distractors = cells.levels[condition]
-        row = {"condition": condition, "coverage": coverage, "distractors": distractors}
-        row |= {str(i + 1): f"{m} {100 * acc[m]:.1f}" for i, m in enumerate(order)}
-        rows.append(row | {"tau": None if tau is None else tau[0], "tau_p": None if tau is None else tau[1]})
-    return pd.DataFrame(rows)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m rag_lab.reporting.evidence", description=__doc__.replace("``", "")
+    )
+    parser.add_argument(
+        "sweep", type=Path, help="the evidence sweep's dir (its multirun.yaml names the rows)"
+    )
+    parser.add_argument("--page", type=Path, help="also write this results page (experiments/results/...md)")
+    parser.add_argument("--command", default="make evidence", help="the page's remake command (its stamp)")
+    args = parser.parse_args(argv)
+    with one_line_errors():
+        settings = settings_of(args.sweep)
+        if args.page is None:
+            write_evidence([args.sweep], settings, args.sweep)
+            sys.stdout.write((args.sweep / "evidence.md").read_text())
+        else:
+            write_page([args.sweep], settings, args.sweep, args.page, args.command)
+            sys.stdout.write(f"page: {args.page}\n")
 
 
-def controls_table(
-    cells: Cells, starts: dict[str, str] = STARTS, reference: str = REFERENCE, controls=CONTROLS
-) -> pd.DataFrame:
-    """A line per row (each trained method, then its start): its Acc (%) and searches per question under
-    BM25 (``reference``) and under each control; None where the sweep has no such run."""
-    rows = []
-    for name in dict.fromkeys(r for pair in starts.items() for r in pair):
-        row: dict = {"row": name}
-        for condition in (reference, *controls):
-            questions = cells.get(name, condition)
-            row[f"{condition}_acc"] = _percent(mean(questions, "acc"))
-            row[f"{condition}_rc"] = mean(questions, "retrieval_count")
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _num(value, digits: int, sign: str = "") -> str | None:
-    if value is None or value != value:
-        return None
-    return f"{value:{sign}.{digits}f}"
-
-
-def _p(p) -> str | None:
-    if p is None or p != p:
-        return None
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def _arrow(before, after, digits: int) -> str | None:
-    """``0.120 → 0.410``: a start's value and the trained row's (— for one that is missing)."""
-    if _num(before, digits) is None and _num(after, digits) is None:
-        return None
-    return f"{_num(before, digits) or '—'} → {_num(after, digits) or '—'}"
-
-
-def show_gains(table: pd.DataFrame) -> pd.DataFrame:
-    """The main table as people read it (one cell per column of :data:`LEGEND`)."""
-    out = []
-    for _, r in table.iterrows():
-        gain = _num(r.get("s"), 1, "+")
-        if gain is not None:
-            gain += f" [{r['s_low']:+.1f}, {r['s_high']:+.1f}]"
-        row = {"condition": r["condition"], "method": r["method"], "start": _num(r["start_acc"], 1)}
-        row |= {"trained": _num(r["acc"], 1), GAIN: gain, "p": _p(r.get("s_p"))}
-        if (table["seeds"].fillna(0) > 1).any():
-            row["seed sd"] = _num(r.get("seed_sd"), 1)
-        row["reachable"] = _num(r["reachable"], 1)
-        for name in ("unreachable", "reachable"):
-            row[f"own reward, {name}"] = _arrow(r[f"start_reward_{name}"], r[f"reward_{name}"], 3)
-        row |= {"RC, reachable": _num(r["rc_reachable"], 2), "RC, unreachable": _num(r["rc_unreachable"], 2)}
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def show_ranking(table: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
-    if table.empty:
-        return pd.DataFrame({"condition": []})
-    places = [c for c in table.columns if c.isdigit()]
-    out = table[["condition", "coverage", "distractors", *places]].astype(object).copy()
-    out[f"τ vs {reference}"] = [_num(t, 2, "+") for t in table["tau"]]
-    out["p (τ)"] = [_p(p) for p in table["tau_p"]]
-    return out
-
-
-def show_controls(table: pd.DataFrame, reference: str = REFERENCE, controls=CONTROLS) -> pd.DataFrame:
-    out = table[["row"]].copy()
-    for condition in (reference, *controls):
-        name = "BM25" if condition == reference else condition
-        out[f"{name} Acc"] = [_num(v, 1) for v in table[f"{condition}_acc"]]
-        out[f"{name} RC"] = [_num(v, 2) for v in table[f"{condition}_rc"]]
-    return out
-
-
-LEGEND = {
-    "condition": "the index: `covNN_dK` keeps NN% of the gold passages (`corpus.coverage`) and adds K "
-    "conflicting near-duplicates per gold passage (`corpus.distractors`); random, empty, oracle: the "
-    "retriever controls at full coverage, no distractors",
-    "start": "Acc of the method's start (the same loop before training), %",
-    "trained": "Acc of the trained method, %",
-    GAIN: "trained − start in points on the questions and seeds both answered: a paired bootstrap over "
-    "questions (each draw a question with all its seeds), 95% CI",
-    "p": "two-sided p-value of that difference",
-    "seed sd": "the difference's standard deviation over seeds",
-    "reachable": "questions whose gold evidence is all in the index under the condition, %",
-    "own reward, unreachable": "the method's own training reward on the questions the index cannot answer, "
-    "start → trained",
-    "own reward, reachable": "the same on the questions it can answer",
-    "RC, reachable": "the trained method's searches per question on reachable questions",
-    "RC, unreachable": "the same on unreachable questions",
-}
-
-
-def legend(shown: pd.DataFrame) -> str:
-    """What each column of the main table means (and Acc, RC as rag_lab's other tables say)."""
-    notes = LEGEND | {"Acc": DESCRIPTIONS["Acc"], "RC": DESCRIPTIONS["RC"]}
-    return "".join(f"- **{c}**: {notes[c]}\n" for c in [*shown.columns, "Acc", "RC"] if c in notes)
-
-
-def markdown(table: pd.DataFrame) -> str:
-    """The table as markdown, its cells as written here (tabulate would read "10.0" as a number and print
-    10), a missing one as —."""
-    cells = table.astype(object).where(table.notna(), None)
-    return cells.to_markdown(index=False, disable_numparse=True, missingval=MISSING) + "\n"
+if __name__ == "__main__":
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    main()
