@@ -189,7 +189,8 @@ def small(tmp_path, judge_size):
                         dev_size=20, test_size=40, judge_size=judge_size)  # fmt: skip
 
 
-def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_split(tmp_path):
+def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_split(tmp_path, monkeypatch):
+    monkeypatch.setenv(JUDGE_ENV, "1")
     with_judge, without = small(tmp_path / "a", 40), small(tmp_path / "b", 0)
     for split in ("train", "dev", "test", "musique_test", "corpus"):
         assert (with_judge.root / f"{split}.jsonl").read_bytes() == (
@@ -204,6 +205,50 @@ def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_s
     with pytest.raises(DataError, match=r"has no judge split: data.judge_size is 0"):
         without.split("judge")
     assert small(tmp_path / "c", 40).split("judge") == judged  # the same world, the same judge split
+
+
+def entry_files(root) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def test_without_make_claims_no_file_holds_a_judge_question_and_with_it_the_split_comes_later(
+    tmp_path, monkeypatch
+):
+    """Without RAG_LAB_JUDGE=1 the world writes no judge file, and no judge question or judge answer's
+    aliases in any file; every other file, the cache key and the tiny LM's world fingerprint are those of an
+    entry made under it. Under it, an entry made without it gets the judge split's files on first use,
+    byte for byte those an entry made under it holds."""
+    from rag_lab.data.synth.formats import answer_qid
+    from rag_lab.train.tiny.generator import world_fingerprint
+
+    monkeypatch.delenv(JUDGE_ENV, raising=False)
+    sealed = small(tmp_path, 40)
+    made_without = entry_files(sealed.root)
+    assert sealed.splits() == ["train", "dev", "test"]
+    with pytest.raises(DataError, match=r"^synth: the judge split is reserved for the claims' judgement \("):
+        sealed.split("judge")
+    monkeypatch.setenv(JUDGE_ENV, "1")
+    judging = small(tmp_path / "judging", 40)  # an entry made under RAG_LAB_JUDGE=1
+    made_with = entry_files(judging.root)
+    assert sealed.root.name == judging.root.name  # one cache key, with or without the variable
+    judge_files = {"judge.jsonl", "musique_judge.jsonl", "hotpotqa_judge.json", "2wiki_judge.json"}
+    assert set(made_with) - set(made_without) == judge_files
+    same = set(made_without) - {"id_aliases.json"}  # corpus, world.json, train / dev / test in every format
+    assert len(same) == 14 and all(made_with[name] == made_without[name] for name in same)
+    judged = judging.split("judge")
+    text = b"".join(made_without.values()).decode()
+    others = [ex for s in ("train", "dev", "test") for ex in sealed.split(s)]
+    # a one-hop judge question can be a step of another split's question (the world's, not a leak)
+    steps = {step.question for ex in others for step in ex.decomposition}
+    assert not [ex.question for ex in judged if ex.question in text and ex.question not in steps]
+    assert not [row for row in made_with["judge.jsonl"].decode().splitlines() if row in text]
+    aliased = {answer_qid(ex.answers[0]) for ex in others if len(ex.answers) > 1}
+    assert {json.loads(line)["Q_id"] for line in made_without["id_aliases.json"].splitlines()} == aliased
+    assert world_fingerprint(sealed) == world_fingerprint(judging)
+    # under the variable, the entry made without it gets the judge split on first use: the same bytes
+    again = small(tmp_path, 40)
+    assert again.splits() == ["train", "dev", "test", "judge"] and again.split("judge") == judged
+    assert entry_files(again.root) == made_with
 
 
 class Teach:

@@ -12,7 +12,6 @@ anything). Hand-written: no library keeps a run's provenance in this form.
 """
 
 import json
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -20,35 +19,41 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rag_lab.core import cache
 from rag_lab.core.config import ConfigError
 from rag_lab.core.errors import RagLabError
+from rag_lab.data.synth import JUDGE_ENV as JUDGE_ENV  # re-exported: the runner's and tests' name
+from rag_lab.data.synth import JUDGE_REFUSAL, JUDGE_SPLIT, judging
 from rag_lab.eval.runs import records_of, results_config
 
-# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that
-# only it uses. A run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets;
-# probes, the demo and the tests get a one-line refusal (issue 65: a claim is judged on questions and seeds
-# no probe saw).
-JUDGE_SPLIT = "judge"
+# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world (JUDGE_SPLIT,
+# which the world writes and reads only under JUDGE_ENV: rag_lab.data.synth) and seeds that only it uses. A
+# run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets; probes, the
+# demo, the tests and rag_lab.score get a one-line refusal (issue 65: a claim is judged on questions and
+# seeds no probe saw).
 JUDGE_SEEDS = (100, 101, 102)
-JUDGE_ENV = "RAG_LAB_JUDGE"
 
 
 def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
     """Refuse a run on the judge split or a judge seed outside ``make claims`` (``RAG_LAB_JUDGE=1``), and a
     policy that would train on the judge split anywhere; one line naming the key."""
-    judging = (os.environ if environ is None else environ).get(JUDGE_ENV) == "1"
     if cfg.get("train_split") == JUDGE_SPLIT:
         raise ConfigError(
             f"config 'train_split': '{JUDGE_SPLIT}' is the claims' judge split; nothing trains on it"
         )
-    if judging:
+    if judging(environ):
         return
-    why = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1); probes use dev / test"
-    if cfg.eval.split == JUDGE_SPLIT:
-        raise ConfigError(f"config 'eval.split': '{JUDGE_SPLIT}' is {why}")
+    why = f"{JUDGE_REFUSAL}; probes use dev / test"
+    check_split("eval.split", cfg.eval.split, environ)
     if cfg.seed in JUDGE_SEEDS:
         raise ConfigError(
             f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
             " and other seeds"
         )
+
+
+def check_split(key: str, split: str, environ: dict | None = None) -> None:
+    """Refuse config ``key`` naming the judge split outside ``make claims`` (``RAG_LAB_JUDGE=1``); one line
+    (the runner's ``eval.split``, rag_lab.score's ``split``)."""
+    if split == JUDGE_SPLIT and not judging(environ):
+        raise ConfigError(f"config '{key}': '{JUDGE_SPLIT}' is {JUDGE_REFUSAL}; probes use dev / test")
 
 
 def row_hash(cfg: DictConfig) -> str:
