@@ -14,7 +14,7 @@ from rag_lab.core.config import ConfigError, compose
 from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import DataError
 from rag_lab.data.synth import SynthDataset
-from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_hash
+from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_config_of, row_hash
 from rag_lab.run import run
 from rag_lab.runner.rundir import lm_fingerprint, write_provenance
 
@@ -125,10 +125,11 @@ def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "components", resolving)
     cfg = tiny_cfg("generator=teacher", "eval.limit=4")
     composed = row_hash(cfg)  # before the run: building its components resolves nodes of cfg in place
-    run(cfg, tmp_path / "a")
+    run(cfg, tmp_path / "a", {"config": cfg})  # .hydra/config.yaml, as python -m rag_lab.run writes it
     prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert (prov["split"], prov["seed"], prov["n"]) == ("test", 0, 4)
     assert prov["row_config"] == composed and len(prov["code"]) == 16 and len(prov["config"]) == 16
+    assert row_config_of(tmp_path / "a", prov) == composed  # the claims tool's check passes
     assert prov["lm"].startswith("TeacherGenerator@") and len(prov["commit"] or "x" * 40) == 40
     # another seed of the same row: the same row hash (the judge's runs of 8993ad5 differed here)
     run(tiny_cfg("generator=teacher", "eval.limit=4", "seed=5"), tmp_path / "b")
@@ -136,14 +137,33 @@ def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
 
 
 def test_the_row_hash_of_a_run_is_its_composed_configs(tiny_cfg, tmp_path):
-    """The claims tool takes a run's row hash from its .hydra/config.yaml where it has one."""
-    from rag_lab.eval.provenance import row_config_of
-
+    """The claims tool checks a run's recorded row hash against its .hydra/config.yaml's where it has one."""
     cfg = tiny_cfg("generator=teacher", "seed=4")
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    assert row_config_of(tmp_path, {"row_config": "recorded"}) == row_hash(tiny_cfg("generator=teacher"))
+    row = row_hash(tiny_cfg("generator=teacher"))
+    assert row_config_of(tmp_path, {"row_config": row}) == row == row_config_of(tmp_path, {})
+    says = rf"^run {tmp_path}: provenance.json records row hash recorded, but its composed config"
+    with pytest.raises(RagLabError, match=says + rf" \({tmp_path}/.hydra/config.yaml\) hashes to {row}: the"):
+        row_config_of(tmp_path, {"row_config": "recorded"})
     assert row_config_of(tmp_path / "none", {"row_config": "recorded"}) == "recorded"
+
+
+def test_a_run_whose_recorded_row_hash_was_edited_is_refused(tmp_path):
+    """The claims table refuses a run whose provenance.json records another row hash than its composed
+    config's, in one line naming the run and both."""
+    runs = two_rows(tmp_path)
+    for one in runs:  # each fabricated run composed from one config a row, as the runner records it
+        config = OmegaConf.create({"experiment": {"name": "e"}, "row": one.name.split("-")[1], "seed": 0})
+        (one / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        prov = json.loads((one / "provenance.json").read_text())
+        (one / "provenance.json").write_text(json.dumps(prov | {"row_config": row_hash(config)}))
+    assert list(judge([CLAIM], runs)["verdict"]) == ["holds"]
+    edited = runs[-1] / "provenance.json"
+    edited.write_text(json.dumps(json.loads(edited.read_text()) | {"row_config": "f" * 16}))
+    says = rf"^run {runs[-1]}: provenance.json records row hash f{{16}}, but its composed config \(\S+\)"
+    with pytest.raises(RagLabError, match=says + r" hashes to [0-9a-f]{16}: the config or the provenance"):
+        judge([CLAIM], runs)
 
 
 def test_the_row_hash_sets_the_seed_aside_and_nothing_else(tiny_cfg):

@@ -70,13 +70,23 @@ def row_hash(cfg: DictConfig) -> str:
 
 
 def row_config_of(run: Path, provenance: dict) -> str | None:
-    """A run's row hash: :func:`row_hash` of the config it was composed with (``.hydra/config.yaml``, written
-    before anything was built), else the one its provenance recorded. The runs of commit 8993ad5 recorded it
-    after their components had resolved their config in place (fixed since), so it differed by seed."""
-    composed = run / ".hydra" / "config.yaml"
-    if composed.exists():
-        return row_hash(OmegaConf.load(composed))
-    return provenance.get("row_config")
+    """A run's row hash, the one its provenance recorded once it is :func:`row_hash` of the config the run
+    was composed with (``.hydra/config.yaml``, written before anything was built); a RagLabError naming the
+    run and both hashes where they differ (its config or its provenance changed after it ran). Without a
+    composed config the recorded one stands; without a recorded one, the composed config's. The runs of
+    commit 8993ad5 recorded it after their components had resolved their config in place (fixed since): the
+    two differed by seed, and 698d530 took the composed config's; such a run is refused now."""
+    recorded = provenance.get("row_config")
+    path = run / ".hydra" / "config.yaml"
+    if not path.exists():
+        return recorded
+    composed = row_hash(OmegaConf.load(path))
+    if recorded is not None and recorded != composed:
+        raise RagLabError(
+            f"run {run}: provenance.json records row hash {recorded}, but its composed config"
+            f" ({path}) hashes to {composed}: the config or the provenance changed after the run"
+        )
+    return composed
 
 
 def provenance_of(run: Path) -> dict:
