@@ -158,3 +158,22 @@ def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tupl
                 )
             scores[key], owner[key] = rec, run
     return scores
+
+
+def line_provenance(a: list[Path], b: list[Path], found: dict[Path, dict]) -> dict:
+    """A claims line's provenance from the runs of its rows A (``a``) and B (``b``), ``found`` by
+    :func:`check_runs`: the seeds both rows ran (as text, sorted: the bootstrap's order), the first and last
+    start, the commit and code, each row's config hash, the LMs and the split."""
+    seeds = sorted({str(found[x].get("seed")) for x in a} & {str(found[x].get("seed")) for x in b})
+    starts = sorted(s for x in a + b if (s := found[x].get("started")))
+    first, other = found[a[0]], found[b[0]]
+    return {
+        "seeds": " ".join(seeds),
+        "started": f"{starts[0]} {starts[-1]}" if starts else None,
+        "commit": first.get("commit"),
+        "code": first.get("code"),
+        "config A": first.get("row_config"),
+        "config B": other.get("row_config"),
+        "lm": " ".join(sorted({found[x].get("lm") for x in a + b})),
+        "split": first.get("split"),
+    }
