@@ -23,6 +23,10 @@ The table is refused, in one line naming the run or the claim, when:
 - one row pools runs of different configs (seeds aside), or two of its runs share a (seed, question).
 
 ``--keep`` carries a claim's lines from an earlier claims.csv only with their provenance, marked kept.
+A run whose recorded row hash is not its composed config's is refused too. The judged runs' provenance
+and composed configs are committed beside the page (``judgements/<commit>/``), each line's provenance
+checked against them; ``--check`` checks the committed claims.csv against them without the runs
+(:mod:`rag_lab.reporting.judgements`).
 
 Hand-written: the claim table is ours; the statistics are :mod:`rag_lab.eval.stats`'.
 """
@@ -39,17 +43,16 @@ from rag_lab import CONF_DIR
 from rag_lab.core.errors import RagLabError, one_line_errors
 from rag_lab.core.records import atomic_write_text
 from rag_lab.eval.paired import bootstrap_rows, groups_by
-from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
+from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, line_provenance, row_scores
 from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
 from rag_lab.reporting import claims_evidence, pages
 from rag_lab.reporting.claims_page import BEGIN, END, KINDS, claims_page, headlines, reading, stamp
+from rag_lab.reporting.judgements import PROVENANCE, check, check_committed, experiment_of, kept, record
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
 SIGNS = (">", "<")
-# what every line records of its runs (provenance.json), and what --keep needs to keep a line
-PROVENANCE = ("commit", "code", "config A", "config B", "lm", "split", "seeds")
 
 
 @dataclass(frozen=True)
@@ -147,13 +150,6 @@ def read_spec(path: Path = SPEC) -> Spec:
     return Spec(claims, split, seeds)
 
 
-def experiment_of(run: Path) -> str | None:
-    """The ``experiment.name`` of a run's resolved config (None where it has none)."""
-    path = run / "config.yaml"
-    config = yaml.safe_load(path.read_text()) if path.exists() else None
-    return ((config or {}).get("experiment") or {}).get("name")
-
-
 def verdict(low: float, high: float, test: Check) -> str:
     """holds / reversed / not shown for a CI [low, high] of A − B (in the metric's unit).
 
@@ -173,9 +169,10 @@ def verdict(low: float, high: float, test: Check) -> str:
     return "not shown"
 
 
-def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
+def judge(spec: Spec | list[Claim], runs: list[Path], judgements: Path | None = None) -> pd.DataFrame:
     """One row per test of each claim: the rows, the metric, A − B [95% CI], p, the seeds' own Δs,
-    questions, the runs' provenance, the test's verdict and the claim's."""
+    questions, the runs' provenance, the test's verdict and the claim's. ``judgements``: where the judged
+    runs' provenance is committed (:mod:`rag_lab.reporting.judgements`), the table checked against it."""
     spec = spec if isinstance(spec, Spec) else Spec(list(spec))
     wanted = {c.experiment for c in spec.claims}
     by_experiment: dict[str, list[Path]] = {}
@@ -219,31 +216,20 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
                 r = done[0]
                 low, high = scale * r["ci_low"], scale * r["ci_high"]
                 row |= {"delta": scale * r["delta"], "ci_low": low, "ci_high": high, "p": r["p_value"]}
-                # the seeds both rows ran, in the bootstrap's order (its keys' seeds as text, sorted)
-                seeds = sorted(
-                    {str(found[x].get("seed")) for x in a} & {str(found[x].get("seed")) for x in b}
-                )
-                row |= {"seeds": " ".join(seeds), "questions": r["n"]}
+                prov = line_provenance(a, b, found)  # the seeds both rows ran: the bootstrap's order
+                row |= {"seeds": prov.pop("seeds"), "questions": r["n"]}
                 deltas = r["seed_deltas"].split(" / ")
                 row["seed deltas"] = " / ".join(
-                    f"{s}: {scale * float(d):+.2f}" for s, d in zip(seeds, deltas, strict=True)
+                    f"{s}: {scale * float(d):+.2f}" for s, d in zip(row["seeds"].split(), deltas, strict=True)
                 )
-                prov_a, prov_b = found[a[0]], found[b[0]]
-                starts = sorted(s for x in a + b if (s := found[x].get("started")))
-                row |= {
-                    "started": f"{starts[0]} {starts[-1]}" if starts else None,
-                    "commit": prov_a.get("commit"),
-                    "code": prov_a.get("code"),
-                    "config A": prov_a.get("row_config"),
-                    "config B": prov_b.get("row_config"),
-                    "lm": " ".join(sorted({found[x].get("lm") for x in a + b})),
-                    "split": prov_a.get("split"),
-                }
+                row |= prov
                 row["verdict"] = verdict(low, high, test)
             results.append(row)
         verdicts = {r["verdict"] for r in results}
         overall = next((v for v in ("no runs", "reversed", "not shown") if v in verdicts), "holds")
         out += [r | {"claim verdict": overall} for r in results]
+    if judgements is not None and found:
+        check(record(found, judgements), pd.DataFrame(out), spec.claims, spec.split, spec.seeds)
     return pd.DataFrame(out)
 
 
@@ -307,43 +293,6 @@ def _int(value) -> str:
     return "—" if value is None or pd.isna(value) else str(int(value))
 
 
-def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
-    """``table`` with each claim that has no runs taken from ``earlier`` (a claims.csv), where that table
-    judged it with its provenance (:data:`PROVENANCE`); its lines' ``source`` names the file (the line is
-    marked kept). A claim is matched on its kind, words, rows and metrics; an earlier line without
-    provenance is refused in one line, naming it."""
-    try:
-        old = pd.read_csv(earlier, dtype=str)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise RagLabError(f"{earlier}: cannot read the earlier claims table ({e})") from None
-    missing = {"claim", "rows", "metric", "verdict"} - set(old.columns)
-    if missing:
-        raise RagLabError(f"{earlier}: not a claims table (no column {', '.join(sorted(missing))})")
-    old = old[old["verdict"] != "no runs"]
-    numeric = ["delta", "ci_low", "ci_high", "p", "questions"]
-    for column in numeric:
-        if column in old:
-            old[column] = pd.to_numeric(old[column])
-    out = []
-    for _, lines in table.groupby(["claim", "rows"], sort=False):
-        if (lines["verdict"] == "no runs").all():
-            before = old.merge(lines[["claim", "rows", "metric"]], on=["claim", "rows", "metric"])
-            if len(before) == len(lines):
-                lacking = [k for k in PROVENANCE if k not in before or before[k].isna().any()]
-                if lacking:
-                    raise RagLabError(
-                        f"{earlier}: claim '{lines['claim'].iloc[0]}' ({lines['rows'].iloc[0]}) has no"
-                        f" {lacking[0]}:"
-                        " a line is kept only with its provenance"
-                    )
-                first = before.get("source", pd.Series(None, index=before.index)).astype(object)
-                lines = before.assign(source=first.fillna(str(earlier)), kind=lines["kind"].values)
-        out.append(lines)
-    table = pd.concat(out, ignore_index=True)
-    # counts stay whole numbers beside a judged line that came out float (next to a "no runs" line)
-    return table.astype({"questions": "Int64"}) if "questions" in table else table
-
-
 def write_claims(
     dirs: list[Path], out: Path, spec: Path = SPEC, readme: Path | None = None, keep: Path | None = None
 ) -> str:
@@ -352,11 +301,12 @@ def write_claims(
     ``make claims`` judges and writes on one) and "Reading the claims table"; the runs of another commit
     than the page's move its judgement under History, the same runs replace it in place
     (:func:`rag_lab.reporting.claims_page.claims_page`). ``keep``: an earlier claims.csv whose lines stand
-    for the claims that have no runs here."""
+    for the claims that have no runs here. The judged runs' provenance goes to ``judgements/`` beside
+    ``out`` (:func:`judge`)."""
     runs = find_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
-    table = judge(read_spec(spec), runs)
+    table = judge(read_spec(spec), runs, judgements_of(out))
     if keep is not None:
         table = kept(table, keep)
     block = render(table)
@@ -371,21 +321,37 @@ def write_claims(
     return block
 
 
+def judgements_of(out: Path) -> Path:
+    """Where the judgements' provenance is committed: ``judgements/`` beside the claims page."""
+    return out.parent / "judgements"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rag_lab.claims", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="folders holding the claims' runs (sweep dirs)")
+    parser.add_argument("dirs", nargs="*", type=Path, help="folders holding the claims' runs (sweep dirs)")
     parser.add_argument("--spec", type=Path, default=SPEC, help="the claims (default: conf/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/claims.md"))
     parser.add_argument("--readme", type=Path, help="a page whose claims block is replaced too (README.md)")
     parser.add_argument(
-        "--keep",
-        type=Path,
-        help="an earlier claims.csv whose lines (with their provenance) stand for the claims without runs"
-        " here",
+        "--keep", type=Path, help="an earlier claims.csv whose lines stand for claims without runs"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check --out's claims.csv against the committed provenance; no runs",
     )
     args = parser.parse_args(argv)
+    if not args.dirs and not args.check:
+        parser.error("the runs' folders are required (or --check)")
     with one_line_errors():
-        sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))
+        if args.check:
+            found = read_spec(args.spec)
+            where = judgements_of(args.out)
+            print(
+                check_committed(args.out.with_suffix(".csv"), where, found.claims, found.split, found.seeds)
+            )
+        else:
+            sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))
 
 
 if __name__ == "__main__":

@@ -104,10 +104,7 @@ def judge_claim(claim: SpreadClaim, runs: list[Path], found: dict[Path, dict], p
     in ``percent`` is in points."""
     line = {"paper": claim.paper, "kind": KIND, "claim": claim.claim, "rows": ROWS}
     line |= {"environment": claim.environment or "default LM and world of make demo", "metric": claim.metric}
-    cells: dict[tuple[str, str], list[Path]] = {}
-    for run in runs:
-        given = overrides_of(run)
-        cells.setdefault((given.get(claim.across, "?"), given.get(claim.by, "?")), []).append(run)
+    cells = cells_of(claim, runs)
     wanted = [(level, method) for level in claim.levels for method in claim.rows]
     if missing := [f"{m} at {level}" for level, m in wanted if (level, m) not in cells]:
         note = (
@@ -126,7 +123,23 @@ def judge_claim(claim: SpreadClaim, runs: list[Path], found: dict[Path, dict], p
         f"{s}: {scale * (c - m):+.2f} ({scale * c:.2f} − {scale * m:.2f})"
         for s, (c, m) in zip(seeds, r.seed_spreads, strict=True)
     )
-    judged = [run for group in cells.values() for run in group]
+    line |= provenance(claim, cells, found)
+    return line | {"verdict": side(low, high), "claim verdict": side(low, high)}
+
+
+def cells_of(claim: SpreadClaim, runs: list[Path]) -> dict[tuple[str, str], list[Path]]:
+    """``runs`` by (level, method): the values of the claim's ``across`` and ``by`` overrides."""
+    cells: dict[tuple[str, str], list[Path]] = {}
+    for run in runs:
+        given = overrides_of(run)
+        cells.setdefault((given.get(claim.across, "?"), given.get(claim.by, "?")), []).append(run)
+    return cells
+
+
+def provenance(claim: SpreadClaim, cells: dict[tuple[str, str], list[Path]], found: dict[Path, dict]) -> dict:
+    """The line's provenance columns from its cells' runs (or their committed copies): config A the row
+    hashes at full coverage, config B those of the other levels, method by method."""
+    judged = [run for level in claim.levels for m in claim.rows for run in cells.get((level, m), [])]
     starts = sorted(s for run in judged if (s := found[run].get("started")))
     first = found[judged[0]]
 
@@ -135,7 +148,7 @@ def judge_claim(claim: SpreadClaim, runs: list[Path], found: dict[Path, dict], p
             str(found[cells[(level, m)][0]].get("row_config")) for level in levels for m in claim.rows
         )
 
-    line |= {
+    return {
         "started": f"{starts[0]} {starts[-1]}" if starts else None,
         "commit": first.get("commit"),
         "code": first.get("code"),
@@ -143,8 +156,8 @@ def judge_claim(claim: SpreadClaim, runs: list[Path], found: dict[Path, dict], p
         "config B": hashes(claim.levels[1:]),
         "lm": " ".join(sorted({str(found[run].get("lm")) for run in judged})),
         "split": first.get("split"),
+        "seeds": " ".join(sorted({str(found[run].get("seed")) for run in judged}, key=int)),
     }
-    return line | {"verdict": side(low, high), "claim verdict": side(low, high)}
 
 
 def check_corpus(claim: SpreadClaim, cells: dict[tuple[str, str], list[Path]]) -> None:
