@@ -42,7 +42,7 @@ from rag_lab.env import Env, Episode
 from rag_lab.env.engine import Live, advance, fork, full, generate, play, undoable
 from rag_lab.env.episode import Step
 from rag_lab.env.fit import TOO_LONG_ERROR
-from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State
+from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol
 from rag_lab.generators.base import Completion, Sampling, text_ids
 from rag_lab.policies.evorag.preference import Branch, preference_pairs
 
@@ -80,7 +80,7 @@ def base_rollouts(
     exclude_seen: bool = False,
 ) -> tuple[list[Live], list[list[Live]]]:
     """The policy's episodes (their final live state) and, per episode, the states it visited."""
-    live = [Live(Episode(ex.id, ex.question), State(ex.question), set()) for ex in questions]
+    live = [Live.start(ex) for ex in questions]
     traces: list[list[Live]] = [[] for _ in live]
     play(protocol, live, env, sampling, k, t_max, exclude_seen, trace=traces)
     for x in live:
