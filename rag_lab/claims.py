@@ -11,7 +11,8 @@ wholly on the claimed side of ``margin`` (0 by default: a difference at p < 0.05
 is a non-inferiority test, "loses at most |margin|"); it is reversed when the CI is wholly on the other
 side, and not shown otherwise. A claim holds when all its tests hold, is reversed when one is reversed, and
 is not shown otherwise. What the runs say is the verdict; the spec is not changed after the numbers are seen
-(its git history shows when it was written).
+(its git history shows when it was written). Our own claim (kind E, issue 74: coverage against method) is one
+line on its own seeds: :mod:`rag_lab.reporting.claims_evidence`.
 
 Every line carries its runs' provenance (``provenance.json``, :func:`rag_lab.run.provenance`): the commit
 and the code's hash, each row's config hash (seed aside), the LM's fingerprint, the seeds, the split and N.
@@ -41,13 +42,12 @@ from rag_lab.eval.paired import bootstrap_rows, groups_by
 from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
 from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
-from rag_lab.reporting import pages
-from rag_lab.reporting.claims_page import BEGIN, END, claims_page, reading, stamp
+from rag_lab.reporting import claims_evidence, pages
+from rag_lab.reporting.claims_page import BEGIN, END, KINDS, claims_page, headlines, reading, stamp
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
 SIGNS = (">", "<")
-KINDS = {"H": "headline", "M": "mechanism"}
 # what every line records of its runs (provenance.json), and what --keep needs to keep a line
 PROVENANCE = ("commit", "code", "config A", "config B", "lm", "split", "seeds")
 
@@ -77,7 +77,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Spec:
-    claims: list[Claim]
+    claims: list[Claim | claims_evidence.SpreadClaim]
     split: str = JUDGE_SPLIT
     seeds: tuple[int, ...] = JUDGE_SEEDS
 
@@ -105,6 +105,9 @@ def read_spec(path: Path = SPEC) -> Spec:
     claims = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: claim {i}"
+        if entry.get("kind") == claims_evidence.KIND:
+            claims.append(claims_evidence.read_claim(entry, where))
+            continue
         missing = [
             k for k in ("paper", "kind", "claim", "experiment", "by", "rows", "tests") if k not in entry
         ]
@@ -113,6 +116,7 @@ def read_spec(path: Path = SPEC) -> Spec:
         if entry["kind"] not in KINDS:
             raise RagLabError(
                 f"{where}: field 'kind' is {entry['kind']!r}, not H (headline) or M (mechanism)"
+                " or E (evidence)"
             )
         if len(entry["rows"]) != 2:
             raise RagLabError(f"{where}: field 'rows' needs two rows (A, B), got {entry['rows']}")
@@ -135,7 +139,7 @@ def read_spec(path: Path = SPEC) -> Spec:
                 entry.get("environment") or "",
             )
         )
-    for paper in dict.fromkeys(c.paper for c in claims):
+    for paper in dict.fromkeys(c.paper for c in claims if c.kind in KINDS):
         kinds = [c.kind for c in claims if c.paper == paper]
         for kind, name in KINDS.items():
             if kinds.count(kind) != 1:
@@ -177,10 +181,17 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
     by_experiment: dict[str, list[Path]] = {}
     for run in distinct(runs):
         by_experiment.setdefault(experiment_of(run) or "?", []).append(run)
-    judged = [run for name in wanted for run in by_experiment.get(name, [])]
-    found = check_runs(judged, spec.split, spec.seeds) if judged else {}
+    found: dict[Path, dict] = {}
+    for name in wanted:  # each experiment's runs one version, on its claims' seeds (an E claim has its own)
+        if judged := by_experiment.get(name):
+            found |= check_runs(judged, spec.split, claims_evidence.seeds_for(spec.claims, name, spec.seeds))
     out = []
     for claim in spec.claims:
+        if claim.kind == claims_evidence.KIND:
+            out.append(
+                claims_evidence.judge_claim(claim, by_experiment.get(claim.experiment, []), found, PERCENT)
+            )
+            continue
         groups = groups_by(by_experiment.get(claim.experiment, []), claim.by)
         results = []
         for test in claim.tests:
@@ -247,7 +258,7 @@ def render(table: pd.DataFrame) -> str:
             "A − B": table["rows"],
             "metric": table["metric"],
             "Δ [95% CI]": [
-                f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+                f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]{claims_evidence.spread_cell(r)}"
                 if hasattr(r, "delta") and r.delta == r.delta
                 else "—"
                 for r in table.itertuples()
@@ -282,25 +293,6 @@ def render(table: pd.DataFrame) -> str:
     )
 
 
-def headlines(table: pd.DataFrame) -> str:
-    """The sentence counting the papers whose headline (H) and whose mechanism (M) hold.
-
-    >>> t = pd.DataFrame({"paper": list("AABBCC"), "kind": list("HMHMHM"),
-    ...                   "claim verdict": ["holds", "not shown", "reversed", "holds", "not shown", "holds"]})
-    >>> headlines(t)
-    'Headlines (H) that hold: 1 of 3 (A). Mechanisms (M) that hold: 2 of 3 (B, C).'
-    """
-    out = []
-    for kind, name in KINDS.items():
-        lines = table[table["kind"] == kind].drop_duplicates("paper")
-        held = list(lines.loc[lines["claim verdict"] == "holds", "paper"])
-        out.append(
-            f"{name.capitalize()}s ({kind}) that hold: {len(held)} of {len(lines)}"
-            + (f" ({', '.join(held)})." if held else ".")
-        )
-    return " ".join(out)
-
-
 def _text(value) -> str:
     return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
@@ -312,7 +304,7 @@ def _p(p) -> str:
 
 
 def _int(value) -> str:
-    return "—" if value is None or value != value else str(int(value))
+    return "—" if value is None or pd.isna(value) else str(int(value))
 
 
 def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
@@ -347,7 +339,9 @@ def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
                 first = before.get("source", pd.Series(None, index=before.index)).astype(object)
                 lines = before.assign(source=first.fillna(str(earlier)), kind=lines["kind"].values)
         out.append(lines)
-    return pd.concat(out, ignore_index=True)
+    table = pd.concat(out, ignore_index=True)
+    # counts stay whole numbers beside a judged line that came out float (next to a "no runs" line)
+    return table.astype({"questions": "Int64"}) if "questions" in table else table
 
 
 def write_claims(

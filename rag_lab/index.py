@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from rag_lab.core.cli import cli_overrides
 from rag_lab.core.config import compose
 from rag_lab.core.errors import one_line_errors
+from rag_lab.data.evidence import Evidence, index_corpus
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = compose(cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "config"))
         data = instantiate(cfg.data)
         start = time.perf_counter()
-        corpus = data.corpus
+        corpus = index_corpus(data, Evidence(**cfg.corpus))  # corpus.coverage / distractors: the run's index
         loaded = time.perf_counter()
         instantiate(cfg.retriever, corpus=corpus)
         built = time.perf_counter()

@@ -247,8 +247,10 @@ def retrieval(cfg) -> tuple[Retriever | None, dict[str, Any] | None]:
 
     if not cfg.get("retriever"):
         return None, None
+    from rag_lab.data.evidence import Evidence, index_corpus
+
     check_servable(cfg.retriever)
-    corpus = instantiate(cfg.data).corpus
+    corpus = index_corpus(instantiate(cfg.data), Evidence(**cfg.corpus))
     config = OmegaConf.to_container(cfg.retriever, resolve=True)  # before build resolves nodes in place
     return build(cfg.retriever, corpus=corpus), retriever_info(config, corpus)
 

@@ -92,8 +92,13 @@ def test_the_judge_split_and_seeds_are_make_claims_alone():
         check_judge(cfg, environ={})
     check_judge(cfg, environ={JUDGE_ENV: "1"})
     seeded = compose(["seed=101"])
-    with pytest.raises(ConfigError, match=r"^config 'seed': 101 is a judge seed \(100-102\), reserved"):
+    with pytest.raises(
+        ConfigError, match=r"^config 'seed': 101 is a judge seed \(100-102, 200-201\), reserved"
+    ):
         check_judge(seeded, environ={})
+    for seed in (200, 201):  # our own claim's (kind E), as reserved
+        with pytest.raises(ConfigError, match=rf"^config 'seed': {seed} is a judge seed"):
+            check_judge(compose([f"seed={seed}"]), environ={})
     check_judge(compose(["seed=99"]), environ={})
     check_judge(compose(["seed=103"]), environ={})
     trains = compose(["train_split=judge"])
@@ -104,13 +109,13 @@ def test_the_judge_split_and_seeds_are_make_claims_alone():
 
 
 def test_no_shipped_experiment_but_claims_evaluates_on_the_judge_split():
-    """Probes and the demo never touch the judge split: only conf/experiment/claims.yaml names it."""
+    """Probes and the demo never touch the judge split: only the claims' experiments name it."""
     from rag_lab import CONF_DIR
 
     naming = sorted(
         str(p.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if "split: judge" in p.read_text()
     )
-    assert naming == ["claims.yaml", "experiment/claims.yaml"]
+    assert naming == ["claims.yaml", "experiment/claims.yaml", "experiment/evidence_claims.yaml"]
 
 
 def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):

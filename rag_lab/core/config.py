@@ -66,28 +66,9 @@ from rag_lab.core.ranges import (  # noqa: F401 - re-exported: components declar
     problems,
     strip_annotated,
 )
+from rag_lab.core.run_settings import CorpusConfig, EvalConfig
 
 use_libyaml()
-
-
-@dataclass
-class EvalConfig:
-    # The split of the dataset to evaluate on.
-    split: str = "test"
-    # Questions per batch: one batched rollout, then one flushed append to records.jsonl.
-    batch_size: int = field(default=64, metadata={"min": 1})
-    # Evaluate only the first `limit` questions of the split (null: all).
-    limit: int | None = field(default=None, metadata={"min": 1})
-    # Skip question ids already in this run dir's records.jsonl (resume after a kill).
-    resume: bool = True
-    # A run whose config (and rag_lab's code) ran to the end before copies that run's results instead of
-    # running again (rag_lab/runner/sweeps.py); false: run it.
-    reuse: bool = True
-    # Cut-offs for recall@k / precision@k of gold supports over the retrieved passages, in order.
-    recall_at: list[int] = field(default_factory=list)
-    # Rollouts per question (ids <id>#s<j>); above 1, metrics add the share of mixed groups
-    # (rag_lab/eval/groups.py). A sampling policy (policy.temperature > 0) makes them differ.
-    samples: int = field(default=1, metadata={"min": 1})
 
 
 @dataclass
@@ -113,6 +94,8 @@ class RunConfig:
     # The split a training policy fits on.
     train_split: str = "train"
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # What the index holds of the data's corpus (evidence as a controlled variable; default: all of it).
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
     # Free-form experiment metadata (name, paper, notes) copied into the records.
     experiment: dict[str, Any] = field(default_factory=dict)
 
@@ -145,6 +128,7 @@ class ServeConfig:
     data: Any = None
     retriever: Any = None
     serve: ServeSettings = field(default_factory=ServeSettings)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
     seed: int = 0
     cache_dir: str = "~/.cache/rag_lab"
 

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from rag_lab.core.records import RecordWriter, read_records
 from rag_lab.data.base import Corpus, QAExample
+from rag_lab.data.evidence import reachable
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import BACKTRACK, REFUSE
 from rag_lab.eval.judge import LLMJudge
@@ -37,6 +38,8 @@ METRIC_FIELDS = [
     "answer_recall",
     "judge_acc",
     "sepr",
+    # the method's own training reward of the episode (rag_lab/policies: own_rewards), where it has one
+    "own_reward",
 ]
 
 
@@ -65,6 +68,8 @@ def score_record(
         "hops": ex.hops,
         "answerable": ex.answerable,
         "supporting_ids": list(ex.supporting_ids),
+        # its gold evidence is in the index (corpus.coverage: rag_lab/data/evidence.py); None: no gold named
+        "reachable": reachable(ex, corpus),
     }
     record |= episode.to_record()
     for name in ANSWER_METRICS:
@@ -128,8 +133,10 @@ def scored_batch(
     if len(episodes) != len(batch):
         name = type(policy).__name__
         raise RuntimeError(f"{name}.rollout returned {len(episodes)} episodes for {len(batch)}")
-    pairs = zip(batch, episodes, strict=True)
-    return [score_record(ex, ep, scorer, env.corpus, recall_at) for ex, ep in pairs]
+    # the method's own training reward of each episode (Policy.own_rewards; None: a policy without one)
+    own = policy.own_rewards(env, batch, episodes) if hasattr(policy, "own_rewards") else [None] * len(batch)
+    pairs = zip(batch, episodes, own, strict=True)
+    return [score_record(ex, ep, scorer, env.corpus, recall_at) | {"own_reward": r} for ex, ep, r in pairs]
 
 
 def evaluate(
@@ -212,6 +219,8 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
         if any(r.get("prompt_cuts") for r in rows):  # prompts cut to fit the model (rag_lab.env.fit)
             out["prompt_cut_rate"] = _mean([float(r.get("prompt_cuts", 0) > 0) for r in rows])
         out |= refusal_pr(rows)
+        if any(r.get("reachable") is not None for r in rows):  # the share whose gold evidence is indexed
+            out["reachable"] = _mean([float(r["reachable"]) for r in rows if r.get("reachable") is not None])
         out["ci95"] = {m: list(bootstrap_ci([r[m] for r in rows])) for m in ANSWER_METRICS} if rows else {}
         return out
 
@@ -223,6 +232,13 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
             metrics[f"answerable={str(flag).lower()}"] = summary(
                 [r for r in records if r.get("answerable", True) is flag]
             )
+    # the questions whose gold evidence the index holds, and the others (corpus.coverage): searches and the
+    # method's own reward on each
+    flags = [r.get("reachable") for r in records]
+    if True in flags and False in flags:
+        for flag in (True, False):
+            rows = [r for r in records if r.get("reachable") is flag]
+            metrics[f"reachable={str(flag).lower()}"] = summary(rows)
     return metrics
 
 

@@ -27,7 +27,12 @@ from rag_lab.eval.runs import records_of, results_config
 # probes, the demo and the tests get a one-line refusal (issue 65: a claim is judged on questions and seeds
 # no probe saw).
 JUDGE_SPLIT = "judge"
+# the papers' claims (kinds H and M: conf/claims.yaml's judge.seeds)
 JUDGE_SEEDS = (100, 101, 102)
+# our own claim (kind E, issue 74: rag_lab.reporting.claims_evidence), judged on seeds of its own
+EVIDENCE_SEEDS = (200, 201)
+# the seeds a judged run may have, and no other run
+RESERVED_SEEDS = JUDGE_SEEDS + EVIDENCE_SEEDS
 JUDGE_ENV = "RAG_LAB_JUDGE"
 
 
@@ -44,10 +49,10 @@ def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
     why = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1); probes use dev / test"
     if cfg.eval.split == JUDGE_SPLIT:
         raise ConfigError(f"config 'eval.split': '{JUDGE_SPLIT}' is {why}")
-    if cfg.seed in JUDGE_SEEDS:
+    if cfg.seed in RESERVED_SEEDS:
         raise ConfigError(
-            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
-            " and other seeds"
+            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]},"
+            f" {EVIDENCE_SEEDS[0]}-{EVIDENCE_SEEDS[-1]}), {why} and other seeds"
         )
 
 

@@ -103,6 +103,9 @@ def _config_keys(run: Path) -> set[str]:
 
 # Config keys that cannot change a run's results (rag_lab.runner.sweeps hashes the config without them).
 NOT_RESULTS = ("logger", "eval.batch_size", "eval.resume", "eval.reuse", "cache_dir")
+# The index's corpus at its default, the dataset's whole corpus (corpus: rag_lab/data/evidence.py), is left
+# out of the hashes too: a config written before the knob existed keeps its hash (and its reusable results).
+WHOLE_CORPUS = {"coverage": 1.0, "distractors": 0, "seed": 0}
 
 
 def results_config(config: dict) -> dict:
@@ -114,6 +117,8 @@ def results_config(config: dict) -> dict:
         for part in parents:
             node = node.get(part) or {}
         node.pop(leaf, None)
+    if kept.get("corpus") == WHOLE_CORPUS:
+        kept.pop("corpus")
     return kept
 
 

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from rag_lab.core.config import build
+from rag_lab.data.evidence import Evidence, index_corpus
 from rag_lab.env import Env
 from rag_lab.eval.evaluate import evaluate
 from rag_lab.eval.groups import repeat
@@ -17,8 +18,9 @@ from rag_lab.eval.groups import repeat
 def components(cfg: DictConfig, config: dict, data, train_data) -> tuple[Env, object]:
     """The run's environment (corpus, retriever, generator) and policy, as the runner and every process of
     a launched training job build them."""
-    retriever = build(cfg.retriever, corpus=data.corpus)
-    env = Env(data.corpus, retriever, build(cfg.generator, data=data))
+    corpus = index_corpus(data, Evidence(**cfg.corpus))
+    retriever = build(cfg.retriever, corpus=corpus)
+    env = Env(corpus, retriever, build(cfg.generator, data=data))
     return env, policy_of(cfg, config, data, train_data)
 
 

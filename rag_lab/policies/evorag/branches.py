@@ -42,7 +42,7 @@ from rag_lab.env import Env, Episode
 from rag_lab.env.engine import Live, advance, fork, full, generate, play, undoable
 from rag_lab.env.episode import Step
 from rag_lab.env.fit import TOO_LONG_ERROR
-from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol
+from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
 from rag_lab.generators.base import Completion, Sampling, text_ids
 from rag_lab.policies.evorag.preference import Branch, preference_pairs
 
@@ -68,6 +68,21 @@ class Node:
 def evidence(x: Live) -> list[Passage]:
     """The passages an episode holds (D≤t: its searches' documents, less those a BACKTRACK abandoned)."""
     return [p for t in x.state.turns if not t.abandoned for p in t.passages]
+
+
+def held_evidence(corpus, episode: Episode) -> list[Passage]:
+    """:func:`evidence` of a finished episode, its state replayed from its steps: each SEARCH a turn of the
+    passages it retrieved, each BACKTRACK abandoning what the engine's would (:func:`undoable`)."""
+    state = State(episode.question)
+    for step in episode.steps:
+        if step.action == SEARCH:
+            state.turns.append(Turn(Action(SEARCH), [corpus.get(pid) for pid in step.retrieved_ids]))
+        elif step.action == BACKTRACK:
+            undone = undoable(state)
+            if undone is not None:
+                undone.abandoned = True
+            state.turns.append(Turn(Action(BACKTRACK)))
+    return evidence(Live(episode, state, set()))
 
 
 def base_rollouts(

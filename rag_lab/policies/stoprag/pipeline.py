@@ -60,6 +60,19 @@ class LLMStop:
         return out
 
 
+def traced_state(corpus, episode: Episode) -> State:
+    """The state a finished episode of the pipeline answered from, replayed from its steps: each iteration's
+    step (the ones with a query) a turn of its query, the passages it kept and its intermediate answer."""
+    turns = [
+        Turn(
+            Action(SEARCH, query=s.query), [corpus.get(pid) for pid in s.retrieved_ids], answer=s.answer or ""
+        )
+        for s in episode.steps
+        if s.query is not None
+    ]
+    return State(episode.question, turns)
+
+
 class IterativePipeline:
     trains = False
 
