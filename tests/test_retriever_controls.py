@@ -8,6 +8,7 @@ from rag_lab.core.config import ConfigError, build, compose
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
+from rag_lab.data.evidence import Evidence, index_corpus
 from rag_lab.env import Env
 from rag_lab.run import run
 
@@ -96,19 +97,29 @@ def test_the_retrieval_server_refuses_the_oracle(tiny_cfg):
 
 
 def test_oracle_precision_is_100_percent_on_answerable_questions(tiny_cfg, world, tmp_path):
-    """A one-search loop (policy=retrieve_only) under retriever=oracle: for every answerable test question
-    whose gold the index holds, the first |gold| passages of its search are its gold passages (precision at
-    |gold| is 1); with k=1 the run's ret_precision (retrieved ids that are gold, over those retrieved; the
-    answerable questions' mean) is 1."""
+    """A one-search loop (policy=retrieve_only) under retriever=oracle: the first passages of each test
+    question's search are its gold passages that the index holds (all of them where the question is
+    reachable: precision at |gold| is 1), at full coverage and at corpus.coverage=0.6, and nothing outside the
+    index comes back; with k=1 the run's ret_precision (retrieved ids that are gold, over those retrieved;
+    the answerable questions' mean) is 1."""
     data, test = world
-    run(tiny_cfg("policy=retrieve_only", "policy.k=10", "retriever=oracle"), tmp_path / "k10")
-    reachable = {ex.id for ex in test if ex.answerable and all(p in data.corpus for p in ex.supporting_ids)}
-    assert len(reachable) > len(test) / 2
-    records = [r for r in read_records(tmp_path / "k10" / "records.jsonl") if r["id"] in reachable]
-    assert len(records) == len(reachable)
-    for r in records:
-        gold = set(r["supporting_ids"])
-        assert set(r["retrieved_ids"][: len(gold)]) == gold, r["id"]
+    for coverage in (1.0, 0.6):
+        out = tmp_path / f"k10_{coverage}"
+        run(
+            tiny_cfg(
+                "policy=retrieve_only", "policy.k=10", "retriever=oracle", f"corpus.coverage={coverage}"
+            ),
+            out,
+        )
+        index = index_corpus(data, Evidence(coverage=coverage))
+        records = read_records(out / "records.jsonl")
+        assert len(records) == len(test) and any(r["reachable"] for r in records)
+        for r in records:
+            held = set(r["supporting_ids"]) & set(index.ids)
+            assert set(r["retrieved_ids"]) <= set(index.ids), r["id"]
+            assert set(r["retrieved_ids"][: len(held)]) == held, r["id"]
+            assert not r["reachable"] or held == set(r["supporting_ids"]), r["id"]
+        assert coverage == 1.0 or not all(r["reachable"] for r in records if r["answerable"])
     metrics = run(tiny_cfg("policy=retrieve_only", "policy.k=1", "retriever=oracle"), tmp_path / "k1")
     assert metrics["answerable=true"]["ret_precision"] == 1.0
 
