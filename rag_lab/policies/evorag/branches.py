@@ -95,7 +95,7 @@ def base_rollouts(
     exclude_seen: bool = False,
 ) -> tuple[list[Live], list[list[Live]]]:
     """The policy's episodes (their final live state) and, per episode, the states it visited."""
-    live = [Live(Episode(ex.id, ex.question), State(ex.question), set()) for ex in questions]
+    live = [Live.start(ex) for ex in questions]
     traces: list[list[Live]] = [[] for _ in live]
     play(protocol, live, env, sampling, k, t_max, exclude_seen, trace=traces)
     for x in live:

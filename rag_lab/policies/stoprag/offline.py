@@ -78,7 +78,7 @@ def run_to_horizon(pipeline, env: Env, batch: Sequence[QAExample]) -> list[State
     episodes = [Episode(ex.id, ex.question) for ex in batch]
     seen: list[set[str]] = [set() for _ in batch]
     for _ in range(pipeline.iterations):
-        pipeline.iterate(env, states, episodes, seen)
+        pipeline.iterate(env, list(batch), states, episodes, seen)
     return states
 
 
