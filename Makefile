@@ -62,6 +62,7 @@ CLAIMS_DIR ?= outputs/claims
 claims: install ## The papers' claims (H and M) judged once on the judge split and seeds, then experiments/results/claims.md (hours)
 	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
 	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
+	$(PY) -m rag_lab.claims --check
 
 # make claims-evidence: our own claim (conf/claims.yaml, kind E, issue 74: corpus coverage against the choice of
 # method), judged once: experiment=evidence_claims (the five trained rows of evidence_synth at coverage 1.0, 0.8,
@@ -71,6 +72,7 @@ CLAIMS_EVIDENCE_DIR ?= outputs/claims_evidence
 claims-evidence: install ## Our own claim (E: coverage against method) judged once on the judge split and seeds 200-201, its line added to experiments/results/claims.md
 	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=evidence_claims hydra.sweep.dir=$(CLAIMS_EVIDENCE_DIR)
 	$(PY) -m rag_lab.claims $(CLAIMS_EVIDENCE_DIR) --keep experiments/results/claims.csv --readme README.md
+	$(PY) -m rag_lab.claims --check
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship --from-scratch $(if $(SCORES),--scores $(SCORES))
