@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu quickstart demo claims tiny-lm test test-slow test-gpu gpu-check memory-plan mutate lint format docs bench bench-peers clean \
+.PHONY: help install install-gpu quickstart demo claims claims-evidence tiny-lm test test-slow test-gpu gpu-check memory-plan mutate lint format docs bench bench-peers clean \
 	data-hotpotqa data-2wiki data-musique data-flashrag
 
 help: ## Show this help
@@ -62,6 +62,17 @@ CLAIMS_DIR ?= outputs/claims
 claims: install ## The papers' claims (H and M) judged once on the judge split and seeds, then experiments/results/claims.md (hours)
 	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=claims hydra.sweep.dir=$(CLAIMS_DIR)
 	$(PY) -m rag_lab.claims $(CLAIMS_DIR) --readme README.md
+	$(PY) -m rag_lab.claims --check
+
+# make claims-evidence: our own claim (conf/claims.yaml, kind E, issue 74: corpus coverage against the choice of
+# method), judged once: experiment=evidence_claims (the five trained rows of evidence_synth at coverage 1.0, 0.8,
+# 0.6, the judge split, its own seeds 200-201), then its line joins experiments/results/claims.md beside the
+# papers' lines, kept as judged (--keep).
+CLAIMS_EVIDENCE_DIR ?= outputs/claims_evidence
+claims-evidence: install ## Our own claim (E: coverage against method) judged once on the judge split and seeds 200-201, its line added to experiments/results/claims.md
+	RAG_LAB_JUDGE=1 $(PY) -m rag_lab.run experiment=evidence_claims hydra.sweep.dir=$(CLAIMS_EVIDENCE_DIR)
+	$(PY) -m rag_lab.claims $(CLAIMS_EVIDENCE_DIR) --keep experiments/results/claims.csv --readme README.md
+	$(PY) -m rag_lab.claims --check
 
 # make evidence: experiment=evidence_synth, the five trained methods and their starts under corpus coverage
 # {1.0, 0.8, 0.6} x distractors {0, 2} and the random / empty / oracle retrievers (seed 0; more with

@@ -11,7 +11,8 @@ wholly on the claimed side of ``margin`` (0 by default: a difference at p < 0.05
 is a non-inferiority test, "loses at most |margin|"); it is reversed when the CI is wholly on the other
 side, and not shown otherwise. A claim holds when all its tests hold, is reversed when one is reversed, and
 is not shown otherwise. What the runs say is the verdict; the spec is not changed after the numbers are seen
-(its git history shows when it was written).
+(its git history shows when it was written). Our own claim (kind E, issue 74: coverage against method) is one
+line on its own seeds: :mod:`rag_lab.reporting.claims_evidence`.
 
 Every line carries its runs' provenance (``provenance.json``, :func:`rag_lab.run.provenance`): the commit
 and the code's hash, each row's config hash (seed aside), the LM's fingerprint, the seeds, the split and N.
@@ -22,6 +23,10 @@ The table is refused, in one line naming the run or the claim, when:
 - one row pools runs of different configs (seeds aside), or two of its runs share a (seed, question).
 
 ``--keep`` carries a claim's lines from an earlier claims.csv only with their provenance, marked kept.
+A run whose recorded row hash is not its composed config's is refused too. The judged runs' provenance
+and composed configs are committed beside the page (``judgements/<commit>/``), each line's provenance
+checked against them; ``--check`` checks the committed claims.csv against them without the runs
+(:mod:`rag_lab.reporting.judgements`).
 
 Hand-written: the claim table is ours; the statistics are :mod:`rag_lab.eval.stats`'.
 """
@@ -38,18 +43,16 @@ from rag_lab import CONF_DIR
 from rag_lab.core.errors import RagLabError, one_line_errors
 from rag_lab.core.records import atomic_write_text
 from rag_lab.eval.paired import bootstrap_rows, groups_by
-from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, row_scores
+from rag_lab.eval.provenance import JUDGE_SEEDS, JUDGE_SPLIT, check_runs, line_provenance, row_scores
 from rag_lab.eval.runs import distinct, find_runs
 from rag_lab.eval.table import to_markdown
-from rag_lab.reporting import pages
-from rag_lab.reporting.claims_page import BEGIN, END, claims_page, reading, stamp
+from rag_lab.reporting import claims_evidence, pages
+from rag_lab.reporting.claims_page import BEGIN, END, KINDS, claims_page, headlines, reading, stamp
+from rag_lab.reporting.judgements import PROVENANCE, check, check_committed, experiment_of, kept, record
 
 SPEC = CONF_DIR / "claims.yaml"
 PERCENT = {"em", "f1", "acc", "judge_acc", "sepr", "ret_precision", "ret_recall"}
 SIGNS = (">", "<")
-KINDS = {"H": "headline", "M": "mechanism"}
-# what every line records of its runs (provenance.json), and what --keep needs to keep a line
-PROVENANCE = ("commit", "code", "config A", "config B", "lm", "split", "seeds")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Spec:
-    claims: list[Claim]
+    claims: list[Claim | claims_evidence.SpreadClaim]
     split: str = JUDGE_SPLIT
     seeds: tuple[int, ...] = JUDGE_SEEDS
 
@@ -105,6 +108,9 @@ def read_spec(path: Path = SPEC) -> Spec:
     claims = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: claim {i}"
+        if entry.get("kind") == claims_evidence.KIND:
+            claims.append(claims_evidence.read_claim(entry, where))
+            continue
         missing = [
             k for k in ("paper", "kind", "claim", "experiment", "by", "rows", "tests") if k not in entry
         ]
@@ -113,6 +119,7 @@ def read_spec(path: Path = SPEC) -> Spec:
         if entry["kind"] not in KINDS:
             raise RagLabError(
                 f"{where}: field 'kind' is {entry['kind']!r}, not H (headline) or M (mechanism)"
+                " or E (evidence)"
             )
         if len(entry["rows"]) != 2:
             raise RagLabError(f"{where}: field 'rows' needs two rows (A, B), got {entry['rows']}")
@@ -135,19 +142,12 @@ def read_spec(path: Path = SPEC) -> Spec:
                 entry.get("environment") or "",
             )
         )
-    for paper in dict.fromkeys(c.paper for c in claims):
+    for paper in dict.fromkeys(c.paper for c in claims if c.kind in KINDS):
         kinds = [c.kind for c in claims if c.paper == paper]
         for kind, name in KINDS.items():
             if kinds.count(kind) != 1:
                 raise RagLabError(f"{path}: {paper} has {kinds.count(kind)} {name} ({kind}) claims, not one")
     return Spec(claims, split, seeds)
-
-
-def experiment_of(run: Path) -> str | None:
-    """The ``experiment.name`` of a run's resolved config (None where it has none)."""
-    path = run / "config.yaml"
-    config = yaml.safe_load(path.read_text()) if path.exists() else None
-    return ((config or {}).get("experiment") or {}).get("name")
 
 
 def verdict(low: float, high: float, test: Check) -> str:
@@ -169,18 +169,26 @@ def verdict(low: float, high: float, test: Check) -> str:
     return "not shown"
 
 
-def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
+def judge(spec: Spec | list[Claim], runs: list[Path], judgements: Path | None = None) -> pd.DataFrame:
     """One row per test of each claim: the rows, the metric, A − B [95% CI], p, the seeds' own Δs,
-    questions, the runs' provenance, the test's verdict and the claim's."""
+    questions, the runs' provenance, the test's verdict and the claim's. ``judgements``: where the judged
+    runs' provenance is committed (:mod:`rag_lab.reporting.judgements`), the table checked against it."""
     spec = spec if isinstance(spec, Spec) else Spec(list(spec))
     wanted = {c.experiment for c in spec.claims}
     by_experiment: dict[str, list[Path]] = {}
     for run in distinct(runs):
         by_experiment.setdefault(experiment_of(run) or "?", []).append(run)
-    judged = [run for name in wanted for run in by_experiment.get(name, [])]
-    found = check_runs(judged, spec.split, spec.seeds) if judged else {}
+    found: dict[Path, dict] = {}
+    for name in wanted:  # each experiment's runs one version, on its claims' seeds (an E claim has its own)
+        if judged := by_experiment.get(name):
+            found |= check_runs(judged, spec.split, claims_evidence.seeds_for(spec.claims, name, spec.seeds))
     out = []
     for claim in spec.claims:
+        if claim.kind == claims_evidence.KIND:
+            out.append(
+                claims_evidence.judge_claim(claim, by_experiment.get(claim.experiment, []), found, PERCENT)
+            )
+            continue
         groups = groups_by(by_experiment.get(claim.experiment, []), claim.by)
         results = []
         for test in claim.tests:
@@ -208,31 +216,20 @@ def judge(spec: Spec | list[Claim], runs: list[Path]) -> pd.DataFrame:
                 r = done[0]
                 low, high = scale * r["ci_low"], scale * r["ci_high"]
                 row |= {"delta": scale * r["delta"], "ci_low": low, "ci_high": high, "p": r["p_value"]}
-                # the seeds both rows ran, in the bootstrap's order (its keys' seeds as text, sorted)
-                seeds = sorted(
-                    {str(found[x].get("seed")) for x in a} & {str(found[x].get("seed")) for x in b}
-                )
-                row |= {"seeds": " ".join(seeds), "questions": r["n"]}
+                prov = line_provenance(a, b, found)  # the seeds both rows ran: the bootstrap's order
+                row |= {"seeds": prov.pop("seeds"), "questions": r["n"]}
                 deltas = r["seed_deltas"].split(" / ")
                 row["seed deltas"] = " / ".join(
-                    f"{s}: {scale * float(d):+.2f}" for s, d in zip(seeds, deltas, strict=True)
+                    f"{s}: {scale * float(d):+.2f}" for s, d in zip(row["seeds"].split(), deltas, strict=True)
                 )
-                prov_a, prov_b = found[a[0]], found[b[0]]
-                starts = sorted(s for x in a + b if (s := found[x].get("started")))
-                row |= {
-                    "started": f"{starts[0]} {starts[-1]}" if starts else None,
-                    "commit": prov_a.get("commit"),
-                    "code": prov_a.get("code"),
-                    "config A": prov_a.get("row_config"),
-                    "config B": prov_b.get("row_config"),
-                    "lm": " ".join(sorted({found[x].get("lm") for x in a + b})),
-                    "split": prov_a.get("split"),
-                }
+                row |= prov
                 row["verdict"] = verdict(low, high, test)
             results.append(row)
         verdicts = {r["verdict"] for r in results}
         overall = next((v for v in ("no runs", "reversed", "not shown") if v in verdicts), "holds")
         out += [r | {"claim verdict": overall} for r in results]
+    if judgements is not None and found:
+        check(record(found, judgements), pd.DataFrame(out), spec.claims, spec.split, spec.seeds)
     return pd.DataFrame(out)
 
 
@@ -247,7 +244,7 @@ def render(table: pd.DataFrame) -> str:
             "A − B": table["rows"],
             "metric": table["metric"],
             "Δ [95% CI]": [
-                f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+                f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]{claims_evidence.spread_cell(r)}"
                 if hasattr(r, "delta") and r.delta == r.delta
                 else "—"
                 for r in table.itertuples()
@@ -282,25 +279,6 @@ def render(table: pd.DataFrame) -> str:
     )
 
 
-def headlines(table: pd.DataFrame) -> str:
-    """The sentence counting the papers whose headline (H) and whose mechanism (M) hold.
-
-    >>> t = pd.DataFrame({"paper": list("AABBCC"), "kind": list("HMHMHM"),
-    ...                   "claim verdict": ["holds", "not shown", "reversed", "holds", "not shown", "holds"]})
-    >>> headlines(t)
-    'Headlines (H) that hold: 1 of 3 (A). Mechanisms (M) that hold: 2 of 3 (B, C).'
-    """
-    out = []
-    for kind, name in KINDS.items():
-        lines = table[table["kind"] == kind].drop_duplicates("paper")
-        held = list(lines.loc[lines["claim verdict"] == "holds", "paper"])
-        out.append(
-            f"{name.capitalize()}s ({kind}) that hold: {len(held)} of {len(lines)}"
-            + (f" ({', '.join(held)})." if held else ".")
-        )
-    return " ".join(out)
-
-
 def _text(value) -> str:
     return "" if value is None or (isinstance(value, float) and value != value) else str(value)
 
@@ -312,42 +290,7 @@ def _p(p) -> str:
 
 
 def _int(value) -> str:
-    return "—" if value is None or value != value else str(int(value))
-
-
-def kept(table: pd.DataFrame, earlier: Path) -> pd.DataFrame:
-    """``table`` with each claim that has no runs taken from ``earlier`` (a claims.csv), where that table
-    judged it with its provenance (:data:`PROVENANCE`); its lines' ``source`` names the file (the line is
-    marked kept). A claim is matched on its kind, words, rows and metrics; an earlier line without
-    provenance is refused in one line, naming it."""
-    try:
-        old = pd.read_csv(earlier, dtype=str)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise RagLabError(f"{earlier}: cannot read the earlier claims table ({e})") from None
-    missing = {"claim", "rows", "metric", "verdict"} - set(old.columns)
-    if missing:
-        raise RagLabError(f"{earlier}: not a claims table (no column {', '.join(sorted(missing))})")
-    old = old[old["verdict"] != "no runs"]
-    numeric = ["delta", "ci_low", "ci_high", "p", "questions"]
-    for column in numeric:
-        if column in old:
-            old[column] = pd.to_numeric(old[column])
-    out = []
-    for _, lines in table.groupby(["claim", "rows"], sort=False):
-        if (lines["verdict"] == "no runs").all():
-            before = old.merge(lines[["claim", "rows", "metric"]], on=["claim", "rows", "metric"])
-            if len(before) == len(lines):
-                lacking = [k for k in PROVENANCE if k not in before or before[k].isna().any()]
-                if lacking:
-                    raise RagLabError(
-                        f"{earlier}: claim '{lines['claim'].iloc[0]}' ({lines['rows'].iloc[0]}) has no"
-                        f" {lacking[0]}:"
-                        " a line is kept only with its provenance"
-                    )
-                first = before.get("source", pd.Series(None, index=before.index)).astype(object)
-                lines = before.assign(source=first.fillna(str(earlier)), kind=lines["kind"].values)
-        out.append(lines)
-    return pd.concat(out, ignore_index=True)
+    return "—" if value is None or pd.isna(value) else str(int(value))
 
 
 def write_claims(
@@ -358,11 +301,12 @@ def write_claims(
     ``make claims`` judges and writes on one) and "Reading the claims table"; the runs of another commit
     than the page's move its judgement under History, the same runs replace it in place
     (:func:`rag_lab.reporting.claims_page.claims_page`). ``keep``: an earlier claims.csv whose lines stand
-    for the claims that have no runs here."""
+    for the claims that have no runs here. The judged runs' provenance goes to ``judgements/`` beside
+    ``out`` (:func:`judge`)."""
     runs = find_runs(dirs)
     if not runs:
         raise RagLabError(f"no run (a directory with metrics.json) under {', '.join(map(str, dirs))}")
-    table = judge(read_spec(spec), runs)
+    table = judge(read_spec(spec), runs, judgements_of(out))
     if keep is not None:
         table = kept(table, keep)
     block = render(table)
@@ -377,21 +321,37 @@ def write_claims(
     return block
 
 
+def judgements_of(out: Path) -> Path:
+    """Where the judgements' provenance is committed: ``judgements/`` beside the claims page."""
+    return out.parent / "judgements"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rag_lab.claims", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="folders holding the claims' runs (sweep dirs)")
+    parser.add_argument("dirs", nargs="*", type=Path, help="folders holding the claims' runs (sweep dirs)")
     parser.add_argument("--spec", type=Path, default=SPEC, help="the claims (default: conf/claims.yaml)")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/claims.md"))
     parser.add_argument("--readme", type=Path, help="a page whose claims block is replaced too (README.md)")
     parser.add_argument(
-        "--keep",
-        type=Path,
-        help="an earlier claims.csv whose lines (with their provenance) stand for the claims without runs"
-        " here",
+        "--keep", type=Path, help="an earlier claims.csv whose lines stand for claims without runs"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check --out's claims.csv against the committed provenance; no runs",
     )
     args = parser.parse_args(argv)
+    if not args.dirs and not args.check:
+        parser.error("the runs' folders are required (or --check)")
     with one_line_errors():
-        sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))
+        if args.check:
+            found = read_spec(args.spec)
+            where = judgements_of(args.out)
+            print(
+                check_committed(args.out.with_suffix(".csv"), where, found.claims, found.split, found.seeds)
+            )
+        else:
+            sys.stdout.write(write_claims(args.dirs, args.out, args.spec, args.readme, args.keep))
 
 
 if __name__ == "__main__":

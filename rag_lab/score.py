@@ -7,7 +7,8 @@
 ids, scored against the gold supports as paragraph-level support P / R / F1 / EM). Questions of
 the gold split with no prediction score 0 and are counted as ``missing``, as the official
 scripts do. Prints the metrics as JSON (fractions, with 95% bootstrap CIs). A predictions file
-that repeats an id, or whose ids match no question of the split, is an error naming it.
+that repeats an id, or whose ids match no question of the split, is an error naming it. The judge
+split is the claims' (``make claims``): refused without ``RAG_LAB_JUDGE=1``, before the data is read.
 """
 
 import json
@@ -20,6 +21,7 @@ from rag_lab.core.errors import one_line_errors
 from rag_lab.data.base import DataError
 from rag_lab.data.jsonl import FieldError, read_jsonl, require
 from rag_lab.eval.metrics import SCORERS
+from rag_lab.eval.provenance import check_split
 from rag_lab.eval.stats import bootstrap_ci
 
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors():
         overrides = cli_overrides(list(sys.argv[1:] if argv is None else argv), __doc__, "score")
         cfg = compose(overrides, config_name="score")
+        check_split("split", cfg.split)
         result = score(instantiate(cfg.data), cfg.split, Path(cfg.predictions))
     print(json.dumps(result, indent=2))
 

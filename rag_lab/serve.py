@@ -243,11 +243,13 @@ def retrieval(cfg) -> tuple[Retriever | None, dict[str, Any] | None]:
     from omegaconf import OmegaConf
 
     from rag_lab.core.config import build
+    from rag_lab.retrievers.remote import check_servable
 
     if not cfg.get("retriever"):
         return None, None
     from rag_lab.data.evidence import Evidence, index_corpus
 
+    check_servable(cfg.retriever)
     corpus = index_corpus(instantiate(cfg.data), Evidence(**cfg.corpus))
     config = OmegaConf.to_container(cfg.retriever, resolve=True)  # before build resolves nodes in place
     return build(cfg.retriever, corpus=corpus), retriever_info(config, corpus)

@@ -244,7 +244,7 @@ CASES = [
          r"'policy\.cold_start\.epochs': 0 with max_steps 0"),
     Case("malformed override", "run", ["eval.limit=["], 1, r"malformed override 'eval\.limit=\['"),
     Case("unknown flag", "run", ["--bogus"], 2, r"--bogus"),
-    Case("unknown split", "run", ["eval.split=tset"], 1, r"no split 'tset' \(has: train, dev, test, judge\)"),
+    Case("unknown split", "run", ["eval.split=tset"], 1, r"no split 'tset' \(has: train, dev, test\)$"),
     Case("target not importable", "run", ["policy._target_=rag_lab.nope.Nope"], 1,
          r"policy.*_target_ 'rag_lab\.nope\.Nope' cannot be imported"),
     Case("unknown protocol", "run", ["policy=agent", "policy.protocol=nope", "generator=teacher"], 1,

@@ -2,6 +2,7 @@
 over questions with their seeds, verdicts follow the CI's side, and the shipped spec names real rows."""
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -211,8 +212,9 @@ def test_the_shipped_spec_names_rows_its_experiments_sweep():
     """Every claim of conf/claims.yaml: its experiment exists, sweeps ``by`` and has both rows (and each
     test's other B); the experiment runs on the judge split and seeds; one H and one M per paper."""
     spec = read_spec()
-    assert len({c.paper for c in spec.claims}) == 5 and len(spec.claims) == 10
-    for claim in spec.claims:
+    papers = [c for c in spec.claims if c.kind in ("H", "M")]  # and our own, E: tests/test_claims_evidence.py
+    assert len({c.paper for c in papers}) == 5 and len(papers) == 10 and len(spec.claims) == 11
+    for claim in papers:
         config = yaml.safe_load((CONF_DIR / "experiment" / f"{claim.experiment}.yaml").read_text())
         assert config["experiment"]["name"] == claim.experiment
         assert config["eval"]["split"] == spec.split
@@ -222,3 +224,62 @@ def test_the_shipped_spec_names_rows_its_experiments_sweep():
         wanted = {*claim.rows, *(t.against for t in claim.tests if t.against)}
         assert wanted <= set(values), (claim.claim, values)
         assert all((CONF_DIR / claim.by.lstrip("+") / f"{v}.yaml").exists() for v in wanted)
+
+
+def test_a_judgement_commits_its_runs_provenance_and_the_table_is_checked_against_it(
+    runs, tmp_path, capfd, monkeypatch
+):
+    """write_claims copies each judged run's provenance.json and configs (not its records) beside the page,
+    under the runs' commit; --check reads them back without the runs and refuses, in one line, a table
+    whose provenance they do not give, or a judgement with no committed provenance."""
+    from conftest import cli
+
+    root, base, _ = runs
+    spec = tmp_path / "claims.yaml"
+    spec.write_text(yaml.safe_dump({"judge": JUDGE, "claims": [
+        {"paper": "Stop-RAG", "kind": "H", "claim": "c", "experiment": "stop", "by": "policy",
+         "rows": ["stoprag", "fixed_iter"], "tests": [{"metric": "acc"}, {"metric": "rc", "sign": "<"}]},
+        {"paper": "Stop-RAG", "kind": "M", "claim": "m", "experiment": "stop", "by": "policy",
+         "rows": ["fixed_iter", "stoprag"], "tests": [{"metric": "acc"}]}]}))  # fmt: skip
+    out = tmp_path / "results" / "claims.md"
+    write_claims([root], out, spec)
+    folder = tmp_path / "results" / "judgements" / "c0ffee"
+    judged = sorted(p for p in root.iterdir() if (p / "metrics.json").exists())
+    assert sorted(p.name for p in folder.iterdir()) == [run.name for run in judged]
+    for run in judged:
+        copied = sorted(str(p.relative_to(folder / run.name)) for p in (folder / run.name).rglob("*"))
+        assert copied == [".hydra", ".hydra/overrides.yaml", "config.yaml", "provenance.json"]
+        assert all((folder / run.name / f).read_bytes() == (run / f).read_bytes() for f in copied[1:])
+    check = ["--check", "--out", str(out), "--spec", str(spec)]
+    rc, said = cli("claims", check, capfd, monkeypatch)
+    csv = out.with_suffix(".csv")
+    assert (rc, said.strip()) == (
+        0,
+        f"{csv}: 3 lines, their provenance that of the runs committed under {folder.parent}",
+    )
+    table = pd.read_csv(csv, dtype=str)
+    table.loc[2, "config A"] = "0" * 16  # the mechanism's line says another row hash than its runs recorded
+    table.to_csv(csv, index=False)
+    rc, said = cli("claims", check, capfd, monkeypatch)
+    says = f"error: Stop-RAG (M) fixed_iter − stoprag: config A {'0' * 16} in the table, but stop/fixed_iter"
+    assert (rc, said.strip()) == (1, f"{says} in the committed provenance ({folder})")
+    write_claims([root], out, spec)
+    later = tmp_path / "later"
+    for seed in (0, 1):  # another judgement: the same rows at another commit
+        for row_name in ("stoprag", "fixed_iter"):
+            make_run(later, "stop", "policy", row_name, seed, {"acc": base.tolist(), "rc": [1.0] * 80},
+                     {"commit": "beef"})  # fmt: skip
+    write_claims([later], out, spec)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["beef", "c0ffee"]
+    assert cli("claims", check, capfd, monkeypatch)[0] == 0
+    shutil.rmtree(folder.parent / "beef")
+    rc, said = cli("claims", check, capfd, monkeypatch)
+    says = (
+        f"error: {csv}: the judgement at commit beef has no committed provenance ({folder.parent / 'beef'};"
+    )
+    assert (rc, said.strip()) == (1, f"{says} {folder.parent}/README.md)")
+    # a judgement whose runs were not kept says so in its folder: its lines are named unchecked, not checked
+    (folder.parent / "beef").mkdir()
+    (folder.parent / "beef" / "NOT_KEPT.md").write_text("not kept\n")
+    rc, said = cli("claims", check, capfd, monkeypatch)
+    assert rc == 0 and "unchecked: the judgement at beef, whose runs were not kept (NOT_KEPT.md)" in said

@@ -12,7 +12,8 @@ from rag_lab import CONF_DIR
 from rag_lab.core.cli import check_yaml_files
 from rag_lab.core.config import ConfigError, build, compose, group_options, schema_for, validate
 from rag_lab.core.errors import RagLabError
-from rag_lab.data.base import Corpus
+from rag_lab.data.base import Corpus, QAExample
+from rag_lab.env import Env
 from rag_lab.runner.sweeps import soften
 
 from conftest import cli, retrieval_server
@@ -33,6 +34,8 @@ CORPUS = Corpus(
     ["Ada Lovelace", "Paris", "Rome", "Oslo"],
     ["Ada was born in London.", "Paris is a city.", "Rome is a city.", "Oslo is a city."],
 )
+# a question whose gold passage is p1 (the one every ranking retriever puts first)
+ADA = QAExample("q1", "Where was Ada Lovelace born?", ("London",), supporting_ids=("p1",))
 
 
 def test_judge_group_composes_and_needs_a_generator(tiny_cfg):
@@ -67,7 +70,13 @@ def test_compose_and_instantiate(group, option, tiny_cfg, tmp_path):
     try:
         if group == "retriever":
             obj = instantiate(node, corpus=CORPUS)
-            assert obj.search(["Where was Ada Lovelace born?"], 1)[0][0].id == "p1"
+            # through the env, as a policy searches: each query with its question (retriever=oracle reads it)
+            found = [h.id for h in Env(CORPUS, obj).search([ADA.question], 1, questions=[ADA])[0]]
+            # the controls (rag_lab/retrievers/controls.py): random draws any one passage, empty none
+            if option == "random":
+                assert len(found) == 1 and found[0] in CORPUS, found
+            else:
+                assert found == ([] if option == "empty" else ["p1"]), found
         elif group == "logger":
             obj = instantiate(node, _partial_=True)(run_dir=str(tmp_path), run_config={"a": 1})
             obj.log_metrics({"em": 1.0})

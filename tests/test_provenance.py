@@ -14,7 +14,7 @@ from rag_lab.core.config import ConfigError, compose
 from rag_lab.core.errors import RagLabError
 from rag_lab.data.base import DataError
 from rag_lab.data.synth import SynthDataset
-from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_hash
+from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_config_of, row_hash
 from rag_lab.run import run
 from rag_lab.runner.rundir import lm_fingerprint, write_provenance
 
@@ -92,8 +92,13 @@ def test_the_judge_split_and_seeds_are_make_claims_alone():
         check_judge(cfg, environ={})
     check_judge(cfg, environ={JUDGE_ENV: "1"})
     seeded = compose(["seed=101"])
-    with pytest.raises(ConfigError, match=r"^config 'seed': 101 is a judge seed \(100-102\), reserved"):
+    with pytest.raises(
+        ConfigError, match=r"^config 'seed': 101 is a judge seed \(100-102, 200-201\), reserved"
+    ):
         check_judge(seeded, environ={})
+    for seed in (200, 201):  # our own claim's (kind E), as reserved
+        with pytest.raises(ConfigError, match=rf"^config 'seed': {seed} is a judge seed"):
+            check_judge(compose([f"seed={seed}"]), environ={})
     check_judge(compose(["seed=99"]), environ={})
     check_judge(compose(["seed=103"]), environ={})
     trains = compose(["train_split=judge"])
@@ -104,13 +109,13 @@ def test_the_judge_split_and_seeds_are_make_claims_alone():
 
 
 def test_no_shipped_experiment_but_claims_evaluates_on_the_judge_split():
-    """Probes and the demo never touch the judge split: only conf/experiment/claims.yaml names it."""
+    """Probes and the demo never touch the judge split: only the claims' experiments name it."""
     from rag_lab import CONF_DIR
 
     naming = sorted(
         str(p.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if "split: judge" in p.read_text()
     )
-    assert naming == ["claims.yaml", "experiment/claims.yaml"]
+    assert naming == ["claims.yaml", "experiment/claims.yaml", "experiment/evidence_claims.yaml"]
 
 
 def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
@@ -125,10 +130,11 @@ def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "components", resolving)
     cfg = tiny_cfg("generator=teacher", "eval.limit=4")
     composed = row_hash(cfg)  # before the run: building its components resolves nodes of cfg in place
-    run(cfg, tmp_path / "a")
+    run(cfg, tmp_path / "a", {"config": cfg})  # .hydra/config.yaml, as python -m rag_lab.run writes it
     prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert (prov["split"], prov["seed"], prov["n"]) == ("test", 0, 4)
     assert prov["row_config"] == composed and len(prov["code"]) == 16 and len(prov["config"]) == 16
+    assert row_config_of(tmp_path / "a", prov) == composed  # the claims tool's check passes
     assert prov["lm"].startswith("TeacherGenerator@") and len(prov["commit"] or "x" * 40) == 40
     # another seed of the same row: the same row hash (the judge's runs of 8993ad5 differed here)
     run(tiny_cfg("generator=teacher", "eval.limit=4", "seed=5"), tmp_path / "b")
@@ -136,14 +142,33 @@ def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
 
 
 def test_the_row_hash_of_a_run_is_its_composed_configs(tiny_cfg, tmp_path):
-    """The claims tool takes a run's row hash from its .hydra/config.yaml where it has one."""
-    from rag_lab.eval.provenance import row_config_of
-
+    """The claims tool checks a run's recorded row hash against its .hydra/config.yaml's where it has one."""
     cfg = tiny_cfg("generator=teacher", "seed=4")
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    assert row_config_of(tmp_path, {"row_config": "recorded"}) == row_hash(tiny_cfg("generator=teacher"))
+    row = row_hash(tiny_cfg("generator=teacher"))
+    assert row_config_of(tmp_path, {"row_config": row}) == row == row_config_of(tmp_path, {})
+    says = rf"^run {tmp_path}: provenance.json records row hash recorded, but its composed config"
+    with pytest.raises(RagLabError, match=says + rf" \({tmp_path}/.hydra/config.yaml\) hashes to {row}: the"):
+        row_config_of(tmp_path, {"row_config": "recorded"})
     assert row_config_of(tmp_path / "none", {"row_config": "recorded"}) == "recorded"
+
+
+def test_a_run_whose_recorded_row_hash_was_edited_is_refused(tmp_path):
+    """The claims table refuses a run whose provenance.json records another row hash than its composed
+    config's, in one line naming the run and both."""
+    runs = two_rows(tmp_path)
+    for one in runs:  # each fabricated run composed from one config a row, as the runner records it
+        config = OmegaConf.create({"experiment": {"name": "e"}, "row": one.name.split("-")[1], "seed": 0})
+        (one / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        prov = json.loads((one / "provenance.json").read_text())
+        (one / "provenance.json").write_text(json.dumps(prov | {"row_config": row_hash(config)}))
+    assert list(judge([CLAIM], runs)["verdict"]) == ["holds"]
+    edited = runs[-1] / "provenance.json"
+    edited.write_text(json.dumps(json.loads(edited.read_text()) | {"row_config": "f" * 16}))
+    says = rf"^run {runs[-1]}: provenance.json records row hash f{{16}}, but its composed config \(\S+\)"
+    with pytest.raises(RagLabError, match=says + r" hashes to [0-9a-f]{16}: the config or the provenance"):
+        judge([CLAIM], runs)
 
 
 def test_the_row_hash_sets_the_seed_aside_and_nothing_else(tiny_cfg):
@@ -189,7 +214,8 @@ def small(tmp_path, judge_size):
                         dev_size=20, test_size=40, judge_size=judge_size)  # fmt: skip
 
 
-def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_split(tmp_path):
+def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_split(tmp_path, monkeypatch):
+    monkeypatch.setenv(JUDGE_ENV, "1")
     with_judge, without = small(tmp_path / "a", 40), small(tmp_path / "b", 0)
     for split in ("train", "dev", "test", "musique_test", "corpus"):
         assert (with_judge.root / f"{split}.jsonl").read_bytes() == (
@@ -204,6 +230,50 @@ def test_the_judge_split_is_new_questions_in_the_test_mix_and_changes_no_other_s
     with pytest.raises(DataError, match=r"has no judge split: data.judge_size is 0"):
         without.split("judge")
     assert small(tmp_path / "c", 40).split("judge") == judged  # the same world, the same judge split
+
+
+def entry_files(root) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def test_without_make_claims_no_file_holds_a_judge_question_and_with_it_the_split_comes_later(
+    tmp_path, monkeypatch
+):
+    """Without RAG_LAB_JUDGE=1 the world writes no judge file, and no judge question or judge answer's
+    aliases in any file; every other file, the cache key and the tiny LM's world fingerprint are those of an
+    entry made under it. Under it, an entry made without it gets the judge split's files on first use,
+    byte for byte those an entry made under it holds."""
+    from rag_lab.data.synth.formats import answer_qid
+    from rag_lab.train.tiny.generator import world_fingerprint
+
+    monkeypatch.delenv(JUDGE_ENV, raising=False)
+    sealed = small(tmp_path, 40)
+    made_without = entry_files(sealed.root)
+    assert sealed.splits() == ["train", "dev", "test"]
+    with pytest.raises(DataError, match=r"^synth: the judge split is reserved for the claims' judgement \("):
+        sealed.split("judge")
+    monkeypatch.setenv(JUDGE_ENV, "1")
+    judging = small(tmp_path / "judging", 40)  # an entry made under RAG_LAB_JUDGE=1
+    made_with = entry_files(judging.root)
+    assert sealed.root.name == judging.root.name  # one cache key, with or without the variable
+    judge_files = {"judge.jsonl", "musique_judge.jsonl", "hotpotqa_judge.json", "2wiki_judge.json"}
+    assert set(made_with) - set(made_without) == judge_files
+    same = set(made_without) - {"id_aliases.json"}  # corpus, world.json, train / dev / test in every format
+    assert len(same) == 14 and all(made_with[name] == made_without[name] for name in same)
+    judged = judging.split("judge")
+    text = b"".join(made_without.values()).decode()
+    others = [ex for s in ("train", "dev", "test") for ex in sealed.split(s)]
+    # a one-hop judge question can be a step of another split's question (the world's, not a leak)
+    steps = {step.question for ex in others for step in ex.decomposition}
+    assert not [ex.question for ex in judged if ex.question in text and ex.question not in steps]
+    assert not [row for row in made_with["judge.jsonl"].decode().splitlines() if row in text]
+    aliased = {answer_qid(ex.answers[0]) for ex in others if len(ex.answers) > 1}
+    assert {json.loads(line)["Q_id"] for line in made_without["id_aliases.json"].splitlines()} == aliased
+    assert world_fingerprint(sealed) == world_fingerprint(judging)
+    # under the variable, the entry made without it gets the judge split on first use: the same bytes
+    again = small(tmp_path, 40)
+    assert again.splits() == ["train", "dev", "test", "judge"] and again.split("judge") == judged
+    assert entry_files(again.root) == made_with
 
 
 class Teach:

@@ -79,3 +79,47 @@ def test_score_cli_bad_prediction_line_is_one_line(gold, tmp_path, repo_root, ca
     rc, out = cli("score", args, capfd, monkeypatch, cwd=repo_root)
     assert rc == 1
     assert out.strip() == f"error: {preds}:2: missing field 'prediction'"
+
+
+REFUSAL = (
+    "error: config 'split': 'judge' is reserved for the claims' judgement (make claims, which sets"
+    " RAG_LAB_JUDGE=1); probes use dev / test"
+)
+SMALL_WORLD = ["data.n_people=60", "data.n_cities=12", "data.n_countries=4", "data.n_films=20",
+               "data.dev_size=20", "data.test_size=40", "data.judge_size=40"]  # fmt: skip
+
+
+def test_score_refuses_the_judge_split_outside_make_claims(tmp_path, repo_root, capfd, monkeypatch):
+    """The judge split is make claims' (RAG_LAB_JUDGE=1): refused in one line before the world is read or
+    written, whatever the dataset."""
+    monkeypatch.delenv("RAG_LAB_JUDGE", raising=False)
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "judge-0", "prediction": "x"}\n')
+    cache = tmp_path / "cache"
+    for data in ([], ["data=hotpotqa", f"data.path={tmp_path}"]):
+        args = [*data, "split=judge", f"predictions={preds}", f"cache_dir={cache}"]
+        rc, out = cli("score", args, capfd, monkeypatch, cwd=repo_root)
+        assert (rc, out.strip()) == (1, REFUSAL)
+    assert not cache.exists()
+
+
+def test_scoring_the_world_writes_no_judge_file_and_make_claims_scores_the_judge_split(
+    tmp_path, repo_root, capfd, monkeypatch
+):
+    """Scoring the embedded world's test split leaves no file of the judge split in its cache entry; under
+    RAG_LAB_JUDGE=1 (make claims) the same entry gets the judge split, and fabricated predictions score."""
+    monkeypatch.delenv("RAG_LAB_JUDGE", raising=False)
+    cache = tmp_path / "cache"
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "test-0", "prediction": "x"}\n{"id": "judge-0", "prediction": "x"}\n')
+    args = [*SMALL_WORLD, f"predictions={preds}", f"cache_dir={cache}"]
+    rc, out = cli("score", [*args, "split=test"], capfd, monkeypatch, cwd=repo_root)
+    assert rc == 0, out
+    assert (json.loads(out)["n"], json.loads(out)["missing"]) == (40, 39)
+    (entry,) = (cache / "synth").iterdir()
+    assert sorted(p.name for p in entry.iterdir() if "judge" in p.name) == []
+    judging = {"RAG_LAB_JUDGE": 1}
+    rc, out = cli("score", [*args, "split=judge"], capfd, monkeypatch, cwd=repo_root, env=judging)
+    assert rc == 0, out
+    assert (json.loads(out)["split"], json.loads(out)["n"], json.loads(out)["missing"]) == ("judge", 40, 39)
+    assert (entry / "judge.jsonl").exists() and [*(cache / "synth").iterdir()] == [entry]

@@ -264,7 +264,7 @@ def on_files(files, config, **_):
     for uri, text in PAGES.items():
         files.append(File.generated(config, uri, content=text))
     for pattern in OUTSIDE:
-        for path in sorted(ROOT.glob(pattern)):
+        for path in sorted(p for p in ROOT.glob(pattern) if p.is_file()):  # not judgements/ (its own folder)
             files.append(File.generated(config, str(path.relative_to(ROOT)), abs_src_path=str(path)))
     return files
 

@@ -45,6 +45,13 @@ class Live:
     # A continued rollout's token ids through its last turn (the prompt it was given, the ids it sampled),
     # which its next turn extends (None: no turn yet, or a protocol that renders each prompt afresh).
     ids: list[int] | None = None
+    # the question it answers: what a gold-reading retriever (retriever=oracle) is handed with its searches
+    example: QAExample | None = None
+
+    @classmethod
+    def start(cls, example: QAExample) -> "Live":
+        """A new episode of ``example``: no step yet, nothing seen."""
+        return cls(Episode(example.id, example.question), State(example.question), set(), example=example)
 
 
 def generate(
@@ -133,7 +140,8 @@ def fork(x: Live) -> Live:
     steps (a BACKTRACK marks a turn abandoned) leave the original as it was."""
     turns = [replace(t, passages=list(t.passages)) for t in x.state.turns]
     episode = replace(x.episode, steps=list(x.episode.steps))
-    return Live(episode, replace(x.state, turns=turns), set(x.seen), None if x.ids is None else list(x.ids))
+    ids = None if x.ids is None else list(x.ids)
+    return Live(episode, replace(x.state, turns=turns), set(x.seen), ids, x.example)
 
 
 def advance(
@@ -150,7 +158,8 @@ def advance(
     searching = [i for i, a in enumerate(actions) if a.kind == SEARCH]
     exclude = [live[i].seen for i in searching] if exclude_seen else None
     queries = [actions[i].query for i in searching]
-    hits = dict(zip(searching, env.search(queries, k, exclude), strict=True)) if searching else {}
+    asking = [live[i].example for i in searching]
+    hits = dict(zip(searching, env.search(queries, k, exclude, asking), strict=True)) if searching else {}
     still = []
     for i, (x, completion, action) in enumerate(zip(live, completions, actions, strict=True)):
         step = record(x.episode, completion, action)
@@ -248,7 +257,7 @@ def run_agent(
 ) -> list[Episode]:
     """Roll out one episode per example with ``protocol``, all examples batched per turn (``stopper``:
     :func:`play`'s)."""
-    episodes = [Episode(ex.id, ex.question) for ex in examples]
-    live = [Live(ep, State(ex.question), set()) for ex, ep in zip(examples, episodes, strict=True)]
+    live = [Live.start(ex) for ex in examples]
+    episodes = [x.episode for x in live]
     play(protocol, live, env, sampling, k, max_turns, exclude_seen, progress=progress, stopper=stopper)
     return episodes

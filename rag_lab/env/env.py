@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rag_lab.core.errors import RagLabError
-from rag_lab.data.base import Corpus, Passage
+from rag_lab.data.base import Corpus, Passage, QAExample
 from rag_lab.retrievers.base import Hit, Retriever
+from rag_lab.retrievers.controls import NO_GOLD
 
 
 @dataclass(frozen=True)
@@ -19,13 +20,26 @@ class Env:
     generator: Any = None
 
     def search(
-        self, queries: Sequence[str], k: int, exclude: Sequence[Collection[str]] | None = None
+        self,
+        queries: Sequence[str],
+        k: int,
+        exclude: Sequence[Collection[str]] | None = None,
+        questions: Sequence[QAExample | None] | None = None,
     ) -> list[list[Hit]]:
+        """The retriever's top ``k`` per query. ``questions[i]``: the question query i is asked for; every
+        policy passes them, and a retriever that declares ``takes_gold`` (``retriever=oracle``,
+        rag_lab/retrievers/controls.py) gets their supporting ids as ``gold=``. No other retriever sees
+        them."""
         if self.retriever is None:
             raise RagLabError(
                 "retriever: this policy searches, but the config has no retriever (set retriever=bm25)"
             )
-        return self.retriever.search(queries, k, exclude)
+        if not getattr(self.retriever, "takes_gold", False):
+            return self.retriever.search(queries, k, exclude)
+        if questions is None or len(questions) != len(queries) or any(q is None for q in questions):
+            raise RagLabError(NO_GOLD)
+        gold = [q.supporting_ids for q in questions]
+        return self.retriever.search(queries, k, exclude, gold=gold)
 
     def with_generator(self, generator: Any) -> "Env":
         """The same corpus and retriever, acting with ``generator``."""

@@ -133,8 +133,10 @@ def scored_batch(
     if len(episodes) != len(batch):
         name = type(policy).__name__
         raise RuntimeError(f"{name}.rollout returned {len(episodes)} episodes for {len(batch)}")
-    pairs = zip(batch, episodes, strict=True)
-    return [score_record(ex, ep, scorer, env.corpus, recall_at) for ex, ep in pairs]
+    # the method's own training reward of each episode (Policy.own_rewards; None: a policy without one)
+    own = policy.own_rewards(env, batch, episodes) if hasattr(policy, "own_rewards") else [None] * len(batch)
+    pairs = zip(batch, episodes, own, strict=True)
+    return [score_record(ex, ep, scorer, env.corpus, recall_at) | {"own_reward": r} for ex, ep, r in pairs]
 
 
 def evaluate(

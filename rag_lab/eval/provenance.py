@@ -12,7 +12,6 @@ anything). Hand-written: no library keeps a run's provenance in this form.
 """
 
 import json
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -20,35 +19,46 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rag_lab.core import cache
 from rag_lab.core.config import ConfigError
 from rag_lab.core.errors import RagLabError
+from rag_lab.data.synth import JUDGE_ENV as JUDGE_ENV  # re-exported: the runner's and tests' name
+from rag_lab.data.synth import JUDGE_REFUSAL, JUDGE_SPLIT, judging
 from rag_lab.eval.runs import records_of, results_config
 
-# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world and seeds that
-# only it uses. A run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets;
-# probes, the demo and the tests get a one-line refusal (issue 65: a claim is judged on questions and seeds
-# no probe saw).
-JUDGE_SPLIT = "judge"
+# The claims' judgement (``make claims``, conf/claims.yaml): a split of the generated world (JUDGE_SPLIT,
+# which the world writes and reads only under JUDGE_ENV: rag_lab.data.synth) and seeds that only it uses. A
+# run touches them only with RAG_LAB_JUDGE=1 in its environment, which ``make claims`` sets; probes, the
+# demo, the tests and rag_lab.score get a one-line refusal (issue 65: a claim is judged on questions and
+# seeds no probe saw).
+# the papers' claims (kinds H and M: conf/claims.yaml's judge.seeds)
 JUDGE_SEEDS = (100, 101, 102)
-JUDGE_ENV = "RAG_LAB_JUDGE"
+# our own claim (kind E, issue 74: rag_lab.reporting.claims_evidence), judged on seeds of its own
+EVIDENCE_SEEDS = (200, 201)
+# the seeds a judged run may have, and no other run
+RESERVED_SEEDS = JUDGE_SEEDS + EVIDENCE_SEEDS
 
 
 def check_judge(cfg: DictConfig, environ: dict | None = None) -> None:
     """Refuse a run on the judge split or a judge seed outside ``make claims`` (``RAG_LAB_JUDGE=1``), and a
     policy that would train on the judge split anywhere; one line naming the key."""
-    judging = (os.environ if environ is None else environ).get(JUDGE_ENV) == "1"
     if cfg.get("train_split") == JUDGE_SPLIT:
         raise ConfigError(
             f"config 'train_split': '{JUDGE_SPLIT}' is the claims' judge split; nothing trains on it"
         )
-    if judging:
+    if judging(environ):
         return
-    why = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1); probes use dev / test"
-    if cfg.eval.split == JUDGE_SPLIT:
-        raise ConfigError(f"config 'eval.split': '{JUDGE_SPLIT}' is {why}")
-    if cfg.seed in JUDGE_SEEDS:
+    why = f"{JUDGE_REFUSAL}; probes use dev / test"
+    check_split("eval.split", cfg.eval.split, environ)
+    if cfg.seed in RESERVED_SEEDS:
         raise ConfigError(
-            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]}), {why}"
-            " and other seeds"
+            f"config 'seed': {cfg.seed} is a judge seed ({JUDGE_SEEDS[0]}-{JUDGE_SEEDS[-1]},"
+            f" {EVIDENCE_SEEDS[0]}-{EVIDENCE_SEEDS[-1]}), {why} and other seeds"
         )
+
+
+def check_split(key: str, split: str, environ: dict | None = None) -> None:
+    """Refuse config ``key`` naming the judge split outside ``make claims`` (``RAG_LAB_JUDGE=1``); one line
+    (the runner's ``eval.split``, rag_lab.score's ``split``)."""
+    if split == JUDGE_SPLIT and not judging(environ):
+        raise ConfigError(f"config '{key}': '{JUDGE_SPLIT}' is {JUDGE_REFUSAL}; probes use dev / test")
 
 
 def row_hash(cfg: DictConfig) -> str:
@@ -65,13 +75,23 @@ def row_hash(cfg: DictConfig) -> str:
 
 
 def row_config_of(run: Path, provenance: dict) -> str | None:
-    """A run's row hash: :func:`row_hash` of the config it was composed with (``.hydra/config.yaml``, written
-    before anything was built), else the one its provenance recorded. The runs of commit 8993ad5 recorded it
-    after their components had resolved their config in place (fixed since), so it differed by seed."""
-    composed = run / ".hydra" / "config.yaml"
-    if composed.exists():
-        return row_hash(OmegaConf.load(composed))
-    return provenance.get("row_config")
+    """A run's row hash, the one its provenance recorded once it is :func:`row_hash` of the config the run
+    was composed with (``.hydra/config.yaml``, written before anything was built); a RagLabError naming the
+    run and both hashes where they differ (its config or its provenance changed after it ran). Without a
+    composed config the recorded one stands; without a recorded one, the composed config's. The runs of
+    commit 8993ad5 recorded it after their components had resolved their config in place (fixed since): the
+    two differed by seed, and 698d530 took the composed config's; such a run is refused now."""
+    recorded = provenance.get("row_config")
+    path = run / ".hydra" / "config.yaml"
+    if not path.exists():
+        return recorded
+    composed = row_hash(OmegaConf.load(path))
+    if recorded is not None and recorded != composed:
+        raise RagLabError(
+            f"run {run}: provenance.json records row hash {recorded}, but its composed config"
+            f" ({path}) hashes to {composed}: the config or the provenance changed after the run"
+        )
+    return composed
 
 
 def provenance_of(run: Path) -> dict:
@@ -143,3 +163,22 @@ def row_scores(row: str, runs: list[Path], found: dict[Path, dict]) -> dict[tupl
                 )
             scores[key], owner[key] = rec, run
     return scores
+
+
+def line_provenance(a: list[Path], b: list[Path], found: dict[Path, dict]) -> dict:
+    """A claims line's provenance from the runs of its rows A (``a``) and B (``b``), ``found`` by
+    :func:`check_runs`: the seeds both rows ran (as text, sorted: the bootstrap's order), the first and last
+    start, the commit and code, each row's config hash, the LMs and the split."""
+    seeds = sorted({str(found[x].get("seed")) for x in a} & {str(found[x].get("seed")) for x in b})
+    starts = sorted(s for x in a + b if (s := found[x].get("started")))
+    first, other = found[a[0]], found[b[0]]
+    return {
+        "seeds": " ".join(seeds),
+        "started": f"{starts[0]} {starts[-1]}" if starts else None,
+        "commit": first.get("commit"),
+        "code": first.get("code"),
+        "config A": first.get("row_config"),
+        "config B": other.get("row_config"),
+        "lm": " ".join(sorted({found[x].get("lm") for x in a + b})),
+        "split": first.get("split"),
+    }

@@ -25,3 +25,9 @@ class Policy(Protocol):
         """One episode per question, in order. Must not depend on which other questions share
         the batch (seed per question id), so a resumed evaluation gives the same numbers."""
         ...
+
+    # Optional (a method with a training reward of its own; evaluation asks with hasattr):
+    # def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float | None]:
+    #     """The reward the method's own trainer gives each evaluated episode (its reward code, its settings:
+    #     a start and its trained row scored alike), one per episode, None where it has none; evaluation
+    #     writes it as records.jsonl's ``own_reward`` (absent: None)."""

@@ -35,7 +35,7 @@ class RetrieveOnly:
         return ""
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
-        hits = env.search([ex.question for ex in batch], self.k)
+        hits = env.search([ex.question for ex in batch], self.k, questions=batch)
         episodes = []
         for ex, found in zip(batch, hits, strict=True):
             step = Step(action="search", query=ex.question, retrieved_ids=[h.id for h in found])

@@ -74,7 +74,7 @@ class OracleRAG(ChainOfThought):
         elif self.reader == "hops":
             self.hop_by_hop(env, batch, [State(ex.question) for ex in batch], episodes)
         else:
-            self.reason(env, states, episodes, [set() for _ in batch])
+            self.reason(env, batch, states, episodes, [set() for _ in batch])
         return episodes
 
     def hop_by_hop(

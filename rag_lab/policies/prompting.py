@@ -55,13 +55,15 @@ class Prompting:
         states: list[State],
         episodes: list[Episode],
         queries: list[str],
+        questions: list[QAExample],
         seen: list[set[str]] | None = None,
         asked: bool = False,
     ) -> list[bool]:
-        """One batched search; the passages join each state (excluding ``seen`` ones when given) and
-        a search step of each episode: a new one, or with ``asked`` the generated step that asked for
-        it (one search, one step). Whether each search found a passage (with ``seen``: a new one)."""
-        hits = env.search(queries, self.k, seen)
+        """One batched search (``questions[i]``: the question query i is asked for); the passages join each
+        state (excluding ``seen`` ones when given) and a search step of each episode: a new one, or with
+        ``asked`` the generated step that asked for it (one search, one step). Whether each search found a
+        passage (with ``seen``: a new one)."""
+        hits = env.search(queries, self.k, seen, questions)
         for i, (s, ep, q, found) in enumerate(zip(states, episodes, queries, hits, strict=True)):
             ids = [h.id for h in found]
             if asked:
@@ -95,7 +97,7 @@ class Direct(Prompting):
 class StandardRAG(Prompting):
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
         states, episodes = self.start(batch)
-        self.retrieve(env, states, episodes, [s.question for s in states])
+        self.retrieve(env, states, episodes, [s.question for s in states], batch)
         self.finish(episodes, self.ask(env, QA(), states, episodes))
         return episodes
 
@@ -125,6 +127,7 @@ class IterRetGen(Prompting):
                 rounds,
                 episodes,
                 [f"{s.question} {a}".strip() for s, a in zip(states, answers, strict=True)],
+                batch,
             )
             actions = self.ask(env, QA(), rounds, episodes)
             answers = [(a.answer or "") if a.kind == ANSWER else "" for a in actions]
@@ -155,11 +158,18 @@ class ChainOfThought(Prompting):
         states, episodes = self.start(batch)
         seen: list[set[str]] = [set() for _ in batch]
         if self.retrieve_each:
-            self.retrieve(env, states, episodes, [s.question for s in states], seen)
-        self.reason(env, states, episodes, seen)
+            self.retrieve(env, states, episodes, [s.question for s in states], batch, seen)
+        self.reason(env, batch, states, episodes, seen)
         return episodes
 
-    def reason(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:
+    def reason(
+        self,
+        env: Env,
+        batch: list[QAExample],
+        states: list[State],
+        episodes: list[Episode],
+        seen: list[set[str]],
+    ) -> None:
         """Reasoning sentences until each state answers (IRCoT: a search after each sentence); the ``qa``
         reader answers those still reasoning after ``max_steps``."""
         live = list(range(len(states)))
@@ -178,6 +188,7 @@ class ChainOfThought(Prompting):
                     [states[i] for i in live],
                     [episodes[i] for i in live],
                     [states[i].notes[-1][0] for i in live],
+                    [batch[i] for i in live],
                     [seen[i] for i in live],
                 )
         if live:  # no answer within max_steps: the reader answers from everything retrieved

@@ -32,8 +32,8 @@ class TeacherPolicy:
         raise NotImplementedError("the teacher does not train")
 
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
-        def search(queries):
-            return [env.passages(hits) for hits in env.search(queries, self.k)]
+        def search(queries, questions):
+            return [env.passages(hits) for hits in env.search(queries, self.k, questions=questions)]
 
         episodes = []
         for ex, trace in zip(batch, self.teacher.solve(batch, search), strict=True):

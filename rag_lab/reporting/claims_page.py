@@ -15,6 +15,8 @@ from rag_lab.reporting import pages
 
 BEGIN, END = "<!-- claims: begin (python -m rag_lab.claims) -->", "<!-- claims: end -->"
 TITLE = "# The papers' claims on the embedded default"
+# the papers' two kinds of claim, one of each a paper (our own, E, is rag_lab.reporting.claims_evidence's)
+KINDS = {"H": "headline", "M": "mechanism"}
 READING = "Reading the claims table"
 
 COLUMNS = """One line a test; a claim has one test or more (`conf/claims.yaml`, written before any run of the
@@ -22,7 +24,10 @@ judge split and not changed after).
 
 - **kind**: H, the paper's headline (the trained method against its own start, the same loop before
   training, on the same LM); M, its mechanism (the ablation that isolates what the paper adds). One of each
-  a paper.
+  a paper. E, our own claim (issue 74), on seeds of its own: its A − B is S_cov − S_meth, the spread of the
+  methods' mean Acc across coverage levels minus the spread across methods at full coverage (in brackets
+  after its Δ; each seed's own in brackets after its Δ per seed), its CI from the same bootstrap over
+  questions, each draw a question with every run's answer to it.
 - **A − B** and **metric**: every test is on row A minus row B for one `records.jsonl` field: `acc`, `em`,
   `sepr` in percentage points, `retrieval_count` in searches a question, `n_steps` in steps. "(margin -1)"
   asks A to lose at most 1 point (non-inferiority), not to gain.
@@ -63,14 +68,38 @@ def reading(table: pd.DataFrame) -> str:
     return f"## {READING}\n\n{last[0]}\n\n{last[1]}\n\n{demo}\n"
 
 
+def headlines(table: pd.DataFrame) -> str:
+    """The sentence counting the papers whose headline (H) and whose mechanism (M) hold, then our own
+    claim's verdict (E) where the table has it.
+
+    >>> t = pd.DataFrame({"paper": list("AABBCC"), "kind": list("HMHMHM"),
+    ...                   "claim verdict": ["holds", "not shown", "reversed", "holds", "not shown", "holds"]})
+    >>> headlines(t)
+    'Headlines (H) that hold: 1 of 3 (A). Mechanisms (M) that hold: 2 of 3 (B, C).'
+    """
+    out = []
+    for kind, name in KINDS.items():
+        lines = table[table["kind"] == kind].drop_duplicates("paper")
+        held = list(lines.loc[lines["claim verdict"] == "holds", "paper"])
+        out.append(
+            f"{name.capitalize()}s ({kind}) that hold: {len(held)} of {len(lines)}"
+            + (f" ({', '.join(held)})." if held else ".")
+        )
+    for verdict in table.loc[table["kind"] == "E", "claim verdict"].drop_duplicates():
+        out.append(f"Our own claim (E): {verdict}.")
+    return " ".join(out)
+
+
 def stamp(table: pd.DataFrame, machine: str) -> pages.Stamp:
-    """The page's stamp: the runs' commits and start dates (provenance.json), ``machine``, ``make claims``."""
+    """The page's stamp: the runs' commits and start dates (provenance.json), ``machine``, ``make claims``
+    (and ``make claims-evidence`` where the table has our own claim, E)."""
     commits = ", ".join(dict.fromkeys(str(c)[:7] for c in table.get("commit", pd.Series()).dropna()))
     started = sorted(
         {s[:10] for line in table.get("started", pd.Series()).dropna() for s in str(line).split()}
     )
     dates = " to ".join(dict.fromkeys([started[0], started[-1]])) if started else "an unrecorded date"
-    return pages.Stamp(commits or "unknown", dates, machine, "`make claims`", "Judged")
+    remake = "`make claims`" + (", `make claims-evidence`" if "E" in set(table.get("kind", ())) else "")
+    return pages.Stamp(commits or "unknown", dates, machine, remake, "Judged")
 
 
 def claims_page(old: str | None, block: str, stamp: pages.Stamp, section: str) -> str:

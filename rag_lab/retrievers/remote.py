@@ -87,6 +87,20 @@ def first_difference(ours: Any, theirs: Any, path: str = "") -> str | None:
     return None if ours == theirs else f"{path or '<root>'}: the server has {theirs!r}, the run {ours!r}"
 
 
+def check_servable(config: Any) -> None:
+    """A one-line refusal of a retriever that reads each query's question (``takes_gold``: retriever=oracle,
+    rag_lab/retrievers/controls.py): the wire carries query strings only, and the server merges requests from
+    many ranks into one search, so the oracle runs in the run's own process."""
+    from rag_lab.core.config import locate
+
+    target = (_plain(config) or {}).get("_target_") if config is not None else None
+    if target and getattr(locate(target), "takes_gold", False):
+        raise RagLabError(
+            "retriever=oracle: the retrieval server cannot serve it (a request carries queries, not the "
+            "questions whose gold passages the oracle puts first): run it in-process, retriever=oracle"
+        )
+
+
 def base_url(url: str) -> str:
     """``url`` without a trailing ``/`` or ``/v1``; a RagLabError naming ``retriever.url`` if not http(s)."""
     parsed = urllib.parse.urlparse(str(url))
@@ -340,6 +354,10 @@ class RemoteRetriever:
     def check_settings(s: dict, run) -> list[tuple[str, str]]:
         """At compose time (before the runner launches anything): a server answers at ``url`` and serves
         ``serves``. The corpus is checked when the retriever is built, with the run's corpus."""
+        try:
+            check_servable(s.get("serves"))
+        except RagLabError as e:
+            return [("serves", str(e))]
         client = None
         try:
             client = Client(s["url"], min(float(s["timeout_s"]), 10.0), s["retries"], s["backoff_s"])

@@ -10,10 +10,18 @@ the same, so the shipped tiny LM, trained on the whole world (:attr:`SynthDatase
 other knobs of how hard a question is to answer are the run's: passages per search (``retriever.top_k``,
 the distractors a reader sees) and the search budget. Passage length is fixed by the world: a shorter page
 is a different corpus, and the tiny LM would be retrained for it (130 min on 2 cores).
+
+The judge split (``make claims``' own questions) is written only where ``RAG_LAB_JUDGE=1`` is set
+(:data:`JUDGE_ENV`, which ``make claims`` sets): without it no file of the cache entry holds a judge question
+(nor its answer's aliases), and asking for the split is refused. A judging run of an entry made without it
+adds the judge split's files on first use (:meth:`SynthDataset.split`), drawn again from the same settings:
+the same questions, rows and bytes as an entry made under the variable. Neither the cache key nor any other
+split depends on the variable: the judge split is drawn after the others, with a random stream of its own.
 """
 
 import copy
 import json
+import os
 import random
 from functools import cached_property
 
@@ -28,6 +36,18 @@ from rag_lab.data.synth.questions import judge_questions, make_questions
 from rag_lab.data.synth.world import build_world
 
 SPLITS = ("train", "dev", "test", "judge")
+# The claims' judge split, and the variable without which it is neither written nor read (make claims sets it;
+# rag_lab.eval.provenance refuses a run on it without the variable too).
+JUDGE_SPLIT = "judge"
+JUDGE_ENV = "RAG_LAB_JUDGE"
+JUDGE_REFUSAL = f"reserved for the claims' judgement (make claims, which sets {JUDGE_ENV}=1)"
+
+
+def judging(environ: dict | None = None) -> bool:
+    """Whether ``environ`` (the process's environment by default) sets ``RAG_LAB_JUDGE=1``."""
+    return (os.environ if environ is None else environ).get(JUDGE_ENV) == "1"
+
+
 QUESTION_TYPES = (
     "single_hop",
     "compositional",
@@ -45,8 +65,8 @@ class SynthDataset:
 
     ``judge`` (``judge_size`` questions) is the claims' own split (``make claims``): questions no other split
     holds, drawn from the same world after the others with a random stream of its own, so that adding it
-    changed no question of train, dev or test (nor the tiny LM's world fingerprint). A run evaluates on it
-    only inside ``make claims`` (:mod:`rag_lab.eval.provenance`)."""
+    changed no question of train, dev or test (nor the tiny LM's world fingerprint). It is written and read
+    only under ``RAG_LAB_JUDGE=1`` (the module's docstring; a run on it: :mod:`rag_lab.eval.provenance`)."""
 
     scorer = "squad"
 
@@ -102,7 +122,11 @@ class SynthDataset:
             self._generate()
         self._flashrag = FlashRAGDataset(str(self.root), str(self.root / "corpus.jsonl"), name=name)
 
-    def _generate(self) -> None:
+    def _generate(self, judge_only: bool = False) -> None:
+        """Write the entry: the corpus, train / dev / test in every format and ``id_aliases.json``, and under
+        ``RAG_LAB_JUDGE=1`` the judge split's files. ``judge_only``: add the judge split's files (and its
+        answers' aliases) to an entry made without them, every split drawn again (the judge split's MuSiQue
+        rows draw their distractors from the stream after the other splits')."""
         p = self.params
         rng = random.Random(p["seed"])
         world = build_world(rng, p["sizes"], p["withhold_rate"])
@@ -120,31 +144,16 @@ class SynthDataset:
             "test": questions[n_dev : n_dev + n_test],
             "train": questions[n_dev + n_test :],
         }
-        if p["judge_size"]:
-            taken = {q["question"] for q in questions}
-            own = random.Random(f"judge:{p['seed']}")
-            splits["judge"] = judge_questions(
-                own, world, p["max_hops"], taken, splits["test"], p["judge_size"]
-            )
-            if len(splits["judge"]) < p["judge_size"]:
-                raise DataError(
-                    f"data.judge_size = {p['judge_size']}, but this world has only {len(splits['judge'])} "
-                    "questions that no other split holds: lower it or raise data.n_people / data.n_films"
-                )
-        for split, qs in splits.items():
-            flash = [formats.flashrag(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
-            write_jsonl(self.root / f"{split}.jsonl", flash)
-            musique = [
-                formats.musique(f"{split}-{i}", q, world.passages, title_to_id, rng) for i, q in enumerate(qs)
-            ]
-            write_jsonl(self.root / f"musique_{split}.jsonl", musique)
-            hotpot = [formats.hotpotqa(row, q) for row, q in zip(musique, qs, strict=True)]
-            atomic_write_text(self.root / f"hotpotqa_{split}.json", json.dumps(hotpot, ensure_ascii=False))
-            two_wiki = [formats.two_wiki(row, q) for row, q in zip(musique, qs, strict=True)]
-            atomic_write_text(self.root / f"2wiki_{split}.json", json.dumps(two_wiki, ensure_ascii=False))
-        write_jsonl(
-            self.root / "id_aliases.json", formats.two_wiki_aliases(questions + splits.get("judge", []))
-        )
+        if p["judge_size"] and judging():
+            splits[JUDGE_SPLIT] = self._judge_questions(world, questions, splits["test"])
+        aliases = formats.two_wiki_aliases(questions + splits.get(JUDGE_SPLIT, []))
+        write_jsonl(self.root / "id_aliases.json", aliases)
+        for split, qs in splits.items():  # in this order: each split's MuSiQue rows draw from rng
+            rows = self._rows(split, qs, world, title_to_id, rng)
+            if not judge_only or split == JUDGE_SPLIT:
+                self._write(split, rows)
+        if judge_only:
+            return
         write_jsonl(
             self.root / "corpus.jsonl",
             [{"id": pid, "contents": f"{t}\n{x}"} for pid, (t, x) in world.passages.items()],
@@ -152,15 +161,56 @@ class SynthDataset:
         # Written last: its presence marks a complete cache entry.
         atomic_write_json(self.root / "world.json", {"params": p, "passages": len(world.passages)})
 
+    def _judge_questions(self, world, questions: list[dict], test: list[dict]) -> list[dict]:
+        """The judge split: ``judge_size`` questions no other split holds, in the test split's type mix,
+        from a random stream of its own (so that it changes no other split)."""
+        p = self.params
+        own = random.Random(f"judge:{p['seed']}")
+        taken = {q["question"] for q in questions}
+        judge = judge_questions(own, world, p["max_hops"], taken, test, p["judge_size"])
+        if len(judge) < p["judge_size"]:
+            raise DataError(
+                f"data.judge_size = {p['judge_size']}, but this world has only {len(judge)} "
+                "questions that no other split holds: lower it or raise data.n_people / data.n_films"
+            )
+        return judge
+
+    @staticmethod
+    def _rows(split: str, qs: list[dict], world, title_to_id: dict[str, str], rng: random.Random) -> dict:
+        """A split's rows in each format: FlashRAG, MuSiQue (its distractors drawn from ``rng``), HotpotQA
+        and 2Wiki (both on the MuSiQue rows' contexts)."""
+        flash = [formats.flashrag(f"{split}-{i}", q, title_to_id) for i, q in enumerate(qs)]
+        musique = [
+            formats.musique(f"{split}-{i}", q, world.passages, title_to_id, rng) for i, q in enumerate(qs)
+        ]
+        hotpot = [formats.hotpotqa(row, q) for row, q in zip(musique, qs, strict=True)]
+        two_wiki = [formats.two_wiki(row, q) for row, q in zip(musique, qs, strict=True)]
+        return {"flash": flash, "musique": musique, "hotpot": hotpot, "two_wiki": two_wiki}
+
+    def _write(self, split: str, rows: dict) -> None:
+        """A split's files, the FlashRAG one (the one this dataset reads) last: its presence marks the
+        split's files complete."""
+        write_jsonl(self.root / f"musique_{split}.jsonl", rows["musique"])
+        atomic_write_text(
+            self.root / f"hotpotqa_{split}.json", json.dumps(rows["hotpot"], ensure_ascii=False)
+        )
+        atomic_write_text(self.root / f"2wiki_{split}.json", json.dumps(rows["two_wiki"], ensure_ascii=False))
+        write_jsonl(self.root / f"{split}.jsonl", rows["flash"])
+
     def splits(self) -> list[str]:
-        """The splits this world has (judge only when ``judge_size`` > 0)."""
-        return [s for s in SPLITS if s != "judge" or self.params["judge_size"]]
+        """The splits this world has: judge only when ``judge_size`` > 0 and ``RAG_LAB_JUDGE=1`` is set."""
+        return [s for s in SPLITS if s != JUDGE_SPLIT or (self.params["judge_size"] and judging())]
 
     def split(self, name: str) -> list[QAExample]:
         if name not in SPLITS:
-            raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(SPLITS)})")
-        if name == "judge" and not self.params["judge_size"]:
-            raise DataError(f"{self.name} has no judge split: data.judge_size is 0")
+            raise DataError(f"{self.name} has no split '{name}' (has: {', '.join(self.splits())})")
+        if name == JUDGE_SPLIT:
+            if not self.params["judge_size"]:
+                raise DataError(f"{self.name} has no judge split: data.judge_size is 0")
+            if not judging():
+                raise DataError(f"{self.name}: the judge split is {JUDGE_REFUSAL}; probes use dev / test")
+            if not (self.root / f"{JUDGE_SPLIT}.jsonl").exists():  # an entry made without RAG_LAB_JUDGE=1
+                self._generate(judge_only=True)
         types, max_hops = self.selection["types"], self.selection["max_hops"]
         kept = [
             ex

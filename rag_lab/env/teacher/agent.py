@@ -21,8 +21,9 @@ from rag_lab.data.base import Passage, QAExample, resolve_references
 from rag_lab.data.synth.world import MONTHS
 from rag_lab.env.teacher.reader import answer_from, parse_question
 
-# search(queries) -> passages per query, best first (a batched retriever call behind it)
-Search = Callable[[Sequence[str]], list[list[Passage]]]
+# search(queries, questions) -> passages per query, best first (a batched retriever call behind it);
+# questions[i]: the question query i is asked for (what retriever=oracle reads)
+Search = Callable[[Sequence[str], Sequence[QAExample]], list[list[Passage]]]
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class WorldTeacher:
                 i: resolve_references(examples[i].decomposition[hop].question, answers[i]) for i in live
             }
             queries = {i: self._query(q, rngs[i]) for i, q in questions.items()}
-            found = search([queries[i] for i in live])
+            found = search([queries[i] for i in live], [examples[i] for i in live])
             still = []
             for i, passages in zip(live, found, strict=True):
                 answer = answer_from(questions[i], passages)

@@ -58,6 +58,7 @@ class APEXPipeline(Prompting):
                 [episodes[i] for i in live],
                 [plans[i][j] for i in live],
                 [seen[i] for i in live],
+                [batch[i] for i in live],
             )
             for i, answer in zip(live, answers, strict=True):
                 states[i].notes.append((plans[i][j], answer))
@@ -91,9 +92,16 @@ class APEXPipeline(Prompting):
         return env
 
     def execute(
-        self, env: Env, states: list[State], episodes: list[Episode], subs: list[str], seen: list[set[str]]
+        self,
+        env: Env,
+        states: list[State],
+        episodes: list[Episode],
+        subs: list[str],
+        seen: list[set[str]],
+        batch: list[QAExample],
     ) -> list[str]:
-        """Answer one sub-question per state (batched): executor steps until each answers."""
+        """Answer one sub-question per state (batched; ``batch[i]``: state i's question): executor steps
+        until each answers."""
         tasks = [
             State(s.question, focus=resolve_references(q, [a for _, a in s.notes]), notes=list(s.notes))
             for s, q in zip(states, subs, strict=True)
@@ -121,6 +129,7 @@ class APEXPipeline(Prompting):
                 [tasks[i] for i in live],
                 [episodes[i] for i in live],
                 [q for _, q in searching],
+                [batch[i] for i in live],
                 [seen[i] for i in live],
                 asked=True,
             )

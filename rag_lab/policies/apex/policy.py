@@ -254,6 +254,11 @@ class APEX(APEXPipeline):
                 ep.steps[0].rewards["sepr"] = float(value)
         return episodes
 
+    def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float | None]:
+        """The plan reward the planner trains on: each plan's SEPR against its gold plan, as :meth:`rollout`
+        put it on the plan step (None where there is none: no gold plan, no ``sepr``, no plan)."""
+        return [ep.steps[0].rewards.get("sepr") if ep.steps else None for ep in episodes]
+
     def plan_env(self, env: Env) -> Env:
         """The planner's environment: the planner (trained, or the untrained model when only the executor
         was fine-tuned) when fit set one, else the env as it is."""

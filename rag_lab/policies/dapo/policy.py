@@ -45,10 +45,11 @@ from rag_lab.core.config import NonNegative, OneOf, OpenUnit, Positive, Positive
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import read_records
 from rag_lab.data.base import QAExample
-from rag_lab.env import Env
+from rag_lab.env import Env, Episode
 from rag_lab.generators.base import Sampling, vllm_backed
 from rag_lab.policies.agent import Agent
-from rag_lab.policies.dapo.trainer import PANELS, train_stage
+from rag_lab.policies.dapo.rollout import rollout_text, total_rewards
+from rag_lab.policies.dapo.trainer import PANELS, stage_rewards, train_stage
 from rag_lab.rewards.base import Reward, named
 from rag_lab.train.cold_start import ColdStartConfig
 from rag_lab.train.curves import write_curves
@@ -68,6 +69,9 @@ class DAPOSettings:
 
     # the answer reward's stages, trained in order, each from the last one's weights
     stages: list[int | str] = (1, 2)
+    # the stage whose r_a scores the evaluated episodes' own reward (records' own_reward; null: the last of
+    # `stages`, or 2 where there is none: the start is scored as the [1, 2] row it starts)
+    reward_stage: int | str | None = None
     # training steps per stage; questions per step, each sampled `group_size` times (G)
     steps: PositiveInt = 30
     questions_per_step: PositiveInt = 4
@@ -107,6 +111,8 @@ class DAPOSettings:
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
             raise RagLabError(f"policy.stages: {bad[0]!r} is not a stage (1, 2 or unified)")
+        if self.reward_stage is not None and self.reward_stage not in STAGES:
+            raise RagLabError(f"policy.reward_stage: {self.reward_stage!r} is not a stage (1, 2 or unified)")
         self.stages = list(self.stages)
         self.heldout = self.heldout or HeldOut(n=0)
 
@@ -165,6 +171,8 @@ class DAPO(Agent, DAPOSettings):
         problems += [
             ("stages", f"{x!r} is not a stage (1, 2 or unified)") for x in s["stages"] if x not in STAGES
         ]
+        if s.get("reward_stage") is not None and s["reward_stage"] not in STAGES:
+            problems.append(("reward_stage", f"{s['reward_stage']!r} is not a stage (1, 2 or unified)"))
         problems += micro_batch(s, "episodes", processes_of(run)) + enough_questions(s)
         problems += lora_settings(s["lora"])
         terms = OmegaConf.select(run, "reward")
@@ -212,12 +220,25 @@ class DAPO(Agent, DAPOSettings):
         if rows:
             write_curves(rows, Path(out_dir), logger, PANELS, "DAPO training")
 
+    def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float | None]:
+        """r_sum = r_a + r_s + r_f (eq. 12) of each evaluated episode, as a stage's trainer scores a rollout
+        (:func:`.trainer.stage_rewards` weighted by :func:`.rollout.total_rewards`, on the engine's rollout
+        text), r_a that of ``reward_stage``; None each with no reward group."""
+        if not self.reward:
+            return [None] * len(episodes)
+        stage = self.reward_stage if self.reward_stage is not None else (self.stages or [2])[-1]
+        texts = [rollout_text(env.corpus, ep) for ep in episodes]
+        return total_rewards(stage_rewards(self, stage), texts, [list(q.answers) for q in batch]).tolist()
+
     def stage_dir(self, previous: str, stage, questions: list[QAExample], env: Env, out_dir: Path) -> Path:
         """Where a stage's model is cached (module docstring): ``cache_dir/dapo/<key>``, or with no
         ``run_config`` (built outside the runner) ``out_dir/stages/<key>``, shared with nothing."""
         content = [[q.id, q.question, list(q.answers)] for q in questions], env.corpus.fingerprint
         config = dict(self.run_config or {})
-        config["policy"] = {k: v for k, v in config.get("policy", {}).items() if k != "stages"}
+        # which stages run, and which one scores the evaluation, are not what this stage trains
+        config["policy"] = {
+            k: v for k, v in config.get("policy", {}).items() if k not in ("stages", "reward_stage")
+        }
         # the corpus and the questions count by content; the evaluation's settings do not count
         for unrelated in ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra"):
             config.pop(unrelated, None)

@@ -70,6 +70,8 @@ from rag_lab.rewards.dapo import answer_correct
 from rag_lab.train.lockstep import acting
 from rag_lab.train.parallel import own_key, own_seed
 
+PROTOCOL = DAPOTagged()
+
 
 def is_flat(totals: np.ndarray) -> bool:
     """All rewards of a group equal, up to float noise (an encoder batch can move a cosine by 1e-9)."""
@@ -89,6 +91,30 @@ class OnRollouts:
         self, completions: list[Any], rollouts: list[str] | None = None, **columns: Any
     ) -> list[float]:
         return self.reward(completions if rollouts is None else rollouts, **(columns | self.bound))
+
+
+def total_rewards(
+    rewards: Sequence[tuple[Callable[..., list[float]], float]], texts: list[str], answers: list[list[str]]
+) -> np.ndarray:
+    """r_sum (eq. 12) of each rollout text: the weighted sum of the reward terms (a term of weight 0, a
+    monitor, is not called). The trainer's groups and the policy's evaluated episodes
+    (:meth:`rag_lab.policies.dapo.DAPO.own_rewards`) both score with it."""
+    total = np.zeros(len(texts))
+    for reward, weight in rewards:
+        if weight:
+            total += weight * np.asarray(reward(texts, answers=answers), dtype=float)
+    return total
+
+
+def information(corpus, step) -> str:
+    """The ``<information>`` block after ``step`` (empty for a step that did not search)."""
+    return PROTOCOL.information(Turn(None, [corpus.get(pid) for pid in step.retrieved_ids]))
+
+
+def rollout_text(corpus, episode: Episode) -> str:
+    """The text the engine built: each turn, then its information block (none after a turn that did not
+    search: DAPOTagged.rollout_text)."""
+    return "".join(s.text + information(corpus, s) for s in episode.steps)
 
 
 @dataclass
@@ -202,22 +228,15 @@ class SearchRollouts:
         repeated = [q for q in questions for _ in range(group)]
         episodes = run_agent(self.protocol, repeated, self.env, sampling, k=self.k, max_turns=self.max_turns)
         texts = [self.rollout_text(ep) for ep in episodes]
-        answers = [list(q.answers) for q in repeated]
-        total = np.zeros(len(episodes))
-        for reward, weight in self.rewards:
-            if weight:
-                total += weight * np.asarray(reward(texts, answers=answers), dtype=float)
+        total = total_rewards(self.rewards, texts, [list(q.answers) for q in repeated])
         cut = [slice(i * group, (i + 1) * group) for i in range(len(questions))]
         return [episodes[c] for c in cut], [texts[c] for c in cut], [total[c] for c in cut]
 
     def information(self, step) -> str:
-        passages = [self.env.corpus.get(pid) for pid in step.retrieved_ids]
-        return self.protocol.information(Turn(None, passages))
+        return information(self.env.corpus, step)
 
     def rollout_text(self, episode: Episode) -> str:
-        """The text the engine built: each turn, then its information block (none after a turn that did not
-        search: DAPOTagged.rollout_text)."""
-        return "".join(s.text + self.information(s) for s in episode.steps)
+        return rollout_text(self.env.corpus, episode)
 
     # ---- to TRL's rows --------------------------------------------------------------------------
     def encode(self, batch: Batch) -> dict[str, list]:

@@ -114,10 +114,7 @@ def train_stage(
     from trl import GRPOTrainer
 
     work = done.with_name(f"{done.name}.work")
-    rewards = [
-        (OnRollouts(name, fn, **({"stage": stage} if takes_stage(fn) else {})), policy.weights[name])
-        for name, fn in policy.reward.items()
-    ]
+    rewards = stage_rewards(policy, stage)
     # monitors: logged by TRL as rewards/rc and rewards/acc, weight 0 (they train nothing)
     monitors = [(OnRollouts("rc", retrieval_count), 0.0), (OnRollouts("acc", answer_correct), 0.0)]
     rollouts = SearchRollouts(
@@ -210,6 +207,15 @@ def heldout_curve(
         generator=generator,
         start=start,
     )
+
+
+def stage_rewards(policy, stage) -> list[tuple[OnRollouts, float]]:
+    """The reward terms of ``policy``'s group with their weights, r_a's form that of ``stage`` (eqs. 10-12):
+    what a stage trains on, and what the policy's evaluated episodes are scored with (``own_rewards``)."""
+    return [
+        (OnRollouts(name, fn, **({"stage": stage} if takes_stage(fn) else {})), policy.weights[name])
+        for name, fn in policy.reward.items()
+    ]
 
 
 def takes_stage(fn) -> bool:

@@ -42,7 +42,7 @@ from rag_lab.env import Env, Episode
 from rag_lab.env.engine import Live, advance, fork, full, generate, play, undoable
 from rag_lab.env.episode import Step
 from rag_lab.env.fit import TOO_LONG_ERROR
-from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State
+from rag_lab.env.protocols.base import ANSWER, BACKTRACK, REFUSE, SEARCH, Action, Protocol, State, Turn
 from rag_lab.generators.base import Completion, Sampling, text_ids
 from rag_lab.policies.evorag.preference import Branch, preference_pairs
 
@@ -70,6 +70,21 @@ def evidence(x: Live) -> list[Passage]:
     return [p for t in x.state.turns if not t.abandoned for p in t.passages]
 
 
+def held_evidence(corpus, episode: Episode) -> list[Passage]:
+    """:func:`evidence` of a finished episode, its state replayed from its steps: each SEARCH a turn of the
+    passages it retrieved, each BACKTRACK abandoning what the engine's would (:func:`undoable`)."""
+    state = State(episode.question)
+    for step in episode.steps:
+        if step.action == SEARCH:
+            state.turns.append(Turn(Action(SEARCH), [corpus.get(pid) for pid in step.retrieved_ids]))
+        elif step.action == BACKTRACK:
+            undone = undoable(state)
+            if undone is not None:
+                undone.abandoned = True
+            state.turns.append(Turn(Action(BACKTRACK)))
+    return evidence(Live(episode, state, set()))
+
+
 def base_rollouts(
     protocol: Protocol,
     env: Env,
@@ -80,7 +95,7 @@ def base_rollouts(
     exclude_seen: bool = False,
 ) -> tuple[list[Live], list[list[Live]]]:
     """The policy's episodes (their final live state) and, per episode, the states it visited."""
-    live = [Live(Episode(ex.id, ex.question), State(ex.question), set()) for ex in questions]
+    live = [Live.start(ex) for ex in questions]
     traces: list[list[Live]] = [[] for _ in live]
     play(protocol, live, env, sampling, k, t_max, exclude_seen, trace=traces)
     for x in live:

@@ -38,10 +38,10 @@ from rag_lab.core.config import NonNegative, OpenUnit, Positive, PositiveInt, ch
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text
 from rag_lab.data.base import QAExample
-from rag_lab.env import Env
+from rag_lab.env import Env, Episode
 from rag_lab.generators.base import vllm_backed
 from rag_lab.policies.agent import Agent
-from rag_lab.policies.evorag.branches import ACTIONS
+from rag_lab.policies.evorag.branches import ACTIONS, held_evidence
 from rag_lab.policies.evorag.curriculum import curve_rows, run_stage
 from rag_lab.policies.evorag.preference import DELTA, MINILM, PreferenceModel
 from rag_lab.policies.evorag.trainer import dev_em
@@ -64,6 +64,8 @@ PANELS = [
 ]
 # the curriculum's stopping settings: they decide how many cycles run, not what a cycle is (not in its key)
 STOPPING = ("stages", "max_cycles", "patience", "min_delta")
+# nor does the stage that scores the evaluation (own_rewards)
+EVALUATION = ("reward_stage",)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ def relations(s: dict) -> list[tuple[str, str]]:
     stages = list(s["stages"])
     if any(x not in (1, 2) for x in stages) or stages != sorted(set(stages)):
         problems.append(("stages", f"{stages}: a subset of [1, 2] in order (1 Discovery, 2 Refinement)"))
+    if s.get("reward_stage") not in (None, 1, 2):
+        problems.append(("reward_stage", f"{s['reward_stage']!r}: 1 (Discovery), 2 (Refinement) or null"))
     unknown = [a for a in s["actions"] if a not in ACTIONS]
     if unknown or len(set(s["actions"])) < 2:
         problems.append(("actions", f"{list(s['actions'])}: two or more of {', '.join(ACTIONS)}"))
@@ -109,6 +113,9 @@ class EvoRAGSettings:
 
     # 1 Discovery, 2 Refinement, in order; [] the untrained start
     stages: list[int] = (1, 2)
+    # the stage whose weights score the evaluated episodes' own reward (records' own_reward: R(x); null: the
+    # last of `stages`, or 2 where there is none: the start is scored as the [1, 2] row it starts)
+    reward_stage: int | None = None
     # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
     max_cycles: PositiveInt = 3
     patience: PositiveInt = 2
@@ -210,13 +217,14 @@ class EvoRAG(Agent, EvoRAGSettings):
             "evorag", base, self.cold_start, self.train_data, self.cache_dir, bool(self.stages)
         )
         self.generator = generator
+        if isinstance(self.reward, EvoRAGReward):  # what trains and what scores the evaluation (own_rewards)
+            self.reward.scorer = self.scorer
+            if self.reward.refusal == "verifier" and self.reward.verifier.generator is None:
+                self.reward.verifier.generator = base
         if not self.stages:
             return
         # generator=vllm: the rollouts' engine (rag_lab.train.vllm_engine; None: transformers)
         self.engine = rollout_engine(base, generator.model, generator.tokenizer, generator.chat)
-        self.reward.scorer = self.scorer
-        if self.reward.refusal == "verifier" and self.reward.verifier.generator is None:
-            self.reward.verifier.generator = base
         questions, dev = train[: self.train_limit], self.dev_questions(dev)
         root = Path(self.cache_dir).expanduser() if self.run_config is not None else Path(out_dir) / "stages"
         previous = cache.files_digest(start)
@@ -240,6 +248,17 @@ class EvoRAG(Agent, EvoRAGSettings):
         atomic_write_text(out / "evorag.json", json.dumps(chosen, indent=1) + "\n")
         write_curves(curve_rows(results, first_em, len(dev)), out, logger, PANELS, "EVO-RAG training")
 
+    def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float | None]:
+        """R(x) = Σ_t w(t)·r_t (sec. 3.3) of each evaluated episode, as the trainer scores a base rollout
+        (:meth:`rag_lab.rewards.evorag.EvoRAGReward.returns`, T_max ``max_turns``, D≤t the passages the
+        episode still held: :func:`.branches.held_evidence`), under ``reward_stage``'s weights; None each
+        without ``reward=evorag``."""
+        if not isinstance(self.reward, EvoRAGReward):
+            return [None] * len(episodes)
+        stage = self.reward_stage if self.reward_stage is not None else (self.stages or [2])[-1]
+        evidence = [held_evidence(env.corpus, ep) for ep in episodes]
+        return self.reward.returns(episodes, batch, stage, self.max_turns, evidence)
+
     def dev_questions(self, dev: list[QAExample]) -> list[QAExample]:
         """The stall rule's questions: the training data's dev split (the paper stops on its training set's
         dev EM), else the run's; the first ``dev_limit``."""
@@ -259,7 +278,9 @@ class EvoRAG(Agent, EvoRAGSettings):
         under the runner, else the run's ``checkpoints/stages`` (shared with nothing)."""
         content = [[[q.id, q.question, list(q.answers)] for q in qs] for qs in (questions, dev)]
         config = dict(self.run_config or {})
-        config["policy"] = {k: v for k, v in config.get("policy", {}).items() if k not in STOPPING}
+        config["policy"] = {
+            k: v for k, v in config.get("policy", {}).items() if k not in (*STOPPING, *EVALUATION)
+        }
         for unrelated in ("eval", "logger", "judge", "experiment", "data", "train_data", "hydra"):
             config.pop(unrelated, None)
         return cache.path(

@@ -34,7 +34,7 @@ from rag_lab.core.config import PositiveInt, takes
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text, read_records
 from rag_lab.data.base import QAExample
-from rag_lab.env import Env
+from rag_lab.env import Env, Episode
 from rag_lab.generators.base import vllm_backed
 from rag_lab.policies.agent import Agent
 from rag_lab.policies.r3rag.ppo import PPOSettings
@@ -140,6 +140,8 @@ class R3RAG(Agent):
             "r3rag", env.generator, self.cold_start, self.train_data, self.cache_dir, trains
         )
         self.generator = generator
+        if isinstance(self.reward, R3RAGReward):  # what trains and what scores the evaluation (own_rewards)
+            self.ready_reward(env)
         if not trains:
             return
         env, questions = self.training_env(env), train[: self.train_limit]
@@ -158,15 +160,33 @@ class R3RAG(Agent):
         atomic_write_text(out / "r3rag.json", json.dumps(info, indent=1) + "\n")
         write_curves(rows, out, logger, PANELS, "R3-RAG PPO")
 
-    def training_env(self, env: Env) -> Env:
-        """The environment PPO acts in (``train_retriever``'s, else the run's), the reward made ready (the
-        dataset's scorer; the run's generator as the judges' where none is set)."""
+    def ready_reward(self, env: Env) -> None:
+        """The reward made ready: the dataset's scorer, and the run's generator as the judges' where none is
+        set."""
         self.reward.scorer = self.scorer
         if self.reward.judge.generator is None:
             self.reward.judge.generator = env.generator
+
+    def training_env(self, env: Env) -> Env:
+        """The environment PPO acts in (``train_retriever``'s, else the run's), the reward made ready."""
+        self.ready_reward(env)
         if self.train_retriever is not None:
             env = Env(env.corpus, self.train_retriever(corpus=env.corpus), env.generator)
         return env
+
+    def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float | None]:
+        """Each evaluated episode's return, the sum of its step rewards (GAE's γ = 1) as PPO's rollouts are
+        scored (:meth:`rag_lab.rewards.r3rag_judges.R3RAGReward.score`: process and outcome, the judges
+        batched); a judge reads a step's documents as the episode saw them (whole: the cut to
+        ``ppo.max_doc_chars`` is PPO's rollouts'). None each without ``reward=r3rag``."""
+        if not isinstance(self.reward, R3RAGReward):
+            return [None] * len(episodes)
+
+        def docs(i: int, j: int) -> list:
+            return [env.corpus.get(pid) for pid in episodes[i].steps[j].retrieved_ids]
+
+        rows, _ = self.reward.score(episodes, batch, docs)
+        return [float(sum(row)) for row in rows]
 
     def train(
         self, generator, env: Env, questions: list[QAExample], done: Path, dev: list[QAExample] = ()

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from rag_lab.data.base import Passage, QAExample
-from rag_lab.env import Env, Episode
+from rag_lab.env import Env
 from rag_lab.env.engine import Live, play
-from rag_lab.env.protocols.base import Protocol, State
+from rag_lab.env.protocols.base import Protocol
 from rag_lab.generators.base import Sampling
 from rag_lab.retrievers.base import Hit
 
@@ -67,7 +67,7 @@ def rollouts(
     examples, live, traces = [], [], []
     for n, temperature in enumerate(temperatures):
         tuned = replace(sampling, temperature=temperature, seed=(sampling.seed or 0) + n)
-        batch = [Live(Episode(q.id, q.question), State(q.question), set()) for q in questions]
+        batch = [Live.start(q) for q in questions]
         trace: list[list[Live]] = [[] for _ in batch]
         play(protocol, batch, env, tuned, k, max_turns, trace=trace)
         for x in batch:

@@ -78,7 +78,7 @@ def run_to_horizon(pipeline, env: Env, batch: Sequence[QAExample]) -> list[State
     episodes = [Episode(ex.id, ex.question) for ex in batch]
     seen: list[set[str]] = [set() for _ in batch]
     for _ in range(pipeline.iterations):
-        pipeline.iterate(env, states, episodes, seen)
+        pipeline.iterate(env, list(batch), states, episodes, seen)
     return states
 
 
@@ -94,6 +94,28 @@ def final_answers(pipeline, env: Env, states: Sequence[State], sampling: Samplin
         actions = [protocol.parse(c.text) for c in completions]
         answers[i] = [(a.answer or "") if a.kind == ANSWER else "" for a in actions]
     return answers
+
+
+def reward_sampling(pipeline, samples: int, temperature: float, top_p: float) -> Sampling:
+    """How eq. 13's N final answers are sampled (temperature > 0: at 0 they are identical)."""
+    length = pipeline.sampling.max_new_tokens
+    return Sampling(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=length)
+
+
+def stop_rewards(
+    pipeline,
+    env: Env,
+    states: Sequence[State],
+    golds: Sequence[Sequence[str]],
+    sampling: Sampling,
+    score: str,
+) -> list[float]:
+    """r(s, STOP) of each state (eq. 13): the mean score S (``score``) of ``sampling.n`` final answers
+    sampled from it, all states in one generator call. The offline data's rewards and the policy's
+    evaluated episodes (``StopRAG.own_rewards``) both come from it."""
+    metric = SCORERS["squad"][score]
+    sampled = final_answers(pipeline, env, states, sampling)
+    return [sum(metric(a, list(g)) for a in ans) / len(ans) for ans, g in zip(sampled, golds, strict=True)]
 
 
 def collect(
@@ -120,10 +142,8 @@ def collect(
     every = [examples[start : start + batch_size] for start in range(0, len(examples), batch_size)]
     todo = [batch for batch in every if any(ex.id not in done for ex in batch)]
     writer, world = (RecordWriter(path) if is_main() else None), processes()
-    length = pipeline.sampling.max_new_tokens
-    sampling = Sampling(n=samples, temperature=temperature, top_p=top_p, max_new_tokens=length)
-    sampling = sampling if samples else None
-    greedy = Sampling(max_new_tokens=length) if greedy_answers else None
+    sampling = reward_sampling(pipeline, samples, temperature, top_p) if samples else None
+    greedy = Sampling(max_new_tokens=pipeline.sampling.max_new_tokens) if greedy_answers else None
 
     def rows(units: list[int], batches: list) -> list[list[dict]]:
         return [batch_rows(pipeline, env, batches[u], sampling, greedy, score) for u in units]
@@ -150,17 +170,17 @@ def batch_rows(
 ) -> list[dict]:
     """One batch of questions run to the horizon: a trajectory's row each, with r(s_t, STOP) from the
     ``sampling`` answers (eq. 13; None: no rewards) and the ``greedy`` answer of every state (None: none)."""
-    metric, horizon = SCORERS["squad"][score], pipeline.iterations
+    horizon = pipeline.iterations
     states = run_to_horizon(pipeline, env, batch)
     flat = [s for state in states for s in prefixes(state)]
-    sampled = final_answers(pipeline, env, flat, sampling) if sampling else None
+    golds = [ex.answers for ex in batch for _ in range(horizon)]
+    stop = stop_rewards(pipeline, env, flat, golds, sampling, score) if sampling else None
     best = final_answers(pipeline, env, flat, greedy) if greedy else None
     rows = []
     for i, (ex, state) in enumerate(zip(batch, states, strict=True)):
         rewards = []
-        if sampled:  # eq. 13: the mean score of the N samples at each s_t
-            mine = sampled[i * horizon : (i + 1) * horizon]
-            rewards = [0.0] + [sum(metric(a, list(ex.answers)) for a in ans) / len(ans) for ans in mine]
+        if stop:
+            rewards = [0.0] + stop[i * horizon : (i + 1) * horizon]
         passages = [[p.contents for p in turn.passages] for turn in state.turns]
         answers = [a[0] for a in best[i * horizon : (i + 1) * horizon]] if best else []
         rows.append(dataclasses.asdict(Trajectory(ex.id, ex.question, passages, rewards, answers)))

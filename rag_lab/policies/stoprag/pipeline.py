@@ -60,6 +60,19 @@ class LLMStop:
         return out
 
 
+def traced_state(corpus, episode: Episode) -> State:
+    """The state a finished episode of the pipeline answered from, replayed from its steps: each iteration's
+    step (the ones with a query) a turn of its query, the passages it kept and its intermediate answer."""
+    turns = [
+        Turn(
+            Action(SEARCH, query=s.query), [corpus.get(pid) for pid in s.retrieved_ids], answer=s.answer or ""
+        )
+        for s in episode.steps
+        if s.query is not None
+    ]
+    return State(episode.question, turns)
+
+
 class IterativePipeline:
     trains = False
 
@@ -88,13 +101,21 @@ class IterativePipeline:
     def fit(self, env: Env, train: list[QAExample], dev: list[QAExample], out_dir: Path, logger=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not train")
 
-    def iterate(self, env: Env, states: list[State], episodes: list[Episode], seen: list[set[str]]) -> None:
-        """One pipeline iteration for every state given (batched): query, retrieve, answer."""
+    def iterate(
+        self,
+        env: Env,
+        batch: list[QAExample],
+        states: list[State],
+        episodes: list[Episode],
+        seen: list[set[str]],
+    ) -> None:
+        """One pipeline iteration for every state given (batched; ``batch[i]``: state i's question): query,
+        retrieve, answer."""
         queries = generate(env, self.query, states, self.sampling)
         actions = [self.query.parse(c.text) for c in queries]
         # An empty follow-up is a scored format failure; the pipeline searches with the question.
         texts = [a.query if a.kind == SEARCH else s.question for a, s in zip(actions, states, strict=True)]
-        hits = env.search(texts, self.k, seen if self.exclude_seen else None)
+        hits = env.search(texts, self.k, seen if self.exclude_seen else None, batch)
         for s, ep, c, a, q, found, ids in zip(
             states, episodes, queries, actions, texts, hits, seen, strict=True
         ):
@@ -134,6 +155,12 @@ class IterativePipeline:
             live = [i for i, stop in zip(live, stops, strict=True) if not stop]
             if not live:
                 break
-            self.iterate(env, [states[i] for i in live], [episodes[i] for i in live], [seen[i] for i in live])
+            self.iterate(
+                env,
+                [batch[i] for i in live],
+                [states[i] for i in live],
+                [episodes[i] for i in live],
+                [seen[i] for i in live],
+            )
         self.answer(env, states, episodes)
         return episodes

@@ -70,8 +70,14 @@ from rag_lab.data.base import QAExample
 from rag_lab.env import Env, Episode
 from rag_lab.env.protocols.base import State
 from rag_lab.eval.metrics import SCORERS
-from rag_lab.policies.stoprag.offline import CountingGenerator, Trajectory, collect
-from rag_lab.policies.stoprag.pipeline import IterativePipeline
+from rag_lab.policies.stoprag.offline import (
+    CountingGenerator,
+    Trajectory,
+    collect,
+    reward_sampling,
+    stop_rewards,
+)
+from rag_lab.policies.stoprag.pipeline import IterativePipeline, traced_state
 from rag_lab.policies.stoprag.qnet import QNetwork
 from rag_lab.policies.stoprag.targets import SCHEDULES, TARGETS, lambda_at
 from rag_lab.policies.stoprag.tau import heldout_at, tune_tau
@@ -363,6 +369,14 @@ class StopRAG(StopRAGSettings):
         trajs = self.dev_trajectories(env, dev, out_dir) if trajs is None else trajs
         horizon = self.pipeline.iterations
         self.tau, self.stats["tau"] = tune_tau(self.qnet, trajs, dev, horizon, self.tau_grid, out_dir)
+
+    def own_rewards(self, env: Env, batch: list[QAExample], episodes: list[Episode]) -> list[float]:
+        """The Q-learning reward of each evaluated episode's stop: r(s_t, STOP) of the state it answered
+        from (eq. 13, its offline data's :func:`.offline.stop_rewards`: N = ``samples`` sampled answers);
+        one generator call per batch. At s_T it is r(s_{T-1}, CONT) (eq. 14): the same quantity."""
+        states = [traced_state(env.corpus, ep) for ep in episodes]
+        sampling = reward_sampling(self.pipeline, self.samples, self.temperature, self.top_p)
+        return stop_rewards(self.pipeline, env, states, [q.answers for q in batch], sampling, self.score)
 
     # ---------------------------------------------------------------------------------------------
     def rollout(self, env: Env, batch: list[QAExample]) -> list[Episode]:
