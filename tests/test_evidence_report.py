@@ -335,3 +335,28 @@ def test_make_evidences_callback_names_the_sweeps_rows_and_conditions():
     assert sorted(r for pair in settings.starts.items() for r in pair) == sorted(rows)
     assert {settings.reference, *settings.controls} <= set(conditions)
     assert settings.controls == ("random", "empty", "oracle") and settings.reference == "cov100_d0"
+
+
+@pytest.mark.parametrize(
+    ("condition", "retriever"),
+    [("cov60_d2", "bm25.BM25Retriever"), ("random", "controls.RandomRetriever"),
+     ("empty", "controls.EmptyRetriever"), ("oracle", "controls.OracleRetriever")],
+)  # fmt: skip
+def test_each_condition_of_make_evidence_composes_its_own_retriever(condition, retriever):
+    """A control's retriever reaches its runs (an `override /retriever` in the experiment's own file would win
+    over the condition's, and eval.reuse would then copy the BM25 run's results into the control's dir)."""
+    from hydra import compose, initialize_config_dir
+
+    from rag_lab.core.config import CONF_DIR
+
+    overrides = [
+        "experiment=evidence_synth",
+        f"experiment/evidence={condition}",
+        "experiment/evidence_synth=apex",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides)
+    assert cfg.retriever._target_ == f"rag_lab.retrievers.{retriever}"
+    assert (cfg.corpus.coverage, cfg.corpus.distractors) == (
+        (0.6, 2) if condition == "cov60_d2" else (1.0, 0)
+    )
