@@ -244,7 +244,9 @@ class EvidenceCallback(Callback):
             print(f"error: no evidence report for {sweep}: {e}", file=sys.stderr)
             return
         text = (sweep / "evidence.md").read_text()
-        sys.stdout.write(f"\n{text}\nreport: {sweep / 'evidence.md'}; figure: {sweep / FIGURE}.png\n")
+        figure = sweep / f"{FIGURE}.png"
+        shown = figure if figure.exists() else "none (no trained row beside its start on the grid)"
+        sys.stdout.write(f"\n{text}\nreport: {sweep / 'evidence.md'}; figure: {shown}\n")
 
 
 def settings_of(sweep: Path) -> Settings:
