@@ -81,9 +81,9 @@ claims-evidence: install ## Our own claim (E: coverage against method) judged on
 EVIDENCE_DIR ?= outputs/evidence
 .PHONY: evidence
 evidence: install ## Each method's gain against corpus coverage, distractors and retriever controls -> experiments/results/evidence_synth.md
-	$(PY) -m rag_lab.run experiment=evidence_synth hydra.sweep.dir=$(EVIDENCE_DIR) $(EVIDENCE_ARGS)
-	$(PY) -m rag_lab.reporting.evidence $(EVIDENCE_DIR) --page experiments/results/evidence_synth.md \
-		--command "make evidence$(if $(EVIDENCE_ARGS), EVIDENCE_ARGS='$(EVIDENCE_ARGS)')"
+	@start=$$(date +%s); $(PY) -m rag_lab.run experiment=evidence_synth hydra.sweep.dir=$(EVIDENCE_DIR) $(EVIDENCE_ARGS) \
+		&& $(PY) -m rag_lab.reporting.evidence $(EVIDENCE_DIR) --page experiments/results/evidence_synth.md \
+		--wall $$(( $$(date +%s) - start )) --command "make evidence$(if $(EVIDENCE_ARGS), EVIDENCE_ARGS='$(EVIDENCE_ARGS)')"
 
 tiny-lm: install ## Retrain the shipped default LM (rag_lab/checkpoints/tiny_lm) from its recipe (~10 min on an H200, ~4 h on 2 cores)
 	$(PY) -m rag_lab.train.tiny.ship --from-scratch $(if $(SCORES),--scores $(SCORES))

@@ -56,6 +56,7 @@ def make_run(root, row, condition, seed, records):
     lines = [json.dumps({"id": f"q{i}"} | r) + "\n" for i, r in enumerate(records)]
     (run / "records.jsonl").write_text("".join(lines))
     (run / "metrics.json").write_text(json.dumps({"all": {"n": len(records)}}))
+    (run / "provenance.json").write_text(json.dumps({"commit": "abcdef0123456789", "dirty": False}))
     return run
 
 
@@ -259,8 +260,12 @@ def test_the_results_page_opens_with_the_table_its_stamp_and_the_figure(tmp_path
     ranked_sweep(sweep)
     make_run(sweep, "apex_start", "cov100_d0", 0, records(1))
     page = results / "evidence_synth.md"
-    first = write_page([sweep], Settings(), sweep, page, "make evidence")
+    first = write_page([sweep], Settings(), sweep, page, "make evidence", wall=3125)
     stamp = _layout(first)
+    # it opens with the command, the runs' commit (their provenance.json) and the machine, then the table
+    opening = first.splitlines()[2]
+    assert opening == f"`make evidence` at commit `abcdef0` on {stamp.date} · {pages.machine()}, 52 min 5 s."
+    assert stamp.commit == "abcdef0"
     assert stamp.command == "`make evidence`" and stamp.machine == pages.machine()
     assert (results / "evidence_synth.png").exists()
     lines = first.splitlines()

@@ -12,11 +12,12 @@ The command reads the callback's settings from the sweep's ``multirun.yaml``. Ha
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,19 +204,35 @@ def write_evidence(dirs: list[Path], settings: Settings, out: Path) -> tuple[Tab
     return t, drawn
 
 
-def write_page(dirs: list[Path], settings: Settings, out: Path, page: Path, command: str) -> str:
-    """The sweep's files (:func:`write_evidence`), then the results page ``page``: title, main table, stamp,
-    figure (copied to ``<page stem>.png`` beside it), the other tables; the page it replaces under History."""
+def runs_commit(dirs: list[Path]) -> str | None:
+    """The commit the sweep's runs recorded (their provenance.json), short, where they share one; "with
+    uncommitted changes" where one ran from a tree that differed from it."""
+    found = [json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("*/provenance.json"))]
+    commits = {f.get("commit") for f in found}
+    if len(commits) != 1 or None in commits:
+        return None
+    dirty = any(f.get("dirty") for f in found)
+    return str(commits.pop())[:7] + (" with uncommitted changes" if dirty else "")
+
+
+def write_page(
+    dirs: list[Path], settings: Settings, out: Path, page: Path, command: str, wall: int | None = None
+) -> str:
+    """The sweep's files (:func:`write_evidence`), then the results page ``page``: title, a line naming the
+    command, the runs' commit, the machine (and the sweep's ``wall`` seconds), the main table, stamp, figure
+    (copied to ``<page stem>.png`` beside it), the other tables; the page it replaces under History."""
     t, drawn = write_evidence(dirs, settings, out)
     figure = f"{page.stem}.png"
     page.parent.mkdir(parents=True, exist_ok=True)
     if drawn:
         shutil.copyfile(out / f"{FIGURE}.png", page.parent / figure)
     head, rest = sections(t, settings, figure if drawn else None)
-    stamp = pages.here(command, ROOT)
+    stamp = replace(pages.here(command, ROOT), commit=runs_commit(dirs) or pages.commit(ROOT))
+    took = f", {wall // 60} min {wall % 60} s" if wall is not None else ""
+    lead = f"{stamp.command} at commit `{stamp.commit}` on {stamp.date} · {stamp.machine}{took}."
     old = page.read_text() if page.exists() else None
     text = pages.publish(
-        old, f"# {settings.title}\n\n{head}\n{stamp.line()}\n\n{rest}", drop=(FIGURE_SECTION,)
+        old, f"# {settings.title}\n\n{lead}\n\n{head}\n{stamp.line()}\n\n{rest}", drop=(FIGURE_SECTION,)
     )
     atomic_write_text(page, text)
     return text
@@ -276,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--page", type=Path, help="also write this results page (experiments/results/...md)")
     parser.add_argument("--command", default="make evidence", help="the page's remake command (its stamp)")
+    parser.add_argument("--wall", type=int, help="the sweep's wall time, seconds (the page's first line)")
     args = parser.parse_args(argv)
     with one_line_errors():
         settings = settings_of(args.sweep)
@@ -283,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             write_evidence([args.sweep], settings, args.sweep)
             sys.stdout.write((args.sweep / "evidence.md").read_text())
         else:
-            write_page([args.sweep], settings, args.sweep, args.page, args.command)
+            write_page([args.sweep], settings, args.sweep, args.page, args.command, args.wall)
             sys.stdout.write(f"page: {args.page}\n")
 
 
