@@ -205,14 +205,16 @@ def write_evidence(dirs: list[Path], settings: Settings, out: Path) -> tuple[Tab
 
 
 def runs_commit(dirs: list[Path]) -> str | None:
-    """The commit the sweep's runs recorded (their provenance.json), short, where they share one; "with
-    uncommitted changes" where one ran from a tree that differed from it."""
+    """The commit the sweep's runs recorded (their provenance.json), short: the first run's, "to" the last's
+    where the checkout moved on while the sweep ran (one process: the code it loaded stays the same), "with
+    uncommitted changes" where one ran from a tree that differed from its commit; None without provenance."""
     found = [json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("*/provenance.json"))]
-    commits = {f.get("commit") for f in found}
-    if len(commits) != 1 or None in commits:
+    found = sorted((f for f in found if f.get("commit")), key=lambda f: str(f.get("started", "")))
+    if not found:
         return None
+    first, last = str(found[0]["commit"])[:7], str(found[-1]["commit"])[:7]
     dirty = any(f.get("dirty") for f in found)
-    return str(commits.pop())[:7] + (" with uncommitted changes" if dirty else "")
+    return first + (f" to {last}" if last != first else "") + (" with uncommitted changes" if dirty else "")
 
 
 def write_page(
