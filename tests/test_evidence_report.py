@@ -267,14 +267,12 @@ def test_the_results_page_opens_with_the_table_its_stamp_and_the_figure(tmp_path
     assert opening == f"`make evidence` at commit `abcdef0` on {stamp.date} · {pages.machine()}, 52 min 5 s."
     assert stamp.commit == "abcdef0"
     # the checkout moved on during the sweep (one process, one code): the first run's commit to the last's
-    later = json.dumps({"commit": "1234567abc", "dirty": False, "started": "9"})
-    (sweep / "apex_start-cov100_d0-0" / "provenance.json").write_text(later)
-    assert (
-        write_page([sweep], Settings(), sweep, page, "m")
-        .splitlines()[2]
-        .startswith("`m` at commit `abcdef0 to 1234567`")
-    )
-    page.unlink()
+    moved = sweep / "apex_start-cov100_d0-0" / "provenance.json"
+    kept = moved.read_text()
+    moved.write_text(json.dumps({"commit": "1234567abc", "dirty": False, "started": "9"}))
+    other = write_page([sweep], Settings(), sweep, results / "other.md", "m")
+    assert other.splitlines()[2].startswith("`m` at commit `abcdef0 to 1234567`")
+    moved.write_text(kept)
     assert stamp.command == "`make evidence`" and stamp.machine == pages.machine()
     assert (results / "evidence_synth.png").exists()
     lines = first.splitlines()
