@@ -297,3 +297,29 @@ def test_the_fingerprints_and_the_row_hash_keep_their_values(tmp_path):
     assert lm_fingerprint(Teach()) == "Teach@0a9e29ce82c83078"
     # sha256('{"a": 1}'): the config less the seed and what cannot change results (the logger)
     assert row_hash(OmegaConf.create({"seed": 3, "a": 1, "logger": {"x": 1}})) == "f9d86028c6e0d64e"
+
+
+def test_runs_at_two_commits_of_one_tree_are_one_version(tmp_path):
+    """A checkout that moved on by a results page while the sweep ran: the runs' commits differ, their
+    rag_lab/ and conf/ do not, so the table is one version; a commit that changed rag_lab/ is refused."""
+    import subprocess
+
+    from rag_lab.eval.provenance import same_tree
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    for folder in ("rag_lab", "conf", "experiments"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.txt").write_text("1")
+    commits = []
+    for folder in ("", "experiments", "rag_lab"):
+        if folder:
+            (tmp_path / folder / "a.txt").write_text(folder)
+        git("add", "-A"), git("commit", "-qm", f"c{len(commits)}")
+        commits.append(git("rev-parse", "HEAD").stdout.strip())
+    assert same_tree(commits[0], commits[1], tmp_path)  # a page changed
+    assert not same_tree(commits[1], commits[2], tmp_path)  # the code changed
+    assert not same_tree(commits[0], "beef", tmp_path) and same_tree("x", "x", tmp_path)

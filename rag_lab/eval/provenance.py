@@ -12,10 +12,12 @@ anything). Hand-written: no library keeps a run's provenance in this form.
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rag_lab import CONF_DIR
 from rag_lab.core import cache
 from rag_lab.core.config import ConfigError
 from rag_lab.core.errors import RagLabError
@@ -107,9 +109,27 @@ def provenance_of(run: Path) -> dict:
         raise RagLabError(f"run {run}: provenance.json unreadable ({e})") from None
 
 
+# the checkout rag_lab runs from (the commits' tree)
+ROOT = CONF_DIR.resolve().parent
+
+
+def same_tree(commit: str, other: str, root: Path = ROOT) -> bool:
+    """Whether ``commit`` and ``other`` hold the same ``rag_lab/`` and ``conf/`` (``git diff``): runs started
+    at either ran one version, the checkout having moved on by other files only (a results page, the README)
+    while a sweep ran. False where git cannot tell (no checkout, an unknown commit)."""
+    if commit == other:
+        return True
+    try:
+        diff = ["git", "-C", str(root), "diff", "--quiet", commit, other, "--", "rag_lab", "conf"]
+        return subprocess.run(diff, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def check_runs(runs: list[Path], split: str, seeds: tuple[int, ...]) -> dict[Path, dict]:
-    """Each run's provenance, once every run is on the judge ``split`` and ``seeds``, from one commit and one
-    code, and not resumed at another version; else a RagLabError naming the first run that is not."""
+    """Each run's provenance, once every run is on the judge ``split`` and ``seeds``, of one version (one
+    code, and one commit or commits whose rag_lab/ and conf/ are the same: :func:`same_tree`), and not resumed
+    at another version; else a RagLabError naming the first run that is not."""
     found = {run: provenance_of(run) for run in runs}
     for run, prov in found.items():  # the row hash of the config each run was composed with
         prov["row_config"] = row_config_of(run, prov)
@@ -134,7 +154,8 @@ def check_runs(runs: list[Path], split: str, seeds: tuple[int, ...]) -> dict[Pat
             )
     first, prov0 = next(iter(found.items()))
     for run, prov in found.items():
-        if (prov.get("commit"), prov.get("code")) != (prov0.get("commit"), prov0.get("code")):
+        code = prov.get("code") == prov0.get("code")
+        if not code or not same_tree(str(prov.get("commit")), str(prov0.get("commit"))):
             raise RagLabError(
                 f"run {run}: commit {prov.get('commit')} (code {prov.get('code')}), but {first} and the runs"
                 f" before it: commit {prov0.get('commit')} (code {prov0.get('code')}); a table is one version"
