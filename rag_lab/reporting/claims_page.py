@@ -93,7 +93,7 @@ def headlines(table: pd.DataFrame) -> str:
 def stamp(table: pd.DataFrame, machine: str) -> pages.Stamp:
     """The page's stamp: the runs' commits and start dates (provenance.json), ``machine``, ``make claims``
     (and ``make claims-evidence`` where the table has our own claim, E)."""
-    commits = ", ".join(dict.fromkeys(str(c)[:7] for c in table.get("commit", pd.Series()).dropna()))
+    commits = " and ".join(dict.fromkeys(str(c)[:7] for c in table.get("commit", pd.Series()).dropna()))
     started = sorted(
         {s[:10] for line in table.get("started", pd.Series()).dropna() for s in str(line).split()}
     )
