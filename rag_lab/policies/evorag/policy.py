@@ -29,12 +29,12 @@ import json
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from omegaconf import OmegaConf
 
 from rag_lab.core import cache
-from rag_lab.core.config import NonNegative, OpenUnit, Positive, PositiveInt, check_ranges, takes
+from rag_lab.core.config import NonNegative, OpenUnit, Positive, PositiveInt, Range, check_ranges, takes
 from rag_lab.core.errors import RagLabError
 from rag_lab.core.records import atomic_write_text
 from rag_lab.data.base import QAExample
@@ -115,7 +115,7 @@ class EvoRAGSettings:
     stages: list[int] = (1, 2)
     # the stage whose weights score the evaluated episodes' own reward (records' own_reward: R(x); null: the
     # last of `stages`, or 2 where there is none: the start is scored as the [1, 2] row it starts)
-    reward_stage: int | None = None
+    reward_stage: Annotated[int, Range(1, 2)] | None = None
     # cycles per stage at most; stop a stage when dev EM has not beaten its best for `patience` cycles
     max_cycles: PositiveInt = 3
     patience: PositiveInt = 2
