@@ -37,7 +37,7 @@ from rag_lab.core.errors import one_line_errors
 from rag_lab.core.seeding import seed_everything
 from rag_lab.eval.evaluate import aggregate
 from rag_lab.eval.groups import group_stats
-from rag_lab.eval.provenance import check_judge, row_hash
+from rag_lab.eval.provenance import ROW_HASH_VERSION, check_judge, row_hash
 from rag_lab.eval.table import metrics_table
 from rag_lab.runner import rundir
 from rag_lab.runner.launch import launch_of, single_process_trainers
@@ -177,6 +177,7 @@ def provenance(cfg: DictConfig, run_dir: Path, digest: str, row: str, generator,
         "code": code_hash(),
         "config": digest,
         "row_config": row,
+        "row_hash_version": ROW_HASH_VERSION,
         "lm": rundir.lm_fingerprint(generator),
         "split": cfg.eval.split,
         "seed": cfg.seed,

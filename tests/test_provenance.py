@@ -4,6 +4,7 @@ make claims' alone; the judge split is new questions that changed no other split
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -17,6 +18,8 @@ from rag_lab.data.synth import SynthDataset
 from rag_lab.eval.provenance import JUDGE_ENV, check_judge, row_config_of, row_hash
 from rag_lab.run import run
 from rag_lab.runner.rundir import lm_fingerprint, write_provenance
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CLAIM = Claim("P", "a above b", "e", "policy", ("a", "b"), (Check("acc"),))
 ONES, HALF = [1.0] * 30, [1.0, 0.0] * 15
@@ -133,7 +136,8 @@ def test_a_run_writes_its_provenance(tiny_cfg, tmp_path, monkeypatch):
     run(cfg, tmp_path / "a", {"config": cfg})  # .hydra/config.yaml, as python -m rag_lab.run writes it
     prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert (prov["split"], prov["seed"], prov["n"]) == ("test", 0, 4)
-    assert prov["row_config"] == composed and len(prov["code"]) == 16 and len(prov["config"]) == 16
+    assert prov["row_config"] == composed and prov["row_hash_version"] == 2
+    assert len(prov["code"]) == 16 and len(prov["config"]) == 16
     assert row_config_of(tmp_path / "a", prov) == composed  # the claims tool's check passes
     assert prov["lm"].startswith("TeacherGenerator@") and len(prov["commit"] or "x" * 40) == 40
     # another seed of the same row: the same row hash (the judge's runs of 8993ad5 differed here)
@@ -147,10 +151,11 @@ def test_the_row_hash_of_a_run_is_its_composed_configs(tiny_cfg, tmp_path):
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     row = row_hash(tiny_cfg("generator=teacher"))
-    assert row_config_of(tmp_path, {"row_config": row}) == row == row_config_of(tmp_path, {})
+    now = {"row_hash_version": 2}
+    assert row_config_of(tmp_path, {"row_config": row} | now) == row == row_config_of(tmp_path, now)
     says = rf"^run {tmp_path}: provenance.json records row hash recorded, but its composed config"
     with pytest.raises(RagLabError, match=says + rf" \({tmp_path}/.hydra/config.yaml\) hashes to {row}: the"):
-        row_config_of(tmp_path, {"row_config": "recorded"})
+        row_config_of(tmp_path, {"row_config": "recorded"} | now)
     assert row_config_of(tmp_path / "none", {"row_config": "recorded"}) == "recorded"
 
 
@@ -297,6 +302,11 @@ def test_the_fingerprints_and_the_row_hash_keep_their_values(tmp_path):
     assert lm_fingerprint(Teach()) == "Teach@0a9e29ce82c83078"
     # sha256('{"a": 1}'): the config less the seed and what cannot change results (the logger)
     assert row_hash(OmegaConf.create({"seed": 3, "a": 1, "logger": {"x": 1}})) == "f9d86028c6e0d64e"
+    # where the caches are, at any depth, is left out (version 2): sha256('{"a": 1, "data": {}}')
+    located = OmegaConf.create({"seed": 3, "a": 1, "data": {"cache_dir": "/x"}, "cache_dir": "/y"})
+    assert row_hash(located) == "fd5788364c209985"
+    # version 1 (the E judgement's runs) kept the nested one: sha256('{"a": 1, "data": {"cache_dir": "/x"}}')
+    assert row_hash(located, version=1) == "da5085f684222cc8"
 
 
 def test_runs_at_two_commits_of_one_tree_are_one_version(tmp_path):
@@ -323,3 +333,41 @@ def test_runs_at_two_commits_of_one_tree_are_one_version(tmp_path):
     assert same_tree(commits[0], commits[1], tmp_path)  # a page changed
     assert not same_tree(commits[1], commits[2], tmp_path)  # the code changed
     assert not same_tree(commits[0], "beef", tmp_path) and same_tree("x", "x", tmp_path)
+
+
+def test_the_row_hash_does_not_move_with_the_cache(tiny_cfg, monkeypatch):
+    """Where the caches are ($RAG_LAB_CACHE, or cache_dir= as a user overrides it) is no part of a row: the
+    nested cache_dir keys (data's, retriever's, policy's) are left out too; version 1 kept them."""
+    monkeypatch.setenv("RAG_LAB_CACHE", "/one")
+    here = tiny_cfg("policy=stoprag")
+    assert here.data.cache_dir == here.retriever.cache_dir == here.policy.cache_dir == "/one"
+    monkeypatch.setenv("RAG_LAB_CACHE", "/two")
+    there, overridden = tiny_cfg("policy=stoprag"), tiny_cfg("policy=stoprag", "cache_dir=/three")
+    assert row_hash(here) == row_hash(there) == row_hash(overridden)
+    assert row_hash(here, version=1, cache_dir="/one") != row_hash(there, version=1)
+    assert row_hash(here) != row_hash(tiny_cfg("policy=stoprag", "policy.lambda_end=0.3"))
+
+
+def test_a_run_of_version_1_is_checked_at_the_cache_it_ran_with(tiny_cfg, tmp_path, monkeypatch):
+    """A run recorded before version 2 (no row_hash_version) is recomputed with the cache_dir its config.yaml
+    resolved, whatever $RAG_LAB_CACHE is now; an edited hash is still refused."""
+    monkeypatch.setenv("RAG_LAB_CACHE", "/where/it/ran")
+    cfg = tiny_cfg("generator=teacher", "seed=4")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))  # composed: ${oc.env:...}
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    old = row_hash(cfg, version=1)
+    monkeypatch.setenv("RAG_LAB_CACHE", "/elsewhere")
+    assert row_config_of(tmp_path, {"row_config": old}) == old != row_hash(cfg)
+    with pytest.raises(RagLabError, match="provenance.json records row hash "):
+        row_config_of(tmp_path, {"row_config": old, "row_hash_version": 2})
+    assert row_config_of(tmp_path, {"row_config": row_hash(cfg), "row_hash_version": 2}) == row_hash(cfg)
+
+
+def test_the_committed_e_judgement_checks_under_any_cache(capfd, monkeypatch, tmp_path):
+    """The E judgement's runs (version 1, RAG_LAB_CACHE=/tmp/evcache) check against claims.csv wherever the
+    cache is now."""
+    from conftest import cli
+
+    rc, said = cli("claims", ["--check"], capfd, monkeypatch, cwd=ROOT, env={"RAG_LAB_CACHE": tmp_path})
+    assert rc == 0 and "their provenance that of the runs committed" in said, said

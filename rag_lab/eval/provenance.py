@@ -15,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rag_lab import CONF_DIR
@@ -63,31 +64,56 @@ def check_split(key: str, split: str, environ: dict | None = None) -> None:
         raise ConfigError(f"config '{key}': '{JUDGE_SPLIT}' is {JUDGE_REFUSAL}; probes use dev / test")
 
 
-def row_hash(cfg: DictConfig) -> str:
+# The row hash's version, which provenance.json records beside it (``row_hash_version``; a run without one
+# is of version 1). Version 1 kept the nested ``cache_dir`` keys, so it moved with $RAG_LAB_CACHE (the E
+# judgement's runs, experiments/results/judgements/da63711, are of version 1); version 2 leaves every one
+# out (rag_lab.eval.runs.LOCATIONS).
+ROW_HASH_VERSION = 2
+
+
+def row_hash(cfg: DictConfig, version: int = ROW_HASH_VERSION, cache_dir: str | None = None) -> str:
     """16 hex digits: the composed config less what cannot change results and less the seed (``${seed}``
     resolved as 0 wherever it is used): equal for the seeds of one row of a sweep, and only for them. Of the
     config as composed: building a run's components resolves some of its nodes in place (the runner takes
-    it before, :func:`rag_lab.run.run`)."""
+    it before, :func:`rag_lab.run.run`). ``version`` 1 recomputes a hash recorded before version 2, its
+    ``cache_dir`` set to the one the run resolved (``cache_dir``; None: as this environment resolves it)."""
+    if version not in (1, ROW_HASH_VERSION):
+        raise RagLabError(f"row hash version {version}: this rag_lab knows versions 1 and {ROW_HASH_VERSION}")
     seedless = cfg.copy()
     with open_dict(seedless):
         seedless.seed = 0
-    config = results_config(OmegaConf.to_container(seedless, resolve=True))
+        if cache_dir is not None:
+            seedless.cache_dir = cache_dir
+    resolved = OmegaConf.to_container(seedless, resolve=True)
+    config = results_config(resolved, locations=version == 1)
     config.pop("seed", None)
     return cache.text_digest(json.dumps(config, sort_keys=True, default=str))[:16]
 
 
+def _resolved_cache_dir(run: Path) -> str | None:
+    """The ``cache_dir`` a run resolved, from its ``config.yaml`` (None where it has none)."""
+    path = run / "config.yaml"
+    if not path.exists():
+        return None
+    return (yaml.safe_load(path.read_text()) or {}).get("cache_dir")
+
+
 def row_config_of(run: Path, provenance: dict) -> str | None:
     """A run's row hash, the one its provenance recorded once it is :func:`row_hash` of the config the run
-    was composed with (``.hydra/config.yaml``, written before anything was built); a RagLabError naming the
-    run and both hashes where they differ (its config or its provenance changed after it ran). Without a
-    composed config the recorded one stands; without a recorded one, the composed config's. The runs of
-    commit 8993ad5 recorded it after their components had resolved their config in place (fixed since): the
-    two differed by seed, and 698d530 took the composed config's; such a run is refused now."""
+    was composed with (``.hydra/config.yaml``, written before anything was built), at the hash's recorded
+    version (``row_hash_version``, 1 where none: its ``cache_dir`` the run's own, from its ``config.yaml``); a
+    RagLabError naming the run and both hashes where they differ (its config or its provenance changed after
+    it ran). Without a composed config the recorded one stands; without a recorded one, the composed
+    config's. The runs of commit 8993ad5 recorded it after their components had resolved their config in
+    place (fixed since): the two differed by seed, and 698d530 took the composed config's; such a run is
+    refused now."""
     recorded = provenance.get("row_config")
     path = run / ".hydra" / "config.yaml"
     if not path.exists():
         return recorded
-    composed = row_hash(OmegaConf.load(path))
+    version = provenance.get("row_hash_version", 1)
+    where = _resolved_cache_dir(run) if version == 1 else None
+    composed = row_hash(OmegaConf.load(path), version, where)
     if recorded is not None and recorded != composed:
         raise RagLabError(
             f"run {run}: provenance.json records row hash {recorded}, but its composed config"

@@ -108,8 +108,24 @@ NOT_RESULTS = ("logger", "eval.batch_size", "eval.resume", "eval.reuse", "cache_
 WHOLE_CORPUS = {"coverage": 1.0, "distractors": 0, "seed": 0}
 
 
-def results_config(config: dict) -> dict:
-    """A resolved config less :data:`NOT_RESULTS` (a copy)."""
+# Keys that say where a component keeps its cache (data.cache_dir, retriever.cache_dir, policy.cache_dir: each
+# ``${cache_dir}``, so $RAG_LAB_CACHE), left out at every depth: every cache is keyed by content, so where it
+# lives cannot change results. Hashes before issue 74 kept the nested ones (rag_lab.eval.provenance.row_hash's
+# version 1). A dataset's ``path`` stays in: it names what is read.
+LOCATIONS = ("cache_dir",)
+
+
+def _drop_locations(node):
+    if isinstance(node, dict):
+        return {k: _drop_locations(v) for k, v in node.items() if k not in LOCATIONS}
+    if isinstance(node, list):
+        return [_drop_locations(v) for v in node]
+    return node
+
+
+def results_config(config: dict, locations: bool = False) -> dict:
+    """A resolved config less :data:`NOT_RESULTS` and every :data:`LOCATIONS` key (a copy); with
+    ``locations`` the nested location keys stay, as the row hashes of version 1 kept them."""
     kept = json.loads(json.dumps(config, default=str))
     for key in NOT_RESULTS:
         *parents, leaf = key.split(".")
@@ -119,7 +135,7 @@ def results_config(config: dict) -> dict:
         node.pop(leaf, None)
     if kept.get("corpus") == WHOLE_CORPUS:
         kept.pop("corpus")
-    return kept
+    return kept if locations else _drop_locations(kept)
 
 
 def applies(run: Path, key: str) -> bool:
