@@ -372,3 +372,24 @@ def test_each_condition_of_make_evidence_composes_its_own_retriever(condition, r
     assert (cfg.corpus.coverage, cfg.corpus.distractors) == (
         (0.6, 2) if condition == "cov60_d2" else (1.0, 0)
     )
+
+
+def test_the_page_lists_each_cells_row_hash_and_the_lm(tmp_path):
+    """The provenance section: the row hash each cell's runs recorded, conditions down and rows across, two
+    seeds of a row one hash; the LM fingerprints and the hashes' versions named; no section without hashes."""
+    sweep = tmp_path / "sweep"
+    for row, condition, seed in (("apex", "cov100_d0", 0), ("apex", "cov100_d0", 1), ("apex", "cov60_d0", 0),
+                                 ("dapo", "cov100_d0", 0)):  # fmt: skip
+        run = make_run(sweep, row, condition, seed, records(2))
+        prov = {"commit": "abcdef0", "row_config": f"{row}-{condition}", "lm": "tiny_lm@00ff"}
+        (run / "provenance.json").write_text(json.dumps(prov | ({"row_hash_version": 2} if seed else {})))
+    text = write_page([sweep], Settings(), sweep, tmp_path / "page.md", "make evidence")
+    section = text[text.index("## Provenance") :]
+    assert "of versions 1, 2); the runs' LM: `tiny_lm@00ff`." in section
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert re.split(r"\s*\|\s*", table[0])[1:-1] == ["condition", "apex", "dapo"]
+    assert re.split(r"\s*\|\s*", table[2])[1:-1] == ["cov100_d0", "apex-cov100_d0", "dapo-cov100_d0"]
+    assert re.split(r"\s*\|\s*", table[3])[1:-1] == ["cov60_d0", "apex-cov60_d0", "—"]
+    for path in sweep.glob("*/provenance.json"):
+        path.write_text(json.dumps({"commit": "abcdef0"}))
+    assert "## Provenance" not in write_page([sweep], Settings(), sweep, tmp_path / "new.md", "m")

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from rag_lab.core.errors import RagLabError, one_line_errors
 from rag_lab.core.records import atomic_write_text
-from rag_lab.eval.runs import find_runs, left_out, unfinished_runs
+from rag_lab.eval.runs import distinct, find_runs, left_out, overrides_of, unfinished_runs
 from rag_lab.reporting import evidence_tables as ev
 from rag_lab.reporting import pages
 from rag_lab.reporting.plots import _pyplot, _save
@@ -127,6 +127,7 @@ class Tables:
     ranking: pd.DataFrame
     controls: pd.DataFrame
     summary: str
+    provenance: str = ""
 
 
 def _absent(cells: ev.Cells, settings: Settings) -> str:
@@ -142,6 +143,39 @@ def _absent(cells: ev.Cells, settings: Settings) -> str:
         if gone
     ]
     return f" Not in the sweep (—): {'; '.join(notes)}." if notes else ""
+
+
+def provenance(runs: list[Path], settings: Settings) -> str:
+    """The provenance section: each cell's row hash (``row_config`` in its runs' ``provenance.json``: the
+    composed config less the seed, :func:`rag_lab.eval.provenance.row_hash`), the conditions down and the rows
+    across, and the runs' LM fingerprints and row-hash versions; "" where no run recorded one."""
+    hashes: dict[tuple[str, str], set[str]] = {}
+    lms, versions = set(), set()
+    for run in distinct(runs):
+        over, path = overrides_of(run), run / "provenance.json"
+        if settings.rows not in over or settings.conditions not in over or not path.exists():
+            continue
+        prov = json.loads(path.read_text())
+        if not prov.get("row_config"):
+            continue
+        cell = (over[settings.conditions].strip("'\""), over[settings.rows].strip("'\""))
+        hashes.setdefault(cell, set()).add(prov["row_config"])
+        lms.add(str(prov.get("lm")))
+        versions.add(str(prov.get("row_hash_version", 1)))
+    if not hashes:
+        return ""
+    conditions = list(dict.fromkeys(c for c, _ in hashes))
+    rows = list(dict.fromkeys(r for _, r in hashes))
+    table = pd.DataFrame(
+        [[c, *(" ".join(sorted(hashes.get((c, r), ()))) or None for r in rows)] for c in conditions],
+        columns=["condition", *rows],
+    )
+    plural = "s" if len(versions) > 1 else ""
+    return (
+        f"## Provenance\n\nEach cell's row hash (`row_config` in its runs' `provenance.json`: the composed "
+        f"config less the seed, of version{plural} {', '.join(sorted(versions))}); the runs' LM: "
+        f"{', '.join(f'`{lm}`' for lm in sorted(lms))}.\n\n{ev.markdown(table)}"
+    )
 
 
 def tables(dirs: list[Path], settings: Settings) -> Tables:
@@ -165,6 +199,7 @@ def tables(dirs: list[Path], settings: Settings) -> Tables:
         ev.show_ranking(rank, settings.reference),
         ev.show_controls(controls, settings.reference, settings.controls),
         summary,
+        provenance(runs, settings),
     )
 
 
@@ -189,6 +224,8 @@ def sections(t: Tables, settings: Settings, figure: str | None) -> tuple[str, st
         f"{ev.markdown(t.controls)}\n"
         f"## Columns\n\n{ev.legend(t.shown)}"
     )
+    if t.provenance:
+        rest += f"\n{t.provenance}"
     return f"{t.summary}\n\n{ev.markdown(t.shown)}", rest
 
 
